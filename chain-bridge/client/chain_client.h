@@ -1,0 +1,90 @@
+// ChainClient: what a host sidecar needs from a chain, as one small interface over plain values,
+// so the devnet and a real Gonka node (Cosmos SDK gRPC) are served by the same client and tests
+// may substitute a fake. GrpcChainClient is the real implementation over the Cosmos services
+// (cosmos.tx.v1beta1.Service, cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query) and the
+// module's gonka.trainshard.v1.Query.
+//
+// Every call has a deadline (ChainClientOptions::call_timeout_ms) and returns UNAVAILABLE or
+// DEADLINE_EXCEEDED when the chain cannot be reached; the caller decides whether to retry.
+// Thread-safety: implementations are thread-safe.
+#ifndef TS_CHAIN_BRIDGE_CLIENT_CHAIN_CLIENT_H_
+#define TS_CHAIN_BRIDGE_CLIENT_CHAIN_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/crypto/secp256k1.h"
+#include "cosmos/base/abci/v1beta1/abci.pb.h"
+#include "gonka/trainshard/v1/chain.pb.h"
+#include "google/protobuf/any.pb.h"
+#include "tendermint/abci/types.pb.h"
+
+namespace ts::bridge {
+
+namespace pb = ::gonka::trainshard::v1;
+
+struct ChainStatus {
+  std::string chain_id;
+  int64_t latest_height = 0;
+  std::string app_hash;
+  uint64_t epoch = 0;
+};
+
+struct AccountInfo {
+  uint64_t account_number = 0;
+  uint64_t sequence = 0;
+};
+
+struct ChainClientOptions {
+  int64_t call_timeout_ms = 5000;
+  // Retries of a broadcast after a sequence mismatch or UNAVAILABLE, each with a fresh sequence.
+  int broadcast_attempts = 5;
+  int64_t retry_backoff_ms = 200;
+  // Waiting for a broadcast tx to be included in a block.
+  int64_t inclusion_timeout_ms = 30000;
+};
+
+class ChainClient {
+ public:
+  virtual ~ChainClient() = default;
+
+  virtual absl::StatusOr<ChainStatus> Status() = 0;
+  // All events at `height`, in order (each tx's events, then end-block events).
+  virtual absl::StatusOr<std::vector<tendermint::abci::Event>> EventsAt(int64_t height) = 0;
+  // NOT_FOUND if the account never appeared on chain.
+  virtual absl::StatusOr<AccountInfo> Account(const std::string& address) = 0;
+  virtual absl::StatusOr<uint64_t> Balance(const std::string& address) = 0;
+  virtual absl::StatusOr<pb::Shard> Shard(uint64_t shard_id) = 0;
+  virtual absl::StatusOr<std::vector<pb::Shard>> Shards(pb::ShardStatus status) = 0;
+  virtual absl::StatusOr<pb::EpochWeights> Weights(uint64_t epoch, bool current) = 0;
+  virtual absl::StatusOr<pb::Proposal> Proposal(uint64_t proposal_id) = 0;
+  virtual absl::StatusOr<pb::QueryEscrowResponse> Escrow(uint64_t shard_id) = 0;
+  virtual absl::StatusOr<pb::SettlementRecord> Settlement(uint64_t shard_id) = 0;
+  virtual absl::StatusOr<pb::QueryParamsResponse> Params() = 0;
+
+  // Broadcasts already-signed tx bytes (sync mode). The response's code tells whether the chain
+  // accepted it into its mempool; a non-zero code is returned as OK with that response.
+  virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> BroadcastRaw(
+      const std::string& tx_bytes) = 0;
+  // NOT_FOUND until the tx is in a block.
+  virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> GetTx(
+      const std::string& txhash) = 0;
+
+  // Signs `msgs` with `key` (account number and sequence fetched from the chain), broadcasts,
+  // retries with a fresh sequence on a sequence mismatch, and, if `wait` is set, waits until the
+  // tx is in a block and returns its delivered response (whose code may be non-zero).
+  virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> SignAndBroadcast(
+      const common::PrivateKey& key, const std::vector<google::protobuf::Any>& msgs,
+      bool wait) = 0;
+};
+
+// Connects (lazily) to `target` ("host:port"). Never fails at construction.
+std::unique_ptr<ChainClient> NewGrpcChainClient(const std::string& target,
+                                                ChainClientOptions options = {});
+
+}  // namespace ts::bridge
+
+#endif  // TS_CHAIN_BRIDGE_CLIENT_CHAIN_CLIENT_H_
