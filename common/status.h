@@ -17,10 +17,10 @@
 #define TS_STATUS_CONCAT_INNER_(a, b) a##b
 #define TS_STATUS_CONCAT_(a, b) TS_STATUS_CONCAT_INNER_(a, b)
 
-#define TS_RETURN_IF_ERROR(expr)                            \
-  do {                                                      \
-    ::absl::Status ts_status_ = (expr);                     \
-    if (!ts_status_.ok()) return ts_status_;                \
+#define TS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status ts_status_ = (expr);      \
+    if (!ts_status_.ok()) return ts_status_; \
   } while (0)
 
 #define TS_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
@@ -31,12 +31,12 @@
 #define TS_ASSIGN_OR_RETURN(lhs, expr) \
   TS_ASSIGN_OR_RETURN_IMPL_(TS_STATUS_CONCAT_(ts_statusor_, __LINE__), lhs, expr)
 
-#define TS_CHECK(cond)                                                                 \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);    \
-      std::abort();                                                                    \
-    }                                                                                  \
+#define TS_CHECK(cond)                                                              \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
 #endif  // TS_COMMON_STATUS_H_

@@ -77,9 +77,9 @@ class Db {
   absl::Status Write(const WriteBatch& batch, bool sync = true);
 
   // Calls fn(key, value) for keys in [prefix...] in order, until fn returns false.
-  absl::Status Scan(std::string_view table, std::string_view prefix,
-                    const std::function<bool(std::string_view key, std::string_view value)>& fn)
-      const;
+  absl::Status Scan(
+      std::string_view table, std::string_view prefix,
+      const std::function<bool(std::string_view key, std::string_view value)>& fn) const;
   // Like Scan, starting at `start` (inclusive), bounded by `prefix`.
   absl::Status ScanFrom(std::string_view table, std::string_view prefix, std::string_view start,
                         const std::function<bool(std::string_view, std::string_view)>& fn) const;

@@ -77,8 +77,7 @@ class ChainClient {
   // retries with a fresh sequence on a sequence mismatch, and, if `wait` is set, waits until the
   // tx is in a block and returns its delivered response (whose code may be non-zero).
   virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> SignAndBroadcast(
-      const common::PrivateKey& key, const std::vector<google::protobuf::Any>& msgs,
-      bool wait) = 0;
+      const common::PrivateKey& key, const std::vector<google::protobuf::Any>& msgs, bool wait) = 0;
 };
 
 // Connects (lazily) to `target` ("host:port"). Never fails at construction.

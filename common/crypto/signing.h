@@ -31,9 +31,8 @@ absl::StatusOr<std::string> SignStatement(const PrivateKey& key, std::string_vie
 
 // Recovers the signer's bech32 address ("gonka" prefix) of a statement signature. Errors as
 // SignBytes and RecoverPublicKey.
-absl::StatusOr<std::string> RecoverStatementSigner(std::string_view kind,
-                                                   std::string_view chain_id, uint64_t shard_id,
-                                                   std::string_view message,
+absl::StatusOr<std::string> RecoverStatementSigner(std::string_view kind, std::string_view chain_id,
+                                                   uint64_t shard_id, std::string_view message,
                                                    std::string_view signature);
 
 }  // namespace ts::common
