@@ -3,11 +3,19 @@
 #include "absl/strings/str_cat.h"
 
 namespace ts::common {
+namespace {
+
+// Debian's Abseil is built with its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0),
+// which StrCat takes but std::string_view does not convert to.
+absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
 
 absl::StatusOr<uint64_t> ParseAmount(std::string_view field, std::string_view value) {
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": '", value.substr(0, 64), "' is not a valid amount: ", why));
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(field), ": '",
+                                                   ToAbsl(value.substr(0, 64)),
+                                                   "' is not a valid amount: ", ToAbsl(why)));
   };
   if (value.empty()) return bad("empty");
   if (value.size() > 20) return bad("more than 20 digits");
@@ -26,7 +34,8 @@ std::string FormatAmount(uint64_t amount) { return std::to_string(amount); }
 
 absl::StatusOr<uint64_t> CheckedAdd(std::string_view field, uint64_t a, uint64_t b) {
   if (a > UINT64_MAX - b) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": sum ", a, " + ", b, " overflows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(field), ": sum ", a, " + ", b, " overflows"));
   }
   return a + b;
 }

@@ -58,8 +58,11 @@ bool ParseLogLevel(std::string_view name, LogLevel* level) {
 void Log(LogLevel level, std::string_view component, std::string_view message,
          const LogFields& fields) {
   if (static_cast<int>(level) < g_level.load()) return;
-  std::string line = absl::StrCat("ts=", SystemClock().NowUnixMs(), " level=", LevelName(level),
-                                  " component=", component, " msg=", Quote(message));
+  std::string line =
+      absl::StrCat("ts=", SystemClock().NowUnixMs(), " level=", LevelName(level), " component=",
+                   // Debian's Abseil has its own absl::string_view, which a
+                   // std::string_view does not convert to.
+                   absl::string_view(component.data(), component.size()), " msg=", Quote(message));
   for (const auto& [k, v] : fields) absl::StrAppend(&line, " ", k, "=", Quote(v));
   line.push_back('\n');
   // One write() per record so concurrent records do not interleave.
