@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs every test of the project on a fresh Debian 12 machine: installs the packages, builds,
+# runs the unit and functional suites (ctest), the unit suites again under ASan+UBSan, the
+# libFuzzer targets briefly, and the format check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+
+step "dependencies"
+scripts/install-deps.sh
+
+step "format check"
+bad=$(git ls-files '*.cc' '*.h' | grep -v '^tests/fuzz/corpus/' | xargs clang-format --dry-run 2>&1 | grep -c 'warning:' || true)
+if [ "$bad" != "0" ]; then
+  git ls-files '*.cc' '*.h' | xargs clang-format --dry-run 2>&1 | head -20
+  echo "format check: $bad places differ from .clang-format" >&2
+  exit 1
+fi
+
+step "release build"
+scripts/build.sh release
+
+step "tests (release)"
+(cd build && ctest --output-on-failure --timeout 900 -j 2)
+
+step "ASan+UBSan build"
+scripts/build.sh asan
+
+step "unit tests (ASan+UBSan)"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -L unit -j 2)
+
+step "fuzz (brief)"
+tests/fuzz/run.sh "${TS_FUZZ_SECONDS:-15}"
+
+step "done"

@@ -1,0 +1,311 @@
+"""Multi-process test harness: a devnet node, host sidecars and the CLI, started for real.
+
+Every process is a real binary from the build directory, on 127.0.0.1 with ephemeral ports
+(each process writes its bound address to a file); every key is a real secp256k1 key made by
+`trainshard keys new`. Used by the functional, crash and determinism suites and by the demo.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+BUILD_DIR = os.environ.get(
+    "TS_BUILD_DIR",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build"))
+CLI = os.path.join(BUILD_DIR, "sidecar", "cli", "trainshard")
+DAEMON = os.path.join(BUILD_DIR, "sidecar", "host", "trainshardd")
+
+
+class CommandError(Exception):
+    def __init__(self, args, code, stdout, stderr):
+        super().__init__(f"{' '.join(args)} exited {code}: {stderr.strip()[:2000]}")
+        self.code = code
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+def wait_for(predicate, timeout_s, what, interval_s=0.1):
+    """Polls predicate() until it returns a truthy value; raises TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (CommandError, OSError, ValueError, KeyError) as e:
+            last_error = e
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error}")
+
+
+def free_port():
+    """A port the kernel just handed out; reused for restarts so peers keep their address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_addr_file(path):
+    with open(path) as f:
+        addr = f.read().strip()
+    if not addr:
+        raise ValueError(f"{path} is empty")
+    return addr
+
+
+class Process:
+    """A child process with its log file; killed with real signals."""
+
+    def __init__(self, name, args, log_path):
+        self.name = name
+        self.args = args
+        self.log_path = log_path
+        self.proc = None
+
+    def start(self):
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.alive():
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, n=40):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+
+class Host:
+    """One host: a key, a trainshardd with its data dir, and its operator address."""
+
+    def __init__(self, net, name, address, key_file, profile="cpu-small", auto_reserve=True):
+        self.net = net
+        self.name = name
+        self.address = address
+        self.key_file = key_file
+        self.dir = os.path.join(net.root, name)
+        self.data_dir = os.path.join(self.dir, "data")
+        self.config = os.path.join(self.dir, "trainshardd.toml")
+        self.profile = profile
+        self.auto_reserve = auto_reserve
+        self.process = None
+        self.operator = None
+
+    def write_config(self):
+        os.makedirs(self.dir, exist_ok=True)
+        with open(self.config, "w") as f:
+            f.write(f'chain_endpoint = "{self.net.chain}"\n'
+                    f'listen = "127.0.0.1:0"\n'
+                    f'key_file = "{self.key_file}"\n'
+                    f'data_dir = "{self.data_dir}"\n'
+                    f'shard_endpoint = "127.0.0.1:{7000 + len(self.name)}"\n'
+                    f'poll_interval_ms = 100\n'
+                    f'[policy]\n'
+                    f'auto_reserve = {"true" if self.auto_reserve else "false"}\n'
+                    f'hardware_profiles = ["{self.profile}"]\n'
+                    f'max_shards = 100\n'
+                    f'min_escrow_per_node = "0"\n')
+
+    def start(self):
+        self.write_config()
+        addr_file = os.path.join(self.data_dir, "operator.addr")
+        if os.path.exists(addr_file):
+            os.unlink(addr_file)
+        self.process = Process(self.name, [DAEMON, "--config", self.config],
+                               os.path.join(self.dir, "trainshardd.log"))
+        self.process.start()
+        self.operator = wait_for(lambda: self._addr(addr_file), 30, f"{self.name} to listen")
+
+    def _addr(self, addr_file):
+        if not self.process.alive():
+            raise RuntimeError(f"{self.name} exited:\n{self.process.log_tail()}")
+        return read_addr_file(addr_file) if os.path.exists(addr_file) else None
+
+    def status(self):
+        return self.net.cli("host", "status", "--host", self.operator)
+
+    def events(self):
+        return self.net.cli("host", "events", "--host", self.operator, "--from", "1")["events"]
+
+    def shards(self):
+        return self.net.cli("host", "shards", "--host", self.operator)
+
+
+class Network:
+    """A devnet chain plus hosts under one temporary directory."""
+
+    def __init__(self, root=None, chain_id="trainshard-devnet-1", block_interval_ms=200,
+                 voting_period=6, host_weights=(100, 80, 60), keep=False):
+        self.root = root or tempfile.mkdtemp(prefix="ts-net-")
+        self.keep = keep
+        self.chain_id = chain_id
+        self.block_interval_ms = block_interval_ms
+        self.voting_period = voting_period
+        self.home = os.path.join(self.root, "devnet")
+        self.chain = None
+        self.devnet = None
+        self.hosts = []
+        self.host_weights = host_weights
+        self.keys = {}
+        self.devnet_port = free_port()
+
+    # -- CLI -----------------------------------------------------------------------------------
+    def cli(self, *args, key=None, check=True, json_out=True, timeout=60):
+        cmd = [CLI]
+        if self.chain:
+            cmd += ["--chain", self.chain]
+        if key:
+            cmd += ["--key", self.keys[key]["file"] if key in self.keys else key]
+        if json_out:
+            cmd += ["--json"]
+        cmd += list(args)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise CommandError(cmd, r.returncode, r.stdout, r.stderr)
+        if not json_out:
+            return r
+        if not check:
+            return r
+        return json.loads(r.stdout) if r.stdout.strip() else {}
+
+    def new_key(self, name):
+        path = os.path.join(self.root, "keys", f"{name}.key")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        out = self.cli("keys", "new", "--out", path)
+        self.keys[name] = {"file": path, "address": out["address"]}
+        return self.keys[name]
+
+    def address(self, name):
+        return self.keys[name]["address"]
+
+    # -- set-up --------------------------------------------------------------------------------
+    def init(self, extra_accounts=()):
+        for name in ["creator", "authority", "outsider"] + [f"host{i}" for i in
+                                                            range(1, len(self.host_weights) + 1)]:
+            self.new_key(name)
+        for name in extra_accounts:
+            self.new_key(name)
+        args = ["devnet", "init", "--home", self.home, "--chain-id", self.chain_id,
+                "--poc-authority", self.address("authority"),
+                "--voting-period", str(self.voting_period), "--epoch-length", "1000000",
+                "--min-deposit", "1000"]
+        for name in self.keys:
+            args += ["--account", f"{self.address(name)}=1000000000"]
+        for i, w in enumerate(self.host_weights, start=1):
+            args += ["--weight", f"{self.address(f'host{i}')}={w}"]
+        self.cli(*args)
+
+    def start_devnet(self):
+        addr_file = os.path.join(self.home, "node.addr")
+        if os.path.exists(addr_file):
+            os.unlink(addr_file)
+        self.devnet = Process("devnet", [CLI, "devnet", "start", "--home", self.home,
+                                         "--listen", f"127.0.0.1:{self.devnet_port}", "--block-interval-ms",
+                                         str(self.block_interval_ms)],
+                              os.path.join(self.root, "devnet.log"))
+        self.devnet.start()
+
+        def ready():
+            if not self.devnet.alive():
+                raise RuntimeError(f"devnet exited:\n{self.devnet.log_tail()}")
+            return read_addr_file(addr_file) if os.path.exists(addr_file) else None
+        self.chain = wait_for(ready, 30, "devnet to listen")
+        return self.chain
+
+    def add_hosts(self, **kwargs):
+        for i in range(1, len(self.host_weights) + 1):
+            host = Host(self, f"host{i}", self.address(f"host{i}"), self.keys[f"host{i}"]["file"],
+                        **kwargs)
+            self.hosts.append(host)
+            host.start()
+        return self.hosts
+
+    def replay(self):
+        """Re-executes the stored blocks from genesis (the node must be stopped)."""
+        return self.cli("devnet", "replay", "--home", self.home, check=False)
+
+    def stop(self):
+        for h in self.hosts:
+            if h.process:
+                h.process.stop()
+        if self.devnet:
+            self.devnet.stop()
+
+    def cleanup(self):
+        self.stop()
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- chain helpers -------------------------------------------------------------------------
+    def height(self):
+        return int(self.cli("chain", "status")["latest_height"])
+
+    def wait_height(self, h, timeout_s=60):
+        return wait_for(lambda: self.height() >= h, timeout_s, f"height {h}")
+
+    def shard(self, shard_id):
+        return self.cli("shard", "status", "--id", str(shard_id))
+
+    def wait_shard_status(self, shard_id, status, timeout_s=60):
+        return wait_for(lambda: self.shard(shard_id)["status"] == status, timeout_s,
+                        f"shard {shard_id} to be {status}")
+
+    def balance(self, address):
+        return int(self.cli("bank", "balance", "--address", address)["amount"])
+
+    def chain_events(self, from_h, to_h):
+        return self.cli("chain", "events", "--from", str(from_h), "--to", str(to_h))["events"]
+
+    def write_spec(self, name, *, min_nodes=2, max_nodes=3, escrow=300000, min_host_weight=10,
+                   max_duration=400, window=100, profile="cpu-small", bps=5000):
+        spec = {
+            "run_spec_hash": base64.b64encode(hashlib.sha256(name.encode()).digest()).decode(),
+            "hardware_profile": profile,
+            "min_nodes": min_nodes,
+            "max_nodes": max_nodes,
+            "min_host_weight": str(min_host_weight),
+            "max_duration_blocks": str(max_duration),
+            "escrow": {"denom": "ngonka", "amount": str(escrow)},
+            "artifact_quota": {"bytes_max": str(1 << 30), "files_max": "10000"},
+            "reward_policy": {"kind": "KIND_VERIFIED_WORK", "max_host_share_bps": bps},
+            "reservation_window_blocks": str(window),
+        }
+        path = os.path.join(self.root, f"{name}.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        return path
+
+    def propose_and_pass(self, spec_path, voters=("host1", "host2", "host3")):
+        """Submits a shard proposal from `creator`, votes yes, returns (proposal_id, shard_id)."""
+        out = self.cli("proposal", "submit", "--spec", spec_path, "--deposit", "1000",
+                       "--title", "shard", "--wait", key="creator")
+        pid, sid = out["proposal_id"], out["shard_id"]
+        for v in voters:
+            self.cli("proposal", "vote", "--id", pid, "--option", "yes", "--wait", key=v)
+        return pid, sid
