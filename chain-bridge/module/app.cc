@@ -1,1 +1,386 @@
-// Placeholder until implemented.
+#include "chain-bridge/module/app.h"
+
+#include <utility>
+
+#include "chain-bridge/module/keeper.h"
+#include "chain-bridge/module/kv_overlay.h"
+#include "chain-bridge/module/proto_util.h"
+#include "chain-bridge/module/str_cat.h"
+#include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/validation.h"
+#include "common/amount.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/secp256k1.h"
+#include "common/status.h"
+#include "cosmos/crypto/secp256k1/keys.pb.h"
+
+namespace ts::bridge {
+namespace {
+
+using cosmos::base::abci::v1beta1::TxResponse;
+
+// A block may carry at most this many txs (each is also capped at kMaxTxBytes).
+constexpr size_t kMaxTxsPerBlock = 100'000;
+
+std::string U32Be(uint32_t value) {
+  std::string out(4, '\0');
+  for (int i = 3; i >= 0; --i) {
+    out[static_cast<size_t>(i)] = static_cast<char>(value & 0xff);
+    value >>= 8;
+  }
+  return out;
+}
+
+// SHA256 over the sorted change set: u32be(len key) key u8(present) [u32be(len value) value].
+std::string ChangesDigest(const std::vector<StateChange>& changes) {
+  common::Sha256Hasher hasher;
+  for (const auto& change : changes) {
+    hasher.Update(U32Be(static_cast<uint32_t>(change.key.size())));
+    hasher.Update(change.key);
+    hasher.Update(std::string(1, change.value.has_value() ? '\x01' : '\x00'));
+    if (change.value.has_value()) {
+      hasher.Update(U32Be(static_cast<uint32_t>(change.value->size())));
+      hasher.Update(*change.value);
+    }
+  }
+  return hasher.Finish();
+}
+
+std::string NextAppHash(std::string_view previous, int64_t height,
+                        const std::vector<StateChange>& changes) {
+  return common::Sha256(Cat(previous, Be64(static_cast<uint64_t>(height)), ChangesDigest(changes)));
+}
+
+absl::StatusOr<ChainEnv> MakeEnv(const pb::Genesis& genesis) {
+  ChainEnv env;
+  env.genesis = genesis;
+  TS_RETURN_IF_ERROR(ValidateParams(genesis.params()));
+  TS_ASSIGN_OR_RETURN(env.min_deposit,
+                      common::ParseAmount("params.min_deposit", genesis.params().min_deposit()));
+  env.gov_address = common::ModuleAddress(kGovModule);
+  env.escrow_address = common::ModuleAddress(kEscrowModule);
+  env.community_pool_address = common::ModuleAddress(kCommunityPoolModule);
+  return env;
+}
+
+void SetError(TxResponse* response, const absl::Status& status) {
+  response->set_codespace(std::string(kCodespace));
+  response->set_code(static_cast<uint32_t>(status.code()));
+  response->set_raw_log(std::string(status.message()));
+  response->clear_events();
+}
+
+}  // namespace
+
+struct App::Impl {
+  ChainEnv env;
+  SigCache sig_cache;
+  std::map<std::string, std::string> state;
+  int64_t height = 0;
+  std::string app_hash = std::string(common::kSha256Size, '\0');
+  // Txs accepted by CheckTx since the last Commit, over the finalized state.
+  std::unique_ptr<KvOverlay> check;
+
+  // Runs one tx in branches of `parent` at `height`. On success the tx's writes are folded
+  // into `parent`; on a message failure only the ante writes (sequence bump) are, and only
+  // when `keep_ante_on_failure` (delivery; CheckTx refuses such a tx outright).
+  TxResponse RunTx(KvOverlay* parent, std::string_view tx_bytes, int64_t height,
+                   bool keep_ante_on_failure);
+  absl::Status Ante(Keeper& keeper, const DecodedTx& tx, int64_t height, std::vector<TxMsg>* msgs);
+  // Queries read through a keeper that emits nothing.
+  mutable Events query_events;
+  Keeper ReadKeeper(KvOverlay* kv) const { return Keeper(env, kv, height, &query_events); }
+};
+
+absl::Status App::Impl::Ante(Keeper& keeper, const DecodedTx& tx, int64_t height,
+                             std::vector<TxMsg>* msgs) {
+  if (tx.body.memo().size() > kMaxMemoBytes) {
+    return absl::InvalidArgumentError(
+        Cat("tx.body.memo: ", tx.body.memo().size(), " bytes exceed ", kMaxMemoBytes));
+  }
+  if (tx.body.timeout_height() != 0 && static_cast<uint64_t>(height) > tx.body.timeout_height()) {
+    return absl::FailedPreconditionError(
+        Cat("tx.body.timeout_height: ", tx.body.timeout_height(), " is below height ", height));
+  }
+  for (int i = 0; i < tx.body.messages_size(); ++i) {
+    TS_ASSIGN_OR_RETURN(TxMsg msg,
+                        ParseTxMsg(Cat("tx.body.messages[", i, "]"), tx.body.messages(i)));
+    msgs->push_back(std::move(msg));
+  }
+  const auto& signer_info = tx.auth_info.signer_infos(0);
+  cosmos::crypto::secp256k1::PubKey pub;
+  pub.ParseFromString(signer_info.public_key().value());  // checked by DecodeTx
+  std::string signer = common::AddressFromPublicKey(pub.key());
+
+  TS_ASSIGN_OR_RETURN(auto account, keeper.GetAccount(signer));
+  if (!account.has_value()) {
+    return absl::NotFoundError(
+        Cat("account ", signer, " not found: it must receive funds before it can sign"));
+  }
+  if (account->has_pub_key()) {
+    cosmos::crypto::secp256k1::PubKey stored;
+    if (!stored.ParseFromString(account->pub_key().value()) || stored.key() != pub.key()) {
+      return absl::UnauthenticatedError(
+          Cat("public key does not match the one recorded for ", signer));
+    }
+  }
+  if (signer_info.sequence() != account->sequence()) {
+    return absl::FailedPreconditionError(Cat("account sequence mismatch, expected ",
+                                             account->sequence(), ", got ",
+                                             signer_info.sequence()));
+  }
+  std::string digest =
+      common::Sha256(DirectSignBytes(tx.raw.body_bytes(), tx.raw.auth_info_bytes(),
+                                     env.genesis.chain_id(), account->account_number()));
+  if (!common::VerifyCompact(pub.key(), digest, tx.raw.signatures(0)).ok()) {
+    return absl::UnauthenticatedError(Cat("signature verification failed for ", signer,
+                                          " (account number ", account->account_number(),
+                                          ", chain-id ", env.genesis.chain_id(), ")"));
+  }
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const TxMsg& msg = (*msgs)[i];
+    if (msg.signer != signer) {
+      return absl::UnauthenticatedError(Cat("tx.body.messages[", i, "] (", msg.type_url,
+                                            "): signer '", msg.signer.substr(0, 128),
+                                            "' is not the tx signer ", signer));
+    }
+  }
+  if (!account->has_pub_key()) *account->mutable_pub_key() = PackMsg(pub);
+  account->set_sequence(account->sequence() + 1);
+  keeper.PutAccount(*account);
+  return absl::OkStatus();
+}
+
+TxResponse App::Impl::RunTx(KvOverlay* parent, std::string_view tx_bytes, int64_t height,
+                            bool keep_ante_on_failure) {
+  TxResponse response;
+  response.set_txhash(TxHash(tx_bytes));
+  auto decoded = DecodeTx(tx_bytes);
+  if (!decoded.ok()) {
+    SetError(&response, decoded.status());
+    return response;
+  }
+  KvOverlay ante_kv(parent);
+  Events ante_events;
+  Keeper ante_keeper(env, &ante_kv, height, &ante_events);
+  std::vector<TxMsg> msgs;
+  absl::Status ante = Ante(ante_keeper, *decoded, height, &msgs);
+  if (!ante.ok()) {
+    SetError(&response, ante);
+    return response;
+  }
+  KvOverlay msg_kv(&ante_kv);
+  Events events;
+  Keeper keeper(env, &msg_kv, height, &events);
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    absl::Status status = keeper.Execute(msgs[i]);
+    if (!status.ok()) {
+      if (msgs.size() > 1) {
+        status = absl::Status(status.code(),
+                              Cat("message ", i, " (", msgs[i].type_url, "): ", status.message()));
+      }
+      SetError(&response, status);
+      if (keep_ante_on_failure) ante_kv.Commit();
+      return response;
+    }
+  }
+  msg_kv.Commit();
+  ante_kv.Commit();
+  for (auto& event : events) *response.add_events() = std::move(event);
+  return response;
+}
+
+App::App(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+App::~App() = default;
+
+absl::StatusOr<std::unique_ptr<App>> App::InitChain(const pb::Genesis& genesis) {
+  auto impl = std::make_unique<Impl>();
+  TS_ASSIGN_OR_RETURN(impl->env, MakeEnv(genesis));
+  impl->env.sig_cache = &impl->sig_cache;
+  KvOverlay kv(&impl->state);
+  Events events;
+  Keeper keeper(impl->env, &kv, 0, &events);
+  TS_RETURN_IF_ERROR(keeper.InitGenesis());
+  for (const auto& [key, value] : kv.writes()) {
+    if (value.has_value()) impl->state.emplace(key, *value);
+  }
+  impl->check = std::make_unique<KvOverlay>(&impl->state);
+  return std::unique_ptr<App>(new App(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<App>> App::Restore(const pb::Genesis& genesis,
+                                                  std::map<std::string, std::string> state,
+                                                  int64_t height, std::string app_hash) {
+  auto impl = std::make_unique<Impl>();
+  TS_ASSIGN_OR_RETURN(impl->env, MakeEnv(genesis));
+  impl->env.sig_cache = &impl->sig_cache;
+  if (height < 0) return absl::InvalidArgumentError(Cat("height: ", height, " < 0"));
+  if (app_hash.size() != common::kSha256Size) {
+    return absl::InvalidArgumentError(
+        Cat("app_hash: ", app_hash.size(), " bytes, want ", common::kSha256Size));
+  }
+  auto stored = state.find(std::string(keys::kGenesisHash));
+  if (stored == state.end() || stored->second != common::Sha256(CanonicalBytes(genesis))) {
+    return absl::InvalidArgumentError(
+        "genesis: does not match the genesis the persisted state was created from");
+  }
+  impl->state = std::move(state);
+  impl->height = height;
+  impl->app_hash = std::move(app_hash);
+  impl->check = std::make_unique<KvOverlay>(&impl->state);
+  return std::unique_ptr<App>(new App(std::move(impl)));
+}
+
+cosmos::base::abci::v1beta1::TxResponse App::CheckTx(std::string_view tx_bytes) {
+  TxResponse response =
+      impl_->RunTx(impl_->check.get(), tx_bytes, impl_->height + 1, /*keep_ante_on_failure=*/false);
+  return response;
+}
+
+absl::StatusOr<BlockOutcome> App::FinalizeBlock(const tendermint::types::Header& header,
+                                                const std::vector<std::string>& txs) {
+  Impl& impl = *impl_;
+  if (header.height() != impl.height + 1) {
+    return absl::InvalidArgumentError(
+        Cat("header.height: ", header.height(), " is not the next height ", impl.height + 1));
+  }
+  if (!header.chain_id().empty() && header.chain_id() != impl.env.genesis.chain_id()) {
+    return absl::InvalidArgumentError(Cat("header.chain_id: '", header.chain_id(),
+                                          "' is not this chain '", impl.env.genesis.chain_id(),
+                                          "'"));
+  }
+  if (txs.size() > kMaxTxsPerBlock) {
+    return absl::InvalidArgumentError(
+        Cat("txs: ", txs.size(), " txs exceed the cap of ", kMaxTxsPerBlock));
+  }
+  const int64_t height = header.height();
+  BlockOutcome outcome;
+  outcome.results.set_height(height);
+  KvOverlay block(&impl.state);
+  for (const auto& tx : txs) {
+    TxResponse response = impl.RunTx(&block, tx, height, /*keep_ante_on_failure=*/true);
+    response.set_height(height);
+    *outcome.results.add_tx_results() = std::move(response);
+  }
+  Events end_events;
+  Keeper keeper(impl.env, &block, height, &end_events);
+  TS_RETURN_IF_ERROR(keeper.EndBlock());
+  for (auto& event : end_events) *outcome.results.add_end_block_events() = std::move(event);
+
+  // The change set: what differs from the previous block's state, in key order.
+  for (const auto& [key, value] : block.writes()) {
+    auto it = impl.state.find(key);
+    bool existed = it != impl.state.end();
+    if (!value.has_value() && !existed) continue;
+    if (value.has_value() && existed && it->second == *value) continue;
+    outcome.changes.push_back(StateChange{key, value});
+  }
+  std::string app_hash = NextAppHash(impl.app_hash, height, outcome.changes);
+  for (const auto& change : outcome.changes) {
+    if (change.value.has_value()) {
+      impl.state[change.key] = *change.value;
+    } else {
+      impl.state.erase(change.key);
+    }
+  }
+  impl.height = height;
+  impl.app_hash = app_hash;
+  outcome.results.set_app_hash(app_hash);
+  return outcome;
+}
+
+void App::Commit() { impl_->check = std::make_unique<KvOverlay>(&impl_->state); }
+
+int64_t App::height() const { return impl_->height; }
+const std::string& App::app_hash() const { return impl_->app_hash; }
+const pb::Genesis& App::genesis() const { return impl_->env.genesis; }
+std::string App::chain_id() const { return impl_->env.genesis.chain_id(); }
+
+absl::StatusOr<pb::Shard> App::GetShard(uint64_t shard_id) const {
+  KvOverlay kv(&impl_->state);
+  return impl_->ReadKeeper(&kv).GetShard(shard_id, /*with_members=*/true);
+}
+
+std::vector<pb::Shard> App::ListShards(pb::ShardStatus status, uint64_t start_after_id,
+                                       uint32_t limit) const {
+  constexpr uint32_t kDefaultLimit = 100;
+  constexpr uint32_t kLimitMax = 1000;
+  if (limit == 0) limit = kDefaultLimit;
+  if (limit > kLimitMax) limit = kLimitMax;
+  std::vector<pb::Shard> out;
+  if (start_after_id == UINT64_MAX) return out;
+  KvOverlay kv(&impl_->state);
+  Keeper keeper = impl_->ReadKeeper(&kv);
+  auto begin = impl_->state.lower_bound(keys::Shard(start_after_id + 1));
+  for (auto it = begin; it != impl_->state.end() && out.size() < limit; ++it) {
+    std::string_view key = it->first;
+    if (key.substr(0, keys::kShardPrefix.size()) != keys::kShardPrefix) break;
+    auto id = ReadBe64(key, key.substr(keys::kShardPrefix.size()));
+    if (!id.ok()) continue;
+    pb::Shard record;
+    if (!record.ParseFromString(it->second)) continue;
+    if (status != pb::SHARD_STATUS_UNSPECIFIED && record.status() != status) continue;
+    auto shard = keeper.GetShard(*id, /*with_members=*/true);
+    if (shard.ok()) out.push_back(*std::move(shard));
+  }
+  return out;
+}
+
+absl::StatusOr<pb::SettlementRecord> App::GetSettlement(uint64_t shard_id) const {
+  KvOverlay kv(&impl_->state);
+  return impl_->ReadKeeper(&kv).GetSettlement(shard_id);
+}
+
+absl::StatusOr<pb::EpochWeights> App::GetWeights(uint64_t epoch) const {
+  KvOverlay kv(&impl_->state);
+  return impl_->ReadKeeper(&kv).GetEpochWeights(epoch, /*with_weights=*/true);
+}
+
+uint64_t App::CurrentEpoch() const {
+  KvOverlay kv(&impl_->state);
+  auto epoch = impl_->ReadKeeper(&kv).EpochInForce(impl_->height);
+  return epoch.ok() ? *epoch : 0;
+}
+
+absl::StatusOr<pb::Proposal> App::GetProposal(uint64_t proposal_id) const {
+  KvOverlay kv(&impl_->state);
+  return impl_->ReadKeeper(&kv).GetProposal(proposal_id);
+}
+
+uint64_t App::Balance(std::string_view address) const {
+  KvOverlay kv(&impl_->state);
+  auto balance = impl_->ReadKeeper(&kv).Balance(address);
+  return balance.ok() ? *balance : 0;
+}
+
+uint64_t App::TotalSupply() const {
+  KvOverlay kv(&impl_->state);
+  auto supply = impl_->ReadKeeper(&kv).Supply();
+  return supply.ok() ? *supply : 0;
+}
+
+absl::StatusOr<std::pair<uint64_t, uint64_t>> App::Account(std::string_view address) const {
+  KvOverlay kv(&impl_->state);
+  TS_ASSIGN_OR_RETURN(auto account, impl_->ReadKeeper(&kv).GetAccount(address));
+  if (!account.has_value()) {
+    return absl::NotFoundError(Cat("account ", address.substr(0, 128), " not found"));
+  }
+  return std::make_pair(account->account_number(), account->sequence());
+}
+
+std::string App::AccountPublicKey(std::string_view address) const {
+  KvOverlay kv(&impl_->state);
+  auto account = impl_->ReadKeeper(&kv).GetAccount(address);
+  if (!account.ok() || !account->has_value() || !(*account)->has_pub_key()) return "";
+  cosmos::crypto::secp256k1::PubKey pub;
+  if (!pub.ParseFromString((*account)->pub_key().value())) return "";
+  return pub.key();
+}
+
+std::string App::GovAddress() const { return impl_->env.gov_address; }
+std::string App::EscrowAddress() const { return impl_->env.escrow_address; }
+
+const std::map<std::string, std::string>& App::state() const { return impl_->state; }
+
+}  // namespace ts::bridge

@@ -1,0 +1,1175 @@
+#include "chain-bridge/module/keeper.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "chain-bridge/module/proto_util.h"
+#include "chain-bridge/module/str_cat.h"
+#include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/validation.h"
+#include "common/amount.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/secp256k1.h"
+#include "common/crypto/signing.h"
+#include "common/hex.h"
+#include "common/status.h"
+#include "cosmos/crypto/secp256k1/keys.pb.h"
+
+namespace ts::bridge {
+namespace {
+
+using cosmos::auth::v1beta1::BaseAccount;
+using u128 = unsigned __int128;
+
+constexpr std::string_view kReservationKind = "reservation";
+constexpr std::string_view kSettlementKind = "settlement";
+constexpr uint64_t kPpm = 1'000'000;
+constexpr uint64_t kBps = 10'000;
+
+absl::Status Invalid(std::string_view field, const auto&... parts) {
+  return absl::InvalidArgumentError(Cat(field, ": ", parts...));
+}
+
+// A key for messages: its text prefix, then the binary part in hex.
+std::string KeyName(std::string_view key) {
+  size_t slash = key.rfind('/');
+  if (slash == std::string_view::npos) return common::HexEncode(key);
+  return Cat(key.substr(0, slash + 1), common::HexEncode(key.substr(slash + 1)));
+}
+
+template <typename T>
+absl::StatusOr<std::optional<T>> Load(const KvOverlay& kv, std::string_view key) {
+  std::optional<std::string> bytes = kv.Get(key);
+  if (!bytes.has_value()) return std::optional<T>();
+  T record;
+  if (!record.ParseFromString(*bytes)) {
+    return absl::DataLossError(
+        Cat("state key ", KeyName(key), " does not hold a valid ", T::descriptor()->full_name()));
+  }
+  return std::optional<T>(std::move(record));
+}
+
+absl::StatusOr<uint64_t> LoadU64(const KvOverlay& kv, std::string_view key, uint64_t absent) {
+  std::optional<std::string> bytes = kv.Get(key);
+  if (!bytes.has_value()) return absent;
+  return ReadBe64(key, *bytes);
+}
+
+// Amounts already validated when they were stored; a bad one means corrupted state.
+absl::StatusOr<uint64_t> StoredAmount(std::string_view what, std::string_view value) {
+  auto parsed = common::ParseAmount(what, value);
+  if (!parsed.ok()) return absl::DataLossError(parsed.status().message());
+  return *parsed;
+}
+
+std::string U128ToString(u128 value) {
+  if (value == 0) return "0";
+  std::string out;
+  while (value > 0) {
+    out.push_back(static_cast<char>('0' + static_cast<int>(value % 10)));
+    value /= 10;
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+std::string VoteOptionName(cosmos::gov::v1::VoteOption option) {
+  switch (option) {
+    case cosmos::gov::v1::VOTE_OPTION_YES:
+      return "yes";
+    case cosmos::gov::v1::VOTE_OPTION_ABSTAIN:
+      return "abstain";
+    case cosmos::gov::v1::VOTE_OPTION_NO:
+      return "no";
+    case cosmos::gov::v1::VOTE_OPTION_NO_WITH_VETO:
+      return "no_with_veto";
+    default:
+      return "unspecified";
+  }
+}
+
+// Chain ids go into sign bytes and keys of other systems: printable ASCII, no spaces.
+absl::Status ValidateChainId(std::string_view chain_id) {
+  if (chain_id.empty() || chain_id.size() > 64) {
+    return Invalid("chain_id", "'", chain_id.substr(0, 80), "' must be 1..64 bytes");
+  }
+  for (char c : chain_id) {
+    if (c < 0x21 || c > 0x7e) {
+      return Invalid("chain_id", "'", chain_id, "' holds a character outside printable ASCII");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string Be64(uint64_t value) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i) {
+    out[static_cast<size_t>(i)] = static_cast<char>(value & 0xff);
+    value >>= 8;
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> ReadBe64(std::string_view key, std::string_view bytes) {
+  if (bytes.size() != 8) {
+    return absl::DataLossError(
+        Cat("state key ", KeyName(key), ": ", bytes.size(), " bytes, want 8"));
+  }
+  uint64_t value = 0;
+  for (char c : bytes) value = (value << 8) | static_cast<uint8_t>(c);
+  return value;
+}
+
+namespace keys {
+namespace {
+std::string HeightBytes(int64_t height) { return Be64(static_cast<uint64_t>(height)); }
+}  // namespace
+
+std::string Account(std::string_view address) { return Cat(kAccountPrefix, address); }
+std::string Balance(std::string_view address) { return Cat(kBalancePrefix, address); }
+std::string Epoch(uint64_t epoch) { return Cat(kEpochPrefix, Be64(epoch)); }
+std::string Weight(uint64_t epoch, std::string_view address) {
+  return Cat(kWeightPrefix, Be64(epoch), address);
+}
+std::string Proposal(uint64_t id) { return Cat(kProposalPrefix, Be64(id)); }
+std::string Vote(uint64_t proposal_id, std::string_view voter) {
+  return Cat(kVotePrefix, Be64(proposal_id), voter);
+}
+std::string Deposit(uint64_t proposal_id, std::string_view depositor) {
+  return Cat(kDepositPrefix, Be64(proposal_id), depositor);
+}
+std::string VotingEnd(int64_t height, uint64_t proposal_id) {
+  return Cat(kVotingEndPrefix, HeightBytes(height), Be64(proposal_id));
+}
+std::string Shard(uint64_t id) { return Cat(kShardPrefix, Be64(id)); }
+std::string Member(uint64_t shard_id, std::string_view host) {
+  return Cat(kMemberPrefix, Be64(shard_id), host);
+}
+std::string MemberCount(uint64_t shard_id) { return Cat(kMemberCountPrefix, Be64(shard_id)); }
+std::string ReservationDeadline(int64_t height, uint64_t shard_id) {
+  return Cat(kReservationDeadlinePrefix, HeightBytes(height), Be64(shard_id));
+}
+std::string Deadline(int64_t height, uint64_t shard_id) {
+  return Cat(kDeadlinePrefix, HeightBytes(height), Be64(shard_id));
+}
+std::string Settlement(uint64_t shard_id) { return Cat(kSettlementPrefix, Be64(shard_id)); }
+}  // namespace keys
+
+absl::StatusOr<std::string> SigCache::RecoverAddress(std::string_view digest,
+                                                     std::string_view signature) {
+  std::string key = Cat(digest, signature);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) return it->second;
+  TS_ASSIGN_OR_RETURN(std::string public_key, common::RecoverPublicKey(digest, signature));
+  std::string address = common::AddressFromPublicKey(public_key);
+  if (entries_.size() >= kEntriesMax) entries_.clear();
+  entries_.emplace(std::move(key), address);
+  return address;
+}
+
+std::string ShardStatusName(pb::ShardStatus status) {
+  switch (status) {
+    case pb::SHARD_STATUS_PROPOSED:
+      return "proposed";
+    case pb::SHARD_STATUS_OPEN:
+      return "open";
+    case pb::SHARD_STATUS_RUNNING:
+      return "running";
+    case pb::SHARD_STATUS_SETTLED:
+      return "settled";
+    case pb::SHARD_STATUS_EXPIRED:
+      return "expired";
+    case pb::SHARD_STATUS_REJECTED:
+      return "rejected";
+    default:
+      return "unspecified";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Message parsing
+
+absl::StatusOr<TxMsg> ParseTxMsg(std::string_view field, const google::protobuf::Any& any) {
+  TxMsg out;
+  out.type_url = any.type_url();
+  const std::string& url = any.type_url();
+  if (url == kMsgSendType) {
+    auto msg = std::make_unique<cosmos::bank::v1beta1::MsgSend>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->from_address();
+    out.kind = MsgKind::kSend;
+    out.msg = std::move(msg);
+  } else if (url == kMsgSubmitProposalType) {
+    auto msg = std::make_unique<cosmos::gov::v1::MsgSubmitProposal>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->proposer();
+    out.kind = MsgKind::kSubmitProposal;
+    out.msg = std::move(msg);
+  } else if (url == kMsgVoteType) {
+    auto msg = std::make_unique<cosmos::gov::v1::MsgVote>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->voter();
+    out.kind = MsgKind::kVote;
+    out.msg = std::move(msg);
+  } else if (url == kMsgDepositType) {
+    auto msg = std::make_unique<cosmos::gov::v1::MsgDeposit>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->depositor();
+    out.kind = MsgKind::kDeposit;
+    out.msg = std::move(msg);
+  } else if (url == kMsgSubmitPocWeightsType) {
+    auto msg = std::make_unique<pb::MsgSubmitPocWeights>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->authority();
+    out.kind = MsgKind::kSubmitPocWeights;
+    out.msg = std::move(msg);
+  } else if (url == kMsgReserveType) {
+    auto msg = std::make_unique<pb::MsgReserveTrainshard>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->reservation().host();
+    out.kind = MsgKind::kReserve;
+    out.msg = std::move(msg);
+  } else if (url == kMsgAssembleType) {
+    auto msg = std::make_unique<pb::MsgAssembleTrainshard>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->creator();
+    out.kind = MsgKind::kAssemble;
+    out.msg = std::move(msg);
+  } else if (url == kMsgSettleType) {
+    auto msg = std::make_unique<pb::MsgSettleTrainshard>();
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+    out.signer = msg->submitter();
+    out.kind = MsgKind::kSettle;
+    out.msg = std::move(msg);
+  } else if (url == kMsgCreateTrainshardProposalType) {
+    return Invalid(field, kMsgCreateTrainshardProposalType,
+                   " is executed by governance only: submit it inside a MsgSubmitProposal");
+  } else {
+    return Invalid(Cat(field, ".type_url"), "'", url.substr(0, 128),
+                   "' is not a message this chain accepts");
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Genesis
+
+absl::Status Keeper::InitGenesis() {
+  const pb::Genesis& genesis = env_.genesis;
+  TS_RETURN_IF_ERROR(ValidateChainId(genesis.chain_id()));
+  TS_RETURN_IF_ERROR(ValidateParams(genesis.params()));
+  kv_->Set(keys::kGenesisHash, common::Sha256(CanonicalBytes(genesis)));
+
+  std::set<std::string> module_accounts = {env_.gov_address, env_.escrow_address,
+                                           env_.community_pool_address};
+  std::set<std::string> seen;
+  uint64_t supply = 0;
+  for (int i = 0; i < genesis.accounts_size(); ++i) {
+    const auto& account = genesis.accounts(i);
+    std::string field = Cat("accounts[", i, "]");
+    TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".address"), account.address()));
+    if (module_accounts.count(account.address()) > 0) {
+      return Invalid(Cat(field, ".address"), account.address(),
+                     " is a module account and cannot be funded at genesis");
+    }
+    if (!seen.insert(account.address()).second) {
+      return Invalid(Cat(field, ".address"), account.address(), " appears twice");
+    }
+    TS_ASSIGN_OR_RETURN(uint64_t balance,
+                        common::ParseAmount(Cat(field, ".balance"), account.balance()));
+    TS_ASSIGN_OR_RETURN(supply, common::CheckedAdd("accounts: total supply", supply, balance));
+    TS_RETURN_IF_ERROR(EnsureAccount(account.address()));
+    SetBalance(account.address(), balance);
+  }
+  // Module accounts come after the genesis accounts in account-number order.
+  TS_RETURN_IF_ERROR(EnsureAccount(env_.gov_address));
+  TS_RETURN_IF_ERROR(EnsureAccount(env_.escrow_address));
+  TS_RETURN_IF_ERROR(EnsureAccount(env_.community_pool_address));
+  kv_->Set(keys::kSupply, Be64(supply));
+
+  std::set<std::string> hosts;
+  uint64_t total = 0;
+  std::vector<pb::HostWeight> weights;
+  for (int i = 0; i < genesis.poc_weights_size(); ++i) {
+    const auto& weight = genesis.poc_weights(i);
+    std::string field = Cat("poc_weights[", i, "]");
+    TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".host"), weight.host()));
+    if (!hosts.insert(weight.host()).second) {
+      return Invalid(Cat(field, ".host"), weight.host(), " appears twice");
+    }
+    if (weight.weight() == 0) return Invalid(Cat(field, ".weight"), "0 must be positive");
+    TS_ASSIGN_OR_RETURN(total, common::CheckedAdd("poc_weights: total", total, weight.weight()));
+    weights.push_back(weight);
+  }
+  kv_->Set(keys::kLatestEpoch, Be64(0));
+  return RecordEpoch(0, weights);
+}
+
+// ---------------------------------------------------------------------------------------------
+// auth and bank
+
+absl::StatusOr<std::optional<BaseAccount>> Keeper::GetAccount(std::string_view address) const {
+  return Load<BaseAccount>(*kv_, keys::Account(address));
+}
+
+void Keeper::PutAccount(const BaseAccount& account) {
+  kv_->Set(keys::Account(account.address()), CanonicalBytes(account));
+}
+
+absl::Status Keeper::EnsureAccount(std::string_view address) {
+  if (kv_->Get(keys::Account(address)).has_value()) return absl::OkStatus();
+  TS_ASSIGN_OR_RETURN(uint64_t number, LoadU64(*kv_, keys::kNextAccountNumber, 0));
+  kv_->Set(keys::kNextAccountNumber, Be64(number + 1));
+  BaseAccount account;
+  account.set_address(std::string(address));
+  account.set_account_number(number);
+  PutAccount(account);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Keeper::Balance(std::string_view address) const {
+  return LoadU64(*kv_, keys::Balance(address), 0);
+}
+
+absl::StatusOr<uint64_t> Keeper::Supply() const {
+  std::optional<std::string> bytes = kv_->Get(keys::kSupply);
+  if (!bytes.has_value()) return absl::DataLossError("state holds no total supply");
+  return ReadBe64(keys::kSupply, *bytes);
+}
+
+void Keeper::SetBalance(std::string_view address, uint64_t amount) {
+  // Zero balances are absent, so the state has one spelling of "nothing".
+  if (amount == 0) {
+    kv_->Delete(keys::Balance(address));
+  } else {
+    kv_->Set(keys::Balance(address), Be64(amount));
+  }
+}
+
+absl::Status Keeper::Transfer(std::string_view from, std::string_view to, uint64_t amount) {
+  if (amount == 0) return absl::OkStatus();
+  TS_ASSIGN_OR_RETURN(uint64_t have, Balance(from));
+  if (have < amount) {
+    return absl::FailedPreconditionError(
+        Cat("insufficient funds: ", from, " holds ", have, " ngonka, needs ", amount));
+  }
+  SetBalance(from, have - amount);
+  TS_RETURN_IF_ERROR(EnsureAccount(to));
+  TS_ASSIGN_OR_RETURN(uint64_t to_have, Balance(to));
+  auto sum = common::CheckedAdd("balance", to_have, amount);
+  if (!sum.ok()) return absl::InternalError(sum.status().message());  // bounded by the supply
+  SetBalance(to, *sum);
+  Emit("bank.transfer",
+       {{"from", std::string(from)}, {"to", std::string(to)}, {"amount", Cat(amount)}});
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Send(const cosmos::bank::v1beta1::MsgSend& msg) {
+  TS_RETURN_IF_ERROR(ValidateAddress("from_address", msg.from_address()));
+  TS_RETURN_IF_ERROR(ValidateAddress("to_address", msg.to_address()));
+  if (msg.to_address() == env_.gov_address || msg.to_address() == env_.escrow_address ||
+      msg.to_address() == env_.community_pool_address) {
+    return Invalid("to_address", msg.to_address(),
+                   " is a module account and cannot receive transfers");
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t amount, ParseCoins("amount", msg.amount(), /*positive=*/true));
+  return Transfer(msg.from_address(), msg.to_address(), amount);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PoC weights
+
+absl::StatusOr<uint64_t> Keeper::LatestEpoch() const {
+  std::optional<std::string> bytes = kv_->Get(keys::kLatestEpoch);
+  if (!bytes.has_value()) return absl::DataLossError("state holds no PoC epoch");
+  return ReadBe64(keys::kLatestEpoch, *bytes);
+}
+
+absl::StatusOr<uint64_t> Keeper::EpochInForce(int64_t height) const {
+  uint64_t chain_epoch = static_cast<uint64_t>(height) / params().epoch_length_blocks();
+  TS_ASSIGN_OR_RETURN(uint64_t latest, LatestEpoch());
+  if (latest <= chain_epoch) return latest;
+  // Submissions are at most one epoch ahead, so the one before the latest is in force.
+  std::optional<std::string> bytes = kv_->Get(keys::kPreviousEpoch);
+  if (!bytes.has_value()) {
+    return absl::DataLossError(Cat("latest epoch ", latest, " is ahead of chain epoch ",
+                                   chain_epoch, " and no previous epoch is recorded"));
+  }
+  return ReadBe64(keys::kPreviousEpoch, *bytes);
+}
+
+absl::StatusOr<uint64_t> Keeper::Weight(uint64_t epoch, std::string_view host) const {
+  return LoadU64(*kv_, keys::Weight(epoch, host), 0);
+}
+
+absl::StatusOr<pb::EpochWeights> Keeper::GetEpochWeights(uint64_t epoch, bool with_weights) const {
+  TS_ASSIGN_OR_RETURN(auto record, Load<pb::EpochWeights>(*kv_, keys::Epoch(epoch)));
+  if (!record.has_value()) {
+    return absl::NotFoundError(Cat("epoch ", epoch, " has no recorded weights"));
+  }
+  if (with_weights) {
+    std::string prefix = Cat(keys::kWeightPrefix, Be64(epoch));
+    for (const auto& [key, value] : kv_->Scan(prefix)) {
+      auto* weight = record->add_weights();
+      weight->set_host(key.substr(prefix.size()));
+      TS_ASSIGN_OR_RETURN(uint64_t w, ReadBe64(key, value));
+      weight->set_weight(w);
+    }
+  }
+  return *record;
+}
+
+absl::Status Keeper::RecordEpoch(uint64_t epoch, const std::vector<pb::HostWeight>& weights) {
+  uint64_t total = 0;
+  for (const auto& weight : weights) {
+    kv_->Set(keys::Weight(epoch, weight.host()), Be64(weight.weight()));
+    total += weight.weight();  // overflow checked by the callers
+  }
+  pb::EpochWeights record;
+  record.set_epoch(epoch);
+  record.set_total_weight(total);
+  kv_->Set(keys::Epoch(epoch), CanonicalBytes(record));
+  if (epoch > 0) {
+    TS_ASSIGN_OR_RETURN(uint64_t latest, LatestEpoch());
+    kv_->Set(keys::kPreviousEpoch, Be64(latest));
+    kv_->Set(keys::kLatestEpoch, Be64(epoch));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::SubmitPocWeights(const pb::MsgSubmitPocWeights& msg) {
+  if (msg.authority() != params().poc_authority()) {
+    return absl::PermissionDeniedError(Cat(
+        "unauthorised: authority ", msg.authority().substr(0, 128), " is not the PoC authority"));
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t latest, LatestEpoch());
+  uint64_t chain_epoch = static_cast<uint64_t>(height_) / params().epoch_length_blocks();
+  if (msg.epoch() <= latest) {
+    return absl::FailedPreconditionError(
+        Cat("epoch: ", msg.epoch(), " is not after the latest recorded epoch ", latest));
+  }
+  if (msg.epoch() > chain_epoch + 1) {
+    return absl::FailedPreconditionError(
+        Cat("epoch: ", msg.epoch(), " is more than one epoch ahead of chain epoch ", chain_epoch));
+  }
+  if (msg.weights_size() == 0) return Invalid("weights", "empty");
+  if (static_cast<uint64_t>(msg.weights_size()) > params().max_weights_per_submission()) {
+    return Invalid("weights", msg.weights_size(), " entries exceed max_weights_per_submission ",
+                   params().max_weights_per_submission());
+  }
+  std::set<std::string_view> hosts;
+  std::vector<pb::HostWeight> weights;
+  uint64_t total = 0;
+  for (int i = 0; i < msg.weights_size(); ++i) {
+    const auto& weight = msg.weights(i);
+    std::string field = Cat("weights[", i, "]");
+    TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".host"), weight.host()));
+    if (!hosts.insert(weight.host()).second) {
+      return Invalid(Cat(field, ".host"), weight.host(), " appears twice");
+    }
+    if (weight.weight() == 0) return Invalid(Cat(field, ".weight"), "0 must be positive");
+    TS_ASSIGN_OR_RETURN(total, common::CheckedAdd("weights: total", total, weight.weight()));
+    weights.push_back(weight);
+  }
+  TS_RETURN_IF_ERROR(RecordEpoch(msg.epoch(), weights));
+  Emit("poc.weights_submitted",
+       {{"epoch", Cat(msg.epoch())}, {"hosts", Cat(weights.size())}, {"total_weight", Cat(total)}});
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Governance
+
+absl::StatusOr<pb::Proposal> Keeper::GetProposal(uint64_t id) const {
+  TS_ASSIGN_OR_RETURN(auto proposal, Load<pb::Proposal>(*kv_, keys::Proposal(id)));
+  if (!proposal.has_value()) return absl::NotFoundError(Cat("proposal ", id, " not found"));
+  return *std::move(proposal);
+}
+
+void Keeper::PutProposal(const pb::Proposal& proposal) {
+  kv_->Set(keys::Proposal(proposal.id()), CanonicalBytes(proposal));
+}
+
+absl::StatusOr<uint64_t> Keeper::NextId(std::string_view key) {
+  TS_ASSIGN_OR_RETURN(uint64_t id, LoadU64(*kv_, key, 1));
+  kv_->Set(key, Be64(id + 1));
+  return id;
+}
+
+absl::Status Keeper::SubmitProposal(const cosmos::gov::v1::MsgSubmitProposal& msg) {
+  TS_RETURN_IF_ERROR(ValidateAddress("proposer", msg.proposer()));
+  if (msg.title().size() > kMaxProposalTitleBytes) {
+    return Invalid("title", msg.title().size(), " bytes exceed ", kMaxProposalTitleBytes);
+  }
+  if (msg.summary().size() > kMaxProposalSummaryBytes) {
+    return Invalid("summary", msg.summary().size(), " bytes exceed ", kMaxProposalSummaryBytes);
+  }
+  if (msg.metadata().size() > kMaxMetadataBytes) {
+    return Invalid("metadata", msg.metadata().size(), " bytes exceed ", kMaxMetadataBytes);
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t deposit,
+                      ParseCoins("initial_deposit", msg.initial_deposit(), /*positive=*/false));
+  if (deposit < env_.min_deposit) {
+    return Invalid("initial_deposit", deposit, " is below min_deposit ", env_.min_deposit);
+  }
+  if (msg.messages_size() < 1 || msg.messages_size() > kMaxProposalMessages) {
+    return Invalid("messages", msg.messages_size(), " messages, want 1..", kMaxProposalMessages);
+  }
+  std::vector<pb::MsgCreateTrainshardProposal> creates(static_cast<size_t>(msg.messages_size()));
+  for (int i = 0; i < msg.messages_size(); ++i) {
+    std::string field = Cat("messages[", i, "]");
+    const auto& any = msg.messages(i);
+    if (any.type_url() != kMsgCreateTrainshardProposalType) {
+      return Invalid(Cat(field, ".type_url"), "'", any.type_url().substr(0, 128), "' is not ",
+                     kMsgCreateTrainshardProposalType);
+    }
+    auto& create = creates[static_cast<size_t>(i)];
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), &create));
+    if (create.authority() != env_.gov_address) {
+      return Invalid(Cat(field, ".authority"), "'", create.authority().substr(0, 128),
+                     "' is not the gov account ", env_.gov_address);
+    }
+    if (create.creator() != msg.proposer()) {
+      return Invalid(Cat(field, ".creator"), "'", create.creator().substr(0, 128),
+                     "' is not the proposer ", msg.proposer());
+    }
+    absl::Status spec_ok = ValidateSpec(create.spec(), params());
+    if (!spec_ok.ok()) return Invalid(field, spec_ok.message());
+  }
+  TS_RETURN_IF_ERROR(Transfer(msg.proposer(), env_.gov_address, deposit));
+
+  TS_ASSIGN_OR_RETURN(uint64_t id, NextId(keys::kNextProposalId));
+  TS_ASSIGN_OR_RETURN(uint64_t epoch, EpochInForce(height_));
+  TS_ASSIGN_OR_RETURN(pb::EpochWeights weights, GetEpochWeights(epoch, /*with_weights=*/false));
+  pb::Proposal proposal;
+  proposal.set_id(id);
+  proposal.set_proposer(msg.proposer());
+  proposal.set_title(msg.title());
+  proposal.set_summary(msg.summary());
+  for (const auto& create : creates) *proposal.add_messages() = PackMsg(create);
+  proposal.set_status(pb::PROPOSAL_STATUS_VOTING_PERIOD);
+  proposal.set_submit_height(height_);
+  proposal.set_voting_end_height(height_ + static_cast<int64_t>(params().voting_period_blocks()));
+  proposal.set_deposit(Cat(deposit));
+  proposal.set_weight_epoch(epoch);
+  proposal.set_total_weight(weights.total_weight());
+  if (deposit > 0) kv_->Set(keys::Deposit(id, msg.proposer()), Be64(deposit));
+  kv_->Set(keys::VotingEnd(proposal.voting_end_height(), id), "");
+  Emit("gov.proposal_submitted", {{"proposal_id", Cat(id)},
+                                  {"proposer", msg.proposer()},
+                                  {"voting_end_height", Cat(proposal.voting_end_height())}});
+
+  for (const auto& create : creates) {
+    TS_ASSIGN_OR_RETURN(uint64_t shard_id, NextId(keys::kNextShardId));
+    if (proposal.shard_id() == 0) proposal.set_shard_id(shard_id);
+    pb::Shard shard;
+    shard.set_id(shard_id);
+    *shard.mutable_spec() = create.spec();
+    shard.set_creator(create.creator());
+    shard.set_status(pb::SHARD_STATUS_PROPOSED);
+    shard.set_proposal_id(id);
+    shard.set_proposed_height(height_);
+    shard.set_escrow_held("0");
+    PutShard(shard);
+    kv_->Set(keys::MemberCount(shard_id), Be64(0));
+    Emit("trainshard.shard_proposed", {{"shard_id", Cat(shard_id)},
+                                       {"proposal_id", Cat(id)},
+                                       {"creator", create.creator()},
+                                       {"hardware_profile", create.spec().hardware_profile()},
+                                       {"max_nodes", Cat(create.spec().max_nodes())},
+                                       {"escrow", create.spec().escrow().amount()}});
+  }
+  PutProposal(proposal);
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Vote(const cosmos::gov::v1::MsgVote& msg) {
+  TS_RETURN_IF_ERROR(ValidateAddress("voter", msg.voter()));
+  if (msg.metadata().size() > kMaxMetadataBytes) {
+    return Invalid("metadata", msg.metadata().size(), " bytes exceed ", kMaxMetadataBytes);
+  }
+  TS_ASSIGN_OR_RETURN(pb::Proposal proposal, GetProposal(msg.proposal_id()));
+  if (proposal.status() != pb::PROPOSAL_STATUS_VOTING_PERIOD ||
+      height_ > proposal.voting_end_height()) {
+    return absl::FailedPreconditionError(Cat("proposal ", proposal.id(),
+                                             " is not in its voting period (ended at height ",
+                                             proposal.voting_end_height(), ")"));
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t weight, Weight(proposal.weight_epoch(), msg.voter()));
+  if (weight == 0) {
+    return absl::PermissionDeniedError(
+        Cat("voter ", msg.voter(), " has no weight in epoch ", proposal.weight_epoch()));
+  }
+  if (msg.option() < cosmos::gov::v1::VOTE_OPTION_YES ||
+      msg.option() > cosmos::gov::v1::VOTE_OPTION_NO_WITH_VETO) {
+    return Invalid("option", static_cast<int>(msg.option()),
+                   " is not yes, abstain, no or no_with_veto");
+  }
+  // A second vote replaces the first: one key per (proposal, voter).
+  kv_->Set(keys::Vote(proposal.id(), msg.voter()), std::string(1, static_cast<char>(msg.option())));
+  Emit("gov.vote", {{"proposal_id", Cat(proposal.id())},
+                    {"voter", msg.voter()},
+                    {"option", VoteOptionName(msg.option())},
+                    {"weight", Cat(weight)}});
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Deposit(const cosmos::gov::v1::MsgDeposit& msg) {
+  TS_RETURN_IF_ERROR(ValidateAddress("depositor", msg.depositor()));
+  TS_ASSIGN_OR_RETURN(uint64_t amount, ParseCoins("amount", msg.amount(), /*positive=*/true));
+  TS_ASSIGN_OR_RETURN(pb::Proposal proposal, GetProposal(msg.proposal_id()));
+  if (proposal.status() != pb::PROPOSAL_STATUS_VOTING_PERIOD ||
+      height_ > proposal.voting_end_height()) {
+    return absl::FailedPreconditionError(Cat("proposal ", proposal.id(),
+                                             " is not in its voting period (ended at height ",
+                                             proposal.voting_end_height(), ")"));
+  }
+  TS_RETURN_IF_ERROR(Transfer(msg.depositor(), env_.gov_address, amount));
+  std::string key = keys::Deposit(proposal.id(), msg.depositor());
+  TS_ASSIGN_OR_RETURN(uint64_t previous, LoadU64(*kv_, key, 0));
+  TS_ASSIGN_OR_RETURN(uint64_t total_deposit, StoredAmount("proposal.deposit", proposal.deposit()));
+  // Bounded by the total supply, which fits in uint64.
+  kv_->Set(key, Be64(previous + amount));
+  proposal.set_deposit(Cat(total_deposit + amount));
+  PutProposal(proposal);
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::RefundDeposits(uint64_t proposal_id, bool to_community_pool) {
+  std::string prefix = Cat(keys::kDepositPrefix, Be64(proposal_id));
+  for (const auto& [key, value] : kv_->Scan(prefix)) {
+    TS_ASSIGN_OR_RETURN(uint64_t amount, ReadBe64(key, value));
+    std::string depositor = key.substr(prefix.size());
+    TS_RETURN_IF_ERROR(Transfer(
+        env_.gov_address, to_community_pool ? env_.community_pool_address : depositor, amount));
+    kv_->Delete(key);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Tally(uint64_t proposal_id) {
+  TS_ASSIGN_OR_RETURN(pb::Proposal proposal, GetProposal(proposal_id));
+  if (proposal.status() != pb::PROPOSAL_STATUS_VOTING_PERIOD) return absl::OkStatus();
+  uint64_t yes = 0, no = 0, abstain = 0, veto = 0;
+  std::string prefix = Cat(keys::kVotePrefix, Be64(proposal_id));
+  for (const auto& [key, value] : kv_->Scan(prefix)) {
+    std::string voter = key.substr(prefix.size());
+    TS_ASSIGN_OR_RETURN(uint64_t weight, Weight(proposal.weight_epoch(), voter));
+    int option = value.size() == 1 ? static_cast<uint8_t>(value[0]) : -1;
+    // Sums are bounded by the epoch's total weight, which fits in uint64.
+    switch (option) {
+      case cosmos::gov::v1::VOTE_OPTION_YES:
+        yes += weight;
+        break;
+      case cosmos::gov::v1::VOTE_OPTION_ABSTAIN:
+        abstain += weight;
+        break;
+      case cosmos::gov::v1::VOTE_OPTION_NO:
+        no += weight;
+        break;
+      case cosmos::gov::v1::VOTE_OPTION_NO_WITH_VETO:
+        veto += weight;
+        break;
+      default:
+        return absl::DataLossError(Cat("state key ", KeyName(key), ": bad vote option"));
+    }
+    kv_->Delete(key);
+  }
+  kv_->Delete(keys::VotingEnd(proposal.voting_end_height(), proposal_id));
+  auto* tally = proposal.mutable_final_tally();
+  tally->set_yes(yes);
+  tally->set_no(no);
+  tally->set_abstain(abstain);
+  tally->set_no_with_veto(veto);
+
+  u128 voted = u128{yes} + no + abstain + veto;
+  u128 total = proposal.total_weight();
+  std::string status;
+  std::string reason;
+  if (voted * kPpm < u128{params().quorum_ppm()} * total) {
+    proposal.set_status(pb::PROPOSAL_STATUS_REJECTED);
+    status = "rejected";
+    reason = "quorum_not_reached";
+    TS_RETURN_IF_ERROR(RefundDeposits(proposal_id, /*to_community_pool=*/false));
+  } else if (u128{veto} * kPpm > u128{params().veto_threshold_ppm()} * voted) {
+    proposal.set_status(pb::PROPOSAL_STATUS_REJECTED);
+    status = "rejected";
+    reason = "vetoed";
+    TS_RETURN_IF_ERROR(RefundDeposits(proposal_id, /*to_community_pool=*/true));
+  } else if (u128{yes} * kPpm > u128{params().threshold_ppm()} * (voted - abstain)) {
+    TS_RETURN_IF_ERROR(RefundDeposits(proposal_id, /*to_community_pool=*/false));
+    // The proposal's messages run atomically in a branch, as Cosmos runs a passed proposal.
+    KvOverlay branch(kv_);
+    Events branch_events;
+    Keeper executor(env_, &branch, height_, &branch_events);
+    absl::Status executed = executor.ExecuteProposal(proposal);
+    if (executed.ok()) {
+      branch.Commit();
+      for (auto& event : branch_events) events_->push_back(std::move(event));
+      proposal.set_status(pb::PROPOSAL_STATUS_PASSED);
+      status = "passed";
+      reason = "passed";
+    } else if (absl::IsFailedPrecondition(executed)) {
+      proposal.set_status(pb::PROPOSAL_STATUS_FAILED);
+      proposal.set_failed_reason(std::string(executed.message()));
+      status = "failed";
+      reason = Cat("escrow_unfunded: ", executed.message());
+    } else {
+      return executed;
+    }
+  } else {
+    proposal.set_status(pb::PROPOSAL_STATUS_REJECTED);
+    status = "rejected";
+    reason = "threshold_not_reached";
+    TS_RETURN_IF_ERROR(RefundDeposits(proposal_id, /*to_community_pool=*/false));
+  }
+
+  if (proposal.status() != pb::PROPOSAL_STATUS_PASSED) {
+    bool unfunded = proposal.status() == pb::PROPOSAL_STATUS_FAILED;
+    for (int i = 0; i < proposal.messages_size(); ++i) {
+      uint64_t shard_id = proposal.shard_id() + static_cast<uint64_t>(i);
+      TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(shard_id, false));
+      shard.set_status(pb::SHARD_STATUS_REJECTED);
+      shard.set_close_reason(unfunded ? pb::CLOSE_REASON_ESCROW_UNFUNDED
+                                      : pb::CLOSE_REASON_REJECTED);
+      shard.set_closed_height(height_);
+      PutShard(shard);
+      Emit("trainshard.shard_rejected",
+           {{"shard_id", Cat(shard_id)},
+            {"reason", unfunded ? "escrow_unfunded" : "proposal_rejected"}});
+    }
+  }
+  PutProposal(proposal);
+  Emit("gov.proposal_finalized", {{"proposal_id", Cat(proposal_id)},
+                                  {"status", status},
+                                  {"yes", Cat(yes)},
+                                  {"no", Cat(no)},
+                                  {"abstain", Cat(abstain)},
+                                  {"no_with_veto", Cat(veto)},
+                                  {"reason", reason}});
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::ExecuteProposal(const pb::Proposal& proposal) {
+  for (int i = 0; i < proposal.messages_size(); ++i) {
+    uint64_t shard_id = proposal.shard_id() + static_cast<uint64_t>(i);
+    TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(shard_id, false));
+    TS_ASSIGN_OR_RETURN(uint64_t escrow,
+                        StoredAmount("spec.escrow.amount", shard.spec().escrow().amount()));
+    absl::Status paid = Transfer(shard.creator(), env_.escrow_address, escrow);
+    if (!paid.ok()) {
+      return absl::Status(paid.code(), Cat("shard ", shard_id, ": ", paid.message()));
+    }
+    shard.set_status(pb::SHARD_STATUS_OPEN);
+    shard.set_open_height(height_);
+    shard.set_reservation_deadline_height(
+        height_ + static_cast<int64_t>(shard.spec().reservation_window_blocks()));
+    shard.set_deadline_height(height_ + static_cast<int64_t>(shard.spec().max_duration_blocks()));
+    shard.set_escrow_held(Cat(escrow));
+    PutShard(shard);
+    kv_->Set(keys::ReservationDeadline(shard.reservation_deadline_height(), shard_id), "");
+    kv_->Set(keys::Deadline(shard.deadline_height(), shard_id), "");
+    Emit("trainshard.shard_opened",
+         {{"shard_id", Cat(shard_id)},
+          {"creator", shard.creator()},
+          {"hardware_profile", shard.spec().hardware_profile()},
+          {"min_nodes", Cat(shard.spec().min_nodes())},
+          {"max_nodes", Cat(shard.spec().max_nodes())},
+          {"min_host_weight", Cat(shard.spec().min_host_weight())},
+          {"escrow", Cat(escrow)},
+          {"reservation_deadline_height", Cat(shard.reservation_deadline_height())},
+          {"deadline_height", Cat(shard.deadline_height())}});
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trainshard
+
+absl::StatusOr<pb::Shard> Keeper::GetShard(uint64_t id, bool with_members) const {
+  TS_ASSIGN_OR_RETURN(auto shard, Load<pb::Shard>(*kv_, keys::Shard(id)));
+  if (!shard.has_value()) return absl::NotFoundError(Cat("shard ", id, " not found"));
+  if (with_members) {
+    std::string prefix = Cat(keys::kMemberPrefix, Be64(id));
+    for (const auto& [key, value] : kv_->Scan(prefix)) {
+      if (!shard->add_reservations()->ParseFromString(value)) {
+        return absl::DataLossError(
+            Cat("state key ", KeyName(key), " does not hold a valid Reservation"));
+      }
+    }
+  }
+  return *std::move(shard);
+}
+
+void Keeper::PutShard(const pb::Shard& shard) {
+  // Members live under their own keys so a reservation does not rewrite every other one.
+  if (shard.reservations_size() == 0) {
+    kv_->Set(keys::Shard(shard.id()), CanonicalBytes(shard));
+    return;
+  }
+  pb::Shard record = shard;
+  record.clear_reservations();
+  kv_->Set(keys::Shard(shard.id()), CanonicalBytes(record));
+}
+
+absl::StatusOr<pb::SettlementRecord> Keeper::GetSettlement(uint64_t shard_id) const {
+  TS_ASSIGN_OR_RETURN(auto record, Load<pb::SettlementRecord>(*kv_, keys::Settlement(shard_id)));
+  if (!record.has_value()) {
+    return absl::NotFoundError(Cat("shard ", shard_id, " has no settlement"));
+  }
+  return *std::move(record);
+}
+
+absl::StatusOr<uint64_t> Keeper::MemberCount(uint64_t shard_id) const {
+  return LoadU64(*kv_, keys::MemberCount(shard_id), 0);
+}
+
+absl::StatusOr<std::optional<pb::Reservation>> Keeper::GetMember(uint64_t shard_id,
+                                                                 std::string_view host) const {
+  return Load<pb::Reservation>(*kv_, keys::Member(shard_id, host));
+}
+
+absl::Status Keeper::StartShard(pb::Shard* shard, uint64_t members) {
+  shard->set_status(pb::SHARD_STATUS_RUNNING);
+  kv_->Delete(keys::ReservationDeadline(shard->reservation_deadline_height(), shard->id()));
+  PutShard(*shard);
+  Emit("trainshard.shard_running", {{"shard_id", Cat(shard->id())},
+                                    {"members", Cat(members)},
+                                    {"total_weight", Cat(shard->total_weight())}});
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::ExpireShard(pb::Shard* shard, pb::CloseReason reason) {
+  TS_ASSIGN_OR_RETURN(uint64_t held, StoredAmount("escrow_held", shard->escrow_held()));
+  TS_RETURN_IF_ERROR(Transfer(env_.escrow_address, shard->creator(), held));
+  shard->set_escrow_held("0");
+  shard->set_status(pb::SHARD_STATUS_EXPIRED);
+  shard->set_close_reason(reason);
+  shard->set_closed_height(height_);
+  kv_->Delete(keys::ReservationDeadline(shard->reservation_deadline_height(), shard->id()));
+  kv_->Delete(keys::Deadline(shard->deadline_height(), shard->id()));
+  PutShard(*shard);
+  Emit("trainshard.shard_expired",
+       {{"shard_id", Cat(shard->id())},
+        {"reason", reason == pb::CLOSE_REASON_TIMEOUT ? "timeout" : "not_enough_nodes"},
+        {"refund", Cat(held)}});
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
+  if (!msg.has_reservation()) return Invalid("reservation", "missing");
+  const pb::Reservation& r = msg.reservation();
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(r.shard_id(), false));
+  if (shard.status() != pb::SHARD_STATUS_OPEN) {
+    return absl::FailedPreconditionError(
+        Cat("shard ", shard.id(), " is ", ShardStatusName(shard.status()), ", not open"));
+  }
+  if (height_ > shard.reservation_deadline_height()) {
+    return absl::FailedPreconditionError(Cat("shard ", shard.id(),
+                                             ": the reservation window closed at height ",
+                                             shard.reservation_deadline_height()));
+  }
+  TS_RETURN_IF_ERROR(ValidateAddress("reservation.host", r.host()));
+  TS_RETURN_IF_ERROR(ValidateEndpoint("reservation.endpoint", r.endpoint()));
+  if (r.tls_cert_sha256().size() != common::kSha256Size) {
+    return Invalid("reservation.tls_cert_sha256", r.tls_cert_sha256().size(), " bytes, want ",
+                   common::kSha256Size);
+  }
+  if (r.valid_until_height() < height_) {
+    return absl::FailedPreconditionError(Cat(
+        "reservation.valid_until_height: ", r.valid_until_height(), " is before height ", height_));
+  }
+  if (r.frozen_weight() != 0) {
+    return Invalid("reservation.frozen_weight", r.frozen_weight(),
+                   " must be 0 in the statement (the chain sets it)");
+  }
+  if (r.reserved_height() != 0) {
+    return Invalid("reservation.reserved_height", r.reserved_height(),
+                   " must be 0 in the statement (the chain sets it)");
+  }
+  if (r.signature().size() != common::kRecoverableSignatureSize) {
+    return absl::UnauthenticatedError(Cat("reservation.signature: ", r.signature().size(),
+                                          " bytes, want ", common::kRecoverableSignatureSize));
+  }
+  pb::Reservation statement = r;
+  statement.clear_signature();
+  TS_ASSIGN_OR_RETURN(std::string sign_bytes,
+                      common::SignBytes(kReservationKind, env_.genesis.chain_id(), shard.id(),
+                                        CanonicalBytes(statement)));
+  auto recovered = env_.sig_cache->RecoverAddress(common::Sha256(sign_bytes), r.signature());
+  if (!recovered.ok() || *recovered != r.host()) {
+    return absl::UnauthenticatedError(
+        Cat("reservation.signature: does not verify for host ", r.host()));
+  }
+  TS_ASSIGN_OR_RETURN(auto existing, GetMember(shard.id(), r.host()));
+  if (existing.has_value()) {
+    return absl::AlreadyExistsError(
+        Cat("host ", r.host(), " already holds a place in shard ", shard.id()));
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t members, MemberCount(shard.id()));
+  if (members >= shard.spec().max_nodes()) {
+    return absl::ResourceExhaustedError(
+        Cat("shard ", shard.id(), " is full: max_nodes ", shard.spec().max_nodes()));
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t epoch, EpochInForce(height_));
+  TS_ASSIGN_OR_RETURN(uint64_t weight, Weight(epoch, r.host()));
+  uint64_t floor = std::max<uint64_t>(shard.spec().min_host_weight(), 1);
+  if (weight < floor) {
+    return absl::FailedPreconditionError(Cat("host ", r.host(), ": weight ", weight,
+                                             " below the floor ", floor, " (epoch ", epoch, ")"));
+  }
+  pb::Reservation stored = r;
+  stored.set_frozen_weight(weight);
+  stored.set_reserved_height(height_);
+  kv_->Set(keys::Member(shard.id(), r.host()), CanonicalBytes(stored));
+  members += 1;
+  kv_->Set(keys::MemberCount(shard.id()), Be64(members));
+  TS_ASSIGN_OR_RETURN(uint64_t total,
+                      common::CheckedAdd("total_weight", shard.total_weight(), weight));
+  shard.set_total_weight(total);
+  PutShard(shard);
+  Emit("trainshard.reservation_added", {{"shard_id", Cat(shard.id())},
+                                        {"host", r.host()},
+                                        {"frozen_weight", Cat(weight)},
+                                        {"endpoint", r.endpoint()},
+                                        {"members", Cat(members)}});
+  if (members == shard.spec().max_nodes()) TS_RETURN_IF_ERROR(StartShard(&shard, members));
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Assemble(const pb::MsgAssembleTrainshard& msg) {
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(msg.shard_id(), false));
+  if (shard.status() != pb::SHARD_STATUS_OPEN) {
+    return absl::FailedPreconditionError(
+        Cat("shard ", shard.id(), " is ", ShardStatusName(shard.status()), ", not open"));
+  }
+  TS_ASSIGN_OR_RETURN(auto member, GetMember(shard.id(), msg.creator()));
+  if (msg.creator() != shard.creator() && !member.has_value()) {
+    return absl::PermissionDeniedError(Cat(
+        "signer ", msg.creator(), " is neither the creator nor a member of shard ", shard.id()));
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t members, MemberCount(shard.id()));
+  if (members < shard.spec().min_nodes()) {
+    return absl::FailedPreconditionError(Cat("shard ", shard.id(), " has ", members,
+                                             " members, below min_nodes ",
+                                             shard.spec().min_nodes()));
+  }
+  return StartShard(&shard, members);
+}
+
+absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
+  TS_RETURN_IF_ERROR(ValidateAddress("submitter", msg.submitter()));
+  if (!msg.has_settlement()) return Invalid("settlement", "missing");
+  const pb::Settlement& s = msg.settlement();
+  const std::string& chain_id = env_.genesis.chain_id();
+  if (s.chain_id() != chain_id) {
+    return absl::InvalidArgumentError(Cat("settlement.chain_id: '", s.chain_id().substr(0, 80),
+                                          "' is not this chain '", chain_id, "'"));
+  }
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(s.shard_id(), false));
+  switch (shard.status()) {
+    case pb::SHARD_STATUS_RUNNING:
+      break;
+    case pb::SHARD_STATUS_EXPIRED:
+      return absl::FailedPreconditionError(
+          Cat("shard ", shard.id(), " expired at height ", shard.closed_height()));
+    case pb::SHARD_STATUS_SETTLED:
+      return absl::AlreadyExistsError(
+          Cat("shard ", shard.id(), " is already settled at height ", shard.closed_height()));
+    default:
+      return absl::FailedPreconditionError(
+          Cat("shard ", shard.id(), " is ", ShardStatusName(shard.status()), ", not running"));
+  }
+  if (s.final_checkpoint_root().size() != common::kSha256Size) {
+    return Invalid("settlement.final_checkpoint_root", s.final_checkpoint_root().size(),
+                   " bytes, want ", common::kSha256Size);
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t escrow,
+                      StoredAmount("spec.escrow.amount", shard.spec().escrow().amount()));
+  TS_ASSIGN_OR_RETURN(uint64_t held, StoredAmount("escrow_held", shard.escrow_held()));
+  uint64_t share_max = static_cast<uint64_t>(
+      u128{escrow} * shard.spec().reward_policy().max_host_share_bps() / kBps);
+
+  // Payouts: members only, once each, within the per-host share, adding up to the escrow.
+  std::set<std::string_view> payees;
+  std::vector<uint64_t> amounts;
+  u128 paid = 0;
+  for (int i = 0; i < s.payouts_size(); ++i) {
+    const auto& payout = s.payouts(i);
+    std::string field = Cat("settlement.payouts[", i, "]");
+    TS_ASSIGN_OR_RETURN(auto member, GetMember(shard.id(), payout.host()));
+    if (!member.has_value()) {
+      return Invalid(Cat(field, ".host"), "'", payout.host().substr(0, 128),
+                     "' is not a member of shard ", shard.id());
+    }
+    if (!payees.insert(payout.host()).second) {
+      return Invalid(Cat(field, ".host"), payout.host(), " is paid twice");
+    }
+    TS_ASSIGN_OR_RETURN(uint64_t amount,
+                        common::ParseAmount(Cat(field, ".amount"), payout.amount()));
+    if (amount > share_max) {
+      return Invalid(Cat(field, ".amount"), amount, " exceeds the host share ", share_max,
+                     " (max_host_share_bps ", shard.spec().reward_policy().max_host_share_bps(),
+                     " of escrow ", escrow, ")");
+    }
+    amounts.push_back(amount);
+    paid += amount;
+  }
+  TS_ASSIGN_OR_RETURN(uint64_t refund, common::ParseAmount("settlement.refund", s.refund()));
+  u128 total = paid + refund;
+  if (total > held) {
+    return absl::InvalidArgumentError(Cat("settlement: payouts ", U128ToString(paid), " + refund ",
+                                          refund, " exceed escrow ", held));
+  }
+  if (total < held) {
+    return absl::InvalidArgumentError(Cat("settlement: payouts ", U128ToString(paid), " + refund ",
+                                          refund, " do not add up to escrow ", held));
+  }
+
+  // Signatures: distinct members whose frozen weight adds up to more than 2/3.
+  TS_ASSIGN_OR_RETURN(uint64_t members, MemberCount(shard.id()));
+  if (static_cast<uint64_t>(msg.signatures_size()) > members) {
+    return Invalid("signatures", msg.signatures_size(), " signatures for ", members,
+                   " members of shard ", shard.id());
+  }
+  TS_ASSIGN_OR_RETURN(std::string sign_bytes,
+                      common::SignBytes(kSettlementKind, chain_id, shard.id(), CanonicalBytes(s)));
+  std::string digest = common::Sha256(sign_bytes);
+  std::set<std::string_view> counted;
+  u128 signed_weight = 0;
+  for (int i = 0; i < msg.signatures_size(); ++i) {
+    const auto& sig = msg.signatures(i);
+    TS_ASSIGN_OR_RETURN(auto member, GetMember(shard.id(), sig.host()));
+    if (!member.has_value()) {
+      return absl::PermissionDeniedError(
+          Cat("signer ", sig.host().substr(0, 128), " is not a member of shard ", shard.id()));
+    }
+    if (!counted.insert(sig.host()).second) {
+      return Invalid(Cat("signatures[", i, "]"), "host ", sig.host(), " counted twice");
+    }
+    if (sig.signature().size() != common::kRecoverableSignatureSize) {
+      return Invalid(Cat("signatures[", i, "].signature"), sig.signature().size(), " bytes, want ",
+                     common::kRecoverableSignatureSize);
+    }
+    auto recovered = env_.sig_cache->RecoverAddress(digest, sig.signature());
+    if (!recovered.ok() || *recovered != sig.host()) {
+      return absl::UnauthenticatedError(Cat("signature of ", sig.host(), " does not verify"));
+    }
+    signed_weight += member->frozen_weight();
+  }
+  if (signed_weight * 3 <= u128{shard.total_weight()} * 2) {
+    return absl::FailedPreconditionError(Cat("signed weight ", U128ToString(signed_weight),
+                                             " is not more than 2/3 of ", shard.total_weight()));
+  }
+
+  for (int i = 0; i < s.payouts_size(); ++i) {
+    const auto& payout = s.payouts(i);
+    uint64_t amount = amounts[static_cast<size_t>(i)];
+    TS_RETURN_IF_ERROR(Transfer(env_.escrow_address, payout.host(), amount));
+    Emit("trainshard.payout",
+         {{"shard_id", Cat(shard.id())}, {"host", payout.host()}, {"amount", Cat(amount)}});
+  }
+  TS_RETURN_IF_ERROR(Transfer(env_.escrow_address, shard.creator(), refund));
+  shard.set_escrow_held("0");
+  shard.set_status(pb::SHARD_STATUS_SETTLED);
+  shard.set_close_reason(pb::CLOSE_REASON_SETTLED);
+  shard.set_closed_height(height_);
+  kv_->Delete(keys::Deadline(shard.deadline_height(), shard.id()));
+  PutShard(shard);
+
+  pb::SettlementRecord record;
+  *record.mutable_settlement() = s;
+  *record.mutable_signatures() = msg.signatures();
+  record.set_signed_weight(static_cast<uint64_t>(signed_weight));
+  record.set_height(height_);
+  record.set_submitter(msg.submitter());
+  kv_->Set(keys::Settlement(shard.id()), CanonicalBytes(record));
+  Emit("trainshard.shard_settled",
+       {{"shard_id", Cat(shard.id())},
+        {"final_checkpoint_root", common::HexEncode(s.final_checkpoint_root())},
+        {"signed_weight", U128ToString(signed_weight)},
+        {"total_weight", Cat(shard.total_weight())},
+        {"refund", Cat(refund)}});
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch and end of block
+
+absl::Status Keeper::Execute(const TxMsg& msg) {
+  switch (msg.kind) {
+    case MsgKind::kSend:
+      return Send(static_cast<const cosmos::bank::v1beta1::MsgSend&>(*msg.msg));
+    case MsgKind::kSubmitProposal:
+      return SubmitProposal(static_cast<const cosmos::gov::v1::MsgSubmitProposal&>(*msg.msg));
+    case MsgKind::kVote:
+      return Vote(static_cast<const cosmos::gov::v1::MsgVote&>(*msg.msg));
+    case MsgKind::kDeposit:
+      return Deposit(static_cast<const cosmos::gov::v1::MsgDeposit&>(*msg.msg));
+    case MsgKind::kSubmitPocWeights:
+      return SubmitPocWeights(static_cast<const pb::MsgSubmitPocWeights&>(*msg.msg));
+    case MsgKind::kReserve:
+      return Reserve(static_cast<const pb::MsgReserveTrainshard&>(*msg.msg));
+    case MsgKind::kAssemble:
+      return Assemble(static_cast<const pb::MsgAssembleTrainshard&>(*msg.msg));
+    case MsgKind::kSettle:
+      return Settle(static_cast<const pb::MsgSettleTrainshard&>(*msg.msg));
+  }
+  return absl::InternalError("unknown message kind");
+}
+
+absl::Status Keeper::ReservationDeadline(uint64_t shard_id) {
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(shard_id, false));
+  kv_->Delete(keys::ReservationDeadline(height_, shard_id));
+  if (shard.status() != pb::SHARD_STATUS_OPEN) return absl::OkStatus();
+  TS_ASSIGN_OR_RETURN(uint64_t members, MemberCount(shard_id));
+  if (members >= shard.spec().min_nodes()) return StartShard(&shard, members);
+  return ExpireShard(&shard, pb::CLOSE_REASON_NOT_ENOUGH_NODES);
+}
+
+absl::Status Keeper::Deadline(uint64_t shard_id) {
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(shard_id, false));
+  kv_->Delete(keys::Deadline(height_, shard_id));
+  if (shard.status() != pb::SHARD_STATUS_OPEN && shard.status() != pb::SHARD_STATUS_RUNNING) {
+    return absl::OkStatus();
+  }
+  return ExpireShard(&shard, pb::CLOSE_REASON_TIMEOUT);
+}
+
+absl::Status Keeper::EndBlock() {
+  std::string at = Be64(static_cast<uint64_t>(height_));
+  auto ids_under = [&](std::string_view prefix) -> absl::StatusOr<std::vector<uint64_t>> {
+    std::string full = Cat(prefix, at);
+    std::vector<uint64_t> ids;
+    for (const auto& [key, value] : kv_->Scan(full)) {
+      TS_ASSIGN_OR_RETURN(uint64_t id, ReadBe64(key, std::string_view(key).substr(full.size())));
+      ids.push_back(id);
+    }
+    return ids;
+  };
+  TS_ASSIGN_OR_RETURN(std::vector<uint64_t> proposals, ids_under(keys::kVotingEndPrefix));
+  for (uint64_t id : proposals) TS_RETURN_IF_ERROR(Tally(id));
+  TS_ASSIGN_OR_RETURN(std::vector<uint64_t> reservation_ends,
+                      ids_under(keys::kReservationDeadlinePrefix));
+  for (uint64_t id : reservation_ends) TS_RETURN_IF_ERROR(ReservationDeadline(id));
+  TS_ASSIGN_OR_RETURN(std::vector<uint64_t> deadlines, ids_under(keys::kDeadlinePrefix));
+  for (uint64_t id : deadlines) TS_RETURN_IF_ERROR(Deadline(id));
+  return absl::OkStatus();
+}
+
+void Keeper::Emit(std::string type, std::vector<std::pair<std::string, std::string>> attributes) {
+  tendermint::abci::Event& event = events_->emplace_back();
+  event.set_type(std::move(type));
+  for (auto& [key, value] : attributes) {
+    auto* attribute = event.add_attributes();
+    attribute->set_key(std::move(key));
+    attribute->set_value(std::move(value));
+    attribute->set_index(true);
+  }
+}
+
+}  // namespace ts::bridge

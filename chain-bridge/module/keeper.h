@@ -1,0 +1,244 @@
+// The chain module's state logic: the key layout (docs/chain-module.md, "State layout"), typed
+// access to accounts, balances, PoC weights, proposals and shards, the execution of each
+// message, and the end-of-block rules. A Keeper works on one KvOverlay at one height and
+// appends the events it emits; the App decides which overlays are kept. Internal to the module.
+//
+// Everything here is deterministic: no time, randomness, floats or unordered iteration.
+// Thread-safety: not thread-safe; one owner thread (the App's).
+#ifndef TS_CHAIN_BRIDGE_MODULE_KEEPER_H_
+#define TS_CHAIN_BRIDGE_MODULE_KEEPER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "chain-bridge/module/kv_overlay.h"
+#include "cosmos/auth/v1beta1/auth.pb.h"
+#include "cosmos/bank/v1beta1/tx.pb.h"
+#include "cosmos/gov/v1/tx.pb.h"
+#include "gonka/trainshard/v1/chain.pb.h"
+#include "google/protobuf/any.pb.h"
+#include "google/protobuf/message.h"
+#include "tendermint/abci/types.pb.h"
+
+namespace ts::bridge {
+
+namespace pb = ::gonka::trainshard::v1;
+
+// Codespace of every non-zero TxResponse code; the code is the absl::StatusCode number.
+inline constexpr std::string_view kCodespace = "trainshard";
+
+// Type URLs of the messages a tx may carry.
+inline constexpr std::string_view kMsgSendType = "/cosmos.bank.v1beta1.MsgSend";
+inline constexpr std::string_view kMsgSubmitProposalType = "/cosmos.gov.v1.MsgSubmitProposal";
+inline constexpr std::string_view kMsgVoteType = "/cosmos.gov.v1.MsgVote";
+inline constexpr std::string_view kMsgDepositType = "/cosmos.gov.v1.MsgDeposit";
+inline constexpr std::string_view kMsgSubmitPocWeightsType =
+    "/gonka.trainshard.v1.MsgSubmitPocWeights";
+inline constexpr std::string_view kMsgReserveType = "/gonka.trainshard.v1.MsgReserveTrainshard";
+inline constexpr std::string_view kMsgAssembleType = "/gonka.trainshard.v1.MsgAssembleTrainshard";
+inline constexpr std::string_view kMsgSettleType = "/gonka.trainshard.v1.MsgSettleTrainshard";
+inline constexpr std::string_view kMsgCreateTrainshardProposalType =
+    "/gonka.trainshard.v1.MsgCreateTrainshardProposal";
+
+// Module account names (addresses are common::ModuleAddress of them).
+inline constexpr std::string_view kGovModule = "gov";
+inline constexpr std::string_view kEscrowModule = "trainshard";
+inline constexpr std::string_view kCommunityPoolModule = "distribution";
+
+// Big-endian fixed-width encoding of ids, heights and amounts in keys and values, so that the
+// map's byte order is the numeric order.
+std::string Be64(uint64_t value);
+// DATA_LOSS naming `key` unless `bytes` is exactly 8 bytes.
+absl::StatusOr<uint64_t> ReadBe64(std::string_view key, std::string_view bytes);
+
+// The key layout. Every key starts with its module's prefix; ids and heights are Be64.
+namespace keys {
+inline constexpr std::string_view kGenesisHash = "meta/genesis_sha256";
+inline constexpr std::string_view kNextAccountNumber = "auth/next_account_number";
+inline constexpr std::string_view kAccountPrefix = "auth/account/";
+inline constexpr std::string_view kSupply = "bank/supply";
+inline constexpr std::string_view kBalancePrefix = "bank/balance/";
+inline constexpr std::string_view kLatestEpoch = "poc/latest_epoch";
+inline constexpr std::string_view kPreviousEpoch = "poc/previous_epoch";
+inline constexpr std::string_view kEpochPrefix = "poc/epoch/";
+inline constexpr std::string_view kWeightPrefix = "poc/weight/";
+inline constexpr std::string_view kNextProposalId = "gov/next_proposal_id";
+inline constexpr std::string_view kProposalPrefix = "gov/proposal/";
+inline constexpr std::string_view kVotePrefix = "gov/vote/";
+inline constexpr std::string_view kDepositPrefix = "gov/deposit/";
+inline constexpr std::string_view kVotingEndPrefix = "gov/voting_end/";
+inline constexpr std::string_view kNextShardId = "ts/next_shard_id";
+inline constexpr std::string_view kShardPrefix = "ts/shard/";
+inline constexpr std::string_view kMemberPrefix = "ts/member/";
+inline constexpr std::string_view kMemberCountPrefix = "ts/member_count/";
+inline constexpr std::string_view kReservationDeadlinePrefix = "ts/reservation_deadline/";
+inline constexpr std::string_view kDeadlinePrefix = "ts/deadline/";
+inline constexpr std::string_view kSettlementPrefix = "ts/settlement/";
+
+std::string Account(std::string_view address);
+std::string Balance(std::string_view address);
+std::string Epoch(uint64_t epoch);
+std::string Weight(uint64_t epoch, std::string_view address);
+std::string Proposal(uint64_t id);
+std::string Vote(uint64_t proposal_id, std::string_view voter);
+std::string Deposit(uint64_t proposal_id, std::string_view depositor);
+std::string VotingEnd(int64_t height, uint64_t proposal_id);
+std::string Shard(uint64_t id);
+std::string Member(uint64_t shard_id, std::string_view host);
+std::string MemberCount(uint64_t shard_id);
+std::string ReservationDeadline(int64_t height, uint64_t shard_id);
+std::string Deadline(int64_t height, uint64_t shard_id);
+std::string Settlement(uint64_t shard_id);
+}  // namespace keys
+
+// Memoised public-key recovery of 65-byte statement signatures. Recovery is a pure function of
+// (digest, signature), so remembering it cannot change any result; it lets a settlement whose
+// signatures were checked at CheckTx be applied at FinalizeBlock without recovering them again
+// (as Bitcoin Core's signature cache does between mempool and block). Bounded: cleared when
+// full.
+class SigCache {
+ public:
+  static constexpr size_t kEntriesMax = 1 << 16;
+  // The bech32 address of the key that produced `signature` over the 32-byte `digest`. Errors
+  // as common::RecoverPublicKey (failures are not remembered).
+  absl::StatusOr<std::string> RecoverAddress(std::string_view digest, std::string_view signature);
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::map<std::string, std::string, std::less<>> entries_;
+};
+
+// Chain constants derived once from the genesis.
+struct ChainEnv {
+  pb::Genesis genesis;
+  uint64_t min_deposit = 0;
+  std::string gov_address;
+  std::string escrow_address;
+  std::string community_pool_address;
+  SigCache* sig_cache = nullptr;
+};
+
+enum class MsgKind {
+  kSend,
+  kSubmitProposal,
+  kVote,
+  kDeposit,
+  kSubmitPocWeights,
+  kReserve,
+  kAssemble,
+  kSettle,
+};
+
+// A tx message, parsed strictly, with the address its signer field names.
+struct TxMsg {
+  MsgKind kind;
+  std::string type_url;
+  std::unique_ptr<google::protobuf::Message> msg;
+  std::string signer;
+};
+
+// INVALID_ARGUMENT naming `field` for an unknown type URL, MsgCreateTrainshardProposal outside
+// a proposal, bytes that do not parse, or unknown fields.
+absl::StatusOr<TxMsg> ParseTxMsg(std::string_view field, const google::protobuf::Any& any);
+
+using Events = std::vector<tendermint::abci::Event>;
+
+class Keeper {
+ public:
+  // `kv` and `events` must outlive the keeper; `height` is the block being executed.
+  Keeper(const ChainEnv& env, KvOverlay* kv, int64_t height, Events* events)
+      : env_(env), kv_(kv), height_(height), events_(events) {}
+
+  // Writes the genesis state. INVALID_ARGUMENT naming the field for a bad genesis.
+  absl::Status InitGenesis();
+
+  // --- auth
+  absl::StatusOr<std::optional<cosmos::auth::v1beta1::BaseAccount>> GetAccount(
+      std::string_view address) const;
+  void PutAccount(const cosmos::auth::v1beta1::BaseAccount& account);
+
+  // --- bank
+  absl::StatusOr<uint64_t> Balance(std::string_view address) const;
+  absl::StatusOr<uint64_t> Supply() const;
+  // Moves `amount` and emits bank.transfer; the recipient's account is created if new.
+  // FAILED_PRECONDITION "insufficient funds" if `from` holds less.
+  absl::Status Transfer(std::string_view from, std::string_view to, uint64_t amount);
+
+  // --- poc
+  absl::StatusOr<uint64_t> LatestEpoch() const;
+  // The latest recorded epoch <= height / epoch_length_blocks.
+  absl::StatusOr<uint64_t> EpochInForce(int64_t height) const;
+  absl::StatusOr<uint64_t> Weight(uint64_t epoch, std::string_view host) const;
+  // NOT_FOUND for an epoch never recorded. Weights are listed in address order.
+  absl::StatusOr<pb::EpochWeights> GetEpochWeights(uint64_t epoch, bool with_weights) const;
+
+  // --- gov
+  // NOT_FOUND "proposal N not found".
+  absl::StatusOr<pb::Proposal> GetProposal(uint64_t id) const;
+
+  // --- trainshard
+  // NOT_FOUND "shard N not found". With `with_members`, reservations are listed (address order).
+  absl::StatusOr<pb::Shard> GetShard(uint64_t id, bool with_members) const;
+  absl::StatusOr<pb::SettlementRecord> GetSettlement(uint64_t shard_id) const;
+
+  // Executes one message of a tx signed by `signer` (already checked against the message's
+  // signer field). Errors are the message's rejection: see docs/chain-module.md.
+  absl::Status Execute(const TxMsg& msg);
+
+  // End of block: tallies at voting_end_height, shard reservation deadlines and deadlines.
+  // An error means the state is inconsistent (DATA_LOSS or INTERNAL).
+  absl::Status EndBlock();
+
+ private:
+  absl::Status Send(const cosmos::bank::v1beta1::MsgSend& msg);
+  absl::Status SubmitProposal(const cosmos::gov::v1::MsgSubmitProposal& msg);
+  absl::Status Vote(const cosmos::gov::v1::MsgVote& msg);
+  absl::Status Deposit(const cosmos::gov::v1::MsgDeposit& msg);
+  absl::Status SubmitPocWeights(const pb::MsgSubmitPocWeights& msg);
+  absl::Status Reserve(const pb::MsgReserveTrainshard& msg);
+  absl::Status Assemble(const pb::MsgAssembleTrainshard& msg);
+  absl::Status Settle(const pb::MsgSettleTrainshard& msg);
+
+  absl::Status Tally(uint64_t proposal_id);
+  absl::Status ExecuteProposal(const pb::Proposal& proposal);
+  absl::Status RefundDeposits(uint64_t proposal_id, bool to_community_pool);
+  absl::Status ReservationDeadline(uint64_t shard_id);
+  absl::Status Deadline(uint64_t shard_id);
+
+  absl::Status RecordEpoch(uint64_t epoch, const std::vector<pb::HostWeight>& weights);
+  void PutProposal(const pb::Proposal& proposal);
+  void PutShard(const pb::Shard& shard);
+  absl::StatusOr<uint64_t> MemberCount(uint64_t shard_id) const;
+  absl::StatusOr<std::optional<pb::Reservation>> GetMember(uint64_t shard_id,
+                                                           std::string_view host) const;
+  absl::StatusOr<uint64_t> NextId(std::string_view key);
+  absl::Status EnsureAccount(std::string_view address);
+  void SetBalance(std::string_view address, uint64_t amount);
+  // OPEN -> RUNNING: drops the reservation deadline and emits shard_running.
+  absl::Status StartShard(pb::Shard* shard, uint64_t members);
+  // Ends an OPEN or RUNNING shard: refunds what it holds, drops its deadlines.
+  absl::Status ExpireShard(pb::Shard* shard, pb::CloseReason reason);
+
+  void Emit(std::string type, std::vector<std::pair<std::string, std::string>> attributes);
+
+  const pb::Params& params() const { return env_.genesis.params(); }
+
+  const ChainEnv& env_;
+  KvOverlay* kv_;
+  int64_t height_;
+  Events* events_;
+};
+
+// Lower-case status name used in messages, e.g. "running".
+std::string ShardStatusName(pb::ShardStatus status);
+
+}  // namespace ts::bridge
+
+#endif  // TS_CHAIN_BRIDGE_MODULE_KEEPER_H_

@@ -1,0 +1,69 @@
+#include "chain-bridge/module/proto_util.h"
+
+#include <vector>
+
+#include "chain-bridge/module/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/unknown_field_set.h"
+
+namespace ts::bridge {
+namespace {
+
+// Returns the full name of the first message (depth-first) that holds unknown fields, or "".
+std::string FindUnknownFields(const google::protobuf::Message& msg, int depth) {
+  const google::protobuf::Reflection* reflection = msg.GetReflection();
+  if (!reflection->GetUnknownFields(msg).empty()) {
+    const auto& unknown = reflection->GetUnknownFields(msg);
+    return Cat("unknown field ", unknown.field(0).number(), " in ",
+               msg.GetDescriptor()->full_name());
+  }
+  if (depth > 64) return Cat("nesting deeper than 64 in ", msg.GetDescriptor()->full_name());
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(msg, &fields);
+  for (const auto* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (field->is_repeated()) {
+      int n = reflection->FieldSize(msg, field);
+      for (int i = 0; i < n; ++i) {
+        std::string found =
+            FindUnknownFields(reflection->GetRepeatedMessage(msg, field, i), depth + 1);
+        if (!found.empty()) return found;
+      }
+    } else {
+      std::string found = FindUnknownFields(reflection->GetMessage(msg, field), depth + 1);
+      if (!found.empty()) return found;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string CanonicalBytes(const google::protobuf::Message& msg) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    msg.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+absl::Status ParseMessageStrict(std::string_view field, std::string_view bytes,
+                                google::protobuf::Message* msg) {
+  msg->Clear();
+  if (!msg->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(Cat(field, ": ", bytes.size(), " bytes are not a valid ",
+                                          msg->GetDescriptor()->full_name()));
+  }
+  std::string unknown = FindUnknownFields(*msg, 0);
+  if (!unknown.empty()) {
+    return absl::InvalidArgumentError(Cat(field, ": ", unknown));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ts::bridge

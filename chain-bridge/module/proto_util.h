@@ -1,0 +1,26 @@
+// Protobuf helpers the chain module applies to every untrusted or consensus-relevant message:
+// canonical (deterministic) serialization and strict parsing that refuses unknown fields.
+// Internal to the module. Pure functions; thread-safe.
+#ifndef TS_CHAIN_BRIDGE_MODULE_PROTO_UTIL_H_
+#define TS_CHAIN_BRIDGE_MODULE_PROTO_UTIL_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "google/protobuf/message.h"
+
+namespace ts::bridge {
+
+// Deterministic protobuf serialization: the bytes signatures and the app hash commit to.
+std::string CanonicalBytes(const google::protobuf::Message& msg);
+
+// Parses `bytes` into `msg`. INVALID_ARGUMENT naming `field` if the bytes are not a valid
+// encoding of the message, or if they carry a field the message (or any message nested in it)
+// does not define: what is executed must be exactly what was signed, with nothing hidden.
+absl::Status ParseMessageStrict(std::string_view field, std::string_view bytes,
+                                google::protobuf::Message* msg);
+
+}  // namespace ts::bridge
+
+#endif  // TS_CHAIN_BRIDGE_MODULE_PROTO_UTIL_H_
