@@ -1,1 +1,393 @@
-// Placeholder until implemented.
+#include "chain-bridge/devnet/services.h"
+
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "chain-bridge/client/grpc_status.h"
+#include "chain-bridge/devnet/store.h"
+#include "chain-bridge/module/tx.h"
+#include "common/amount.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/hex.h"
+#include "common/status.h"
+#include "cosmos/auth/v1beta1/auth.pb.h"
+#include "cosmos/auth/v1beta1/query.grpc.pb.h"
+#include "cosmos/bank/v1beta1/query.grpc.pb.h"
+#include "cosmos/crypto/secp256k1/keys.pb.h"
+#include "gonka/trainshard/v1/chain.grpc.pb.h"
+#include "proto/cosmos_tx_service.h"
+
+namespace ts::bridge::devnet {
+namespace {
+
+using cosmos::base::abci::v1beta1::TxResponse;
+
+// Runs a handler body, turning its absl::Status into the RPC's status and any exception that
+// escapes library code into INTERNAL, so a bug in one call never takes the node down.
+template <typename Fn>
+grpc::Status Serve(std::string_view method, Fn&& fn) {
+  try {
+    return ToGrpcStatus(fn());
+  } catch (const std::exception& e) {
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        absl::StrCat(absl::string_view(method.data(), method.size()), ": ", e.what()));
+  }
+}
+
+absl::Status CheckAddress(std::string_view field, const std::string& address) {
+  return common::ParseAddress(field, address).status();
+}
+
+absl::Status CheckHeight(int64_t height) {
+  if (height <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("height: ", height, " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Rfc3339(const google::protobuf::Timestamp& t) {
+  absl::Time time = absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", time, absl::UTCTimeZone());
+}
+
+// The decoded form of a stored TxRaw, or nullopt-like false if it does not decode (a block may
+// hold a tx that failed at delivery; its raw bytes still are in the block).
+bool DecodeToTx(std::string_view tx_bytes, cosmos::tx::v1beta1::Tx* tx) {
+  absl::StatusOr<DecodedTx> decoded = DecodeTx(tx_bytes);
+  if (!decoded.ok()) return false;
+  *tx->mutable_body() = decoded->body;
+  *tx->mutable_auth_info() = decoded->auth_info;
+  for (const std::string& sig : decoded->raw.signatures()) tx->add_signatures(sig);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cosmos.tx.v1beta1.Service
+
+class TxService final : public cosmos::tx::v1beta1::TxServiceBase {
+ public:
+  explicit TxService(Backend* backend) : backend_(backend) {}
+
+  grpc::Status BroadcastTx(grpc::ServerContext* context,
+                           const cosmos::tx::v1beta1::BroadcastTxRequest* request,
+                           cosmos::tx::v1beta1::BroadcastTxResponse* response) override {
+    return Serve("BroadcastTx", [&]() -> absl::Status {
+      if (request->tx_bytes().empty()) return absl::InvalidArgumentError("tx_bytes: empty");
+      if (request->mode() == cosmos::tx::v1beta1::BROADCAST_MODE_UNSPECIFIED ||
+          !cosmos::tx::v1beta1::BroadcastMode_IsValid(request->mode())) {
+        return absl::InvalidArgumentError(absl::StrCat("mode: ", static_cast<int>(request->mode()),
+                                                       " is not SYNC, ASYNC or BLOCK"));
+      }
+      TS_ASSIGN_OR_RETURN(
+          *response->mutable_tx_response(),
+          backend_->Broadcast(request->tx_bytes(), request->mode(), context->deadline()));
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::Status GetTx(grpc::ServerContext*, const cosmos::tx::v1beta1::GetTxRequest* request,
+                     cosmos::tx::v1beta1::GetTxResponse* response) override {
+    return Serve("GetTx", [&]() -> absl::Status {
+      absl::StatusOr<std::string> hash = common::HexDecode(request->hash());
+      if (!hash.ok() || hash->size() != common::kSha256Size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hash: \"", request->hash().substr(0, 80), "\" is not 64 hex digits"));
+      }
+      TS_ASSIGN_OR_RETURN(auto found, backend_->FindTx(*hash));
+      const auto& [block, index] = found;
+      *response->mutable_tx_response() = DeliveredTxResponse(*block, index);
+      DecodeToTx(block->block().data().txs(static_cast<int>(index)), response->mutable_tx());
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::Status GetBlockWithTxs(grpc::ServerContext*,
+                               const cosmos::tx::v1beta1::GetBlockWithTxsRequest* request,
+                               cosmos::tx::v1beta1::GetBlockWithTxsResponse* response) override {
+    return Serve("GetBlockWithTxs", [&]() -> absl::Status {
+      TS_RETURN_IF_ERROR(CheckHeight(request->height()));
+      TS_ASSIGN_OR_RETURN(std::shared_ptr<const pb::StoredBlock> block,
+                          backend_->Block(request->height()));
+      *response->mutable_block() = block->block();
+      response->mutable_block_id()->set_hash(HeaderHash(block->block().header()));
+      const auto& txs = block->block().data().txs();
+      const uint64_t total = static_cast<uint64_t>(txs.size());
+      uint64_t offset = request->pagination().offset();
+      uint64_t limit = request->pagination().limit();
+      if (limit == 0 || limit > kBlockTxsPageMax) limit = kBlockTxsPageMax;
+      for (uint64_t i = offset; i < total && i < offset + limit; ++i) {
+        DecodeToTx(txs[static_cast<int>(i)], response->add_txs());
+      }
+      if (request->pagination().count_total()) response->mutable_pagination()->set_total(total);
+      if (offset + limit < total) {
+        // Cosmos pages by key; here the key is the next offset, big-endian.
+        response->mutable_pagination()->set_next_key(state::EncodeU64Key(offset + limit));
+      }
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  Backend* backend_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// cosmos.auth.v1beta1.Query and cosmos.bank.v1beta1.Query
+
+class AuthQuery final : public cosmos::auth::v1beta1::Query::Service {
+ public:
+  explicit AuthQuery(Backend* backend) : backend_(backend) {}
+
+  grpc::Status Account(grpc::ServerContext*, const cosmos::auth::v1beta1::QueryAccountRequest* req,
+                       cosmos::auth::v1beta1::QueryAccountResponse* resp) override {
+    return Serve("Account", [&]() -> absl::Status {
+      TS_RETURN_IF_ERROR(CheckAddress("address", req->address()));
+      absl::Status result;
+      backend_->WithApp([&](const App& app) {
+        absl::StatusOr<std::pair<uint64_t, uint64_t>> acc = app.Account(req->address());
+        if (!acc.ok()) {
+          result = acc.status();
+          return;
+        }
+        cosmos::auth::v1beta1::BaseAccount base;
+        base.set_address(req->address());
+        base.set_account_number(acc->first);
+        base.set_sequence(acc->second);
+        std::string pubkey = app.AccountPublicKey(req->address());
+        if (!pubkey.empty()) {
+          cosmos::crypto::secp256k1::PubKey pk;
+          pk.set_key(pubkey);
+          base.mutable_pub_key()->set_type_url(std::string(kSecp256k1PubKeyType));
+          base.mutable_pub_key()->set_value(pk.SerializeAsString());
+        }
+        resp->mutable_account()->set_type_url("/cosmos.auth.v1beta1.BaseAccount");
+        resp->mutable_account()->set_value(base.SerializeAsString());
+      });
+      return result;
+    });
+  }
+
+ private:
+  Backend* backend_;
+};
+
+class BankQuery final : public cosmos::bank::v1beta1::Query::Service {
+ public:
+  explicit BankQuery(Backend* backend) : backend_(backend) {}
+
+  grpc::Status Balance(grpc::ServerContext*, const cosmos::bank::v1beta1::QueryBalanceRequest* req,
+                       cosmos::bank::v1beta1::QueryBalanceResponse* resp) override {
+    return Serve("Balance", [&]() -> absl::Status {
+      TS_RETURN_IF_ERROR(CheckAddress("address", req->address()));
+      if (req->denom().empty()) return absl::InvalidArgumentError("denom: empty");
+      uint64_t amount = 0;
+      // The chain holds one denom; any other balance is zero, as Cosmos answers.
+      if (req->denom() == common::kDenom) {
+        backend_->WithApp([&](const App& app) { amount = app.Balance(req->address()); });
+      }
+      resp->mutable_balance()->set_denom(req->denom());
+      resp->mutable_balance()->set_amount(common::FormatAmount(amount));
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::Status SupplyOf(grpc::ServerContext*,
+                        const cosmos::bank::v1beta1::QuerySupplyOfRequest* req,
+                        cosmos::bank::v1beta1::QuerySupplyOfResponse* resp) override {
+    return Serve("SupplyOf", [&]() -> absl::Status {
+      if (req->denom().empty()) return absl::InvalidArgumentError("denom: empty");
+      uint64_t amount = 0;
+      if (req->denom() == common::kDenom) {
+        backend_->WithApp([&](const App& app) { amount = app.TotalSupply(); });
+      }
+      resp->mutable_amount()->set_denom(req->denom());
+      resp->mutable_amount()->set_amount(common::FormatAmount(amount));
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  Backend* backend_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// gonka.trainshard.v1.Query
+
+class ModuleQuery final : public pb::Query::Service {
+ public:
+  explicit ModuleQuery(Backend* backend) : backend_(backend) {}
+
+  grpc::Status Shard(grpc::ServerContext*, const pb::QueryShardRequest* req,
+                     pb::QueryShardResponse* resp) override {
+    return Serve("Shard", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        TS_ASSIGN_OR_RETURN(*resp->mutable_shard(), app.GetShard(req->shard_id()));
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Shards(grpc::ServerContext*, const pb::QueryShardsRequest* req,
+                      pb::QueryShardsResponse* resp) override {
+    return Serve("Shards", [&] {
+      if (!pb::ShardStatus_IsValid(req->status())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("status: ", static_cast<int>(req->status()), " is not a shard status"));
+      }
+      uint32_t limit = req->limit();
+      if (limit == 0 || limit > kShardsPageMax) limit = kShardsPageMax;
+      return WithApp([&](const App& app) -> absl::Status {
+        for (pb::Shard& s : app.ListShards(req->status(), req->start_after_id(), limit)) {
+          if (static_cast<uint32_t>(resp->shards_size()) >= limit) break;
+          *resp->add_shards() = std::move(s);
+        }
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Escrow(grpc::ServerContext*, const pb::QueryEscrowRequest* req,
+                      pb::QueryEscrowResponse* resp) override {
+    return Serve("Escrow", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        TS_ASSIGN_OR_RETURN(pb::Shard shard, app.GetShard(req->shard_id()));
+        resp->set_shard_escrow(shard.escrow_held());
+        resp->set_escrow_address(app.EscrowAddress());
+        resp->set_module_balance(common::FormatAmount(app.Balance(app.EscrowAddress())));
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Reservations(grpc::ServerContext*, const pb::QueryReservationsRequest* req,
+                            pb::QueryReservationsResponse* resp) override {
+    return Serve("Reservations", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        TS_ASSIGN_OR_RETURN(pb::Shard shard, app.GetShard(req->shard_id()));
+        *resp->mutable_reservations() = shard.reservations();
+        resp->set_total_weight(shard.total_weight());
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Settlement(grpc::ServerContext*, const pb::QuerySettlementRequest* req,
+                          pb::QuerySettlementResponse* resp) override {
+    return Serve("Settlement", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        TS_ASSIGN_OR_RETURN(*resp->mutable_record(), app.GetSettlement(req->shard_id()));
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Weights(grpc::ServerContext*, const pb::QueryWeightsRequest* req,
+                       pb::QueryWeightsResponse* resp) override {
+    return Serve("Weights", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        uint64_t epoch = req->current() ? app.CurrentEpoch() : req->epoch();
+        TS_ASSIGN_OR_RETURN(*resp->mutable_weights(), app.GetWeights(epoch));
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Proposal(grpc::ServerContext*, const pb::QueryProposalRequest* req,
+                        pb::QueryProposalResponse* resp) override {
+    return Serve("Proposal", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        TS_ASSIGN_OR_RETURN(*resp->mutable_proposal(), app.GetProposal(req->proposal_id()));
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Params(grpc::ServerContext*, const pb::QueryParamsRequest*,
+                      pb::QueryParamsResponse* resp) override {
+    return Serve("Params", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        *resp->mutable_params() = app.genesis().params();
+        resp->set_chain_id(app.chain_id());
+        resp->set_gov_address(app.GovAddress());
+        resp->set_escrow_address(app.EscrowAddress());
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status Status(grpc::ServerContext*, const pb::QueryStatusRequest*,
+                      pb::QueryStatusResponse* resp) override {
+    return Serve("Status", [&] {
+      return WithApp([&](const App& app) -> absl::Status {
+        resp->set_chain_id(app.chain_id());
+        resp->set_latest_height(app.height());
+        resp->set_app_hash(app.app_hash());
+        resp->set_epoch(app.CurrentEpoch());
+        resp->set_total_supply(common::FormatAmount(app.TotalSupply()));
+        return absl::OkStatus();
+      });
+    });
+  }
+
+  grpc::Status BlockEvents(grpc::ServerContext*, const pb::QueryBlockEventsRequest* req,
+                           pb::QueryBlockEventsResponse* resp) override {
+    return Serve("BlockEvents", [&]() -> absl::Status {
+      TS_RETURN_IF_ERROR(CheckHeight(req->height()));
+      TS_ASSIGN_OR_RETURN(std::shared_ptr<const pb::StoredBlock> block,
+                          backend_->Block(req->height()));
+      resp->set_height(req->height());
+      for (const TxResponse& tx : block->results().tx_results()) {
+        for (const tendermint::abci::Event& e : tx.events()) *resp->add_events() = e;
+      }
+      for (const tendermint::abci::Event& e : block->results().end_block_events()) {
+        *resp->add_events() = e;
+      }
+      resp->set_app_hash(block->results().app_hash());
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  absl::Status WithApp(const std::function<absl::Status(const App&)>& fn) {
+    absl::Status result;
+    backend_->WithApp([&](const App& app) { result = fn(app); });
+    return result;
+  }
+
+  Backend* backend_;
+};
+
+}  // namespace
+
+TxResponse DeliveredTxResponse(const pb::StoredBlock& block, uint32_t index) {
+  TS_CHECK(index < static_cast<uint32_t>(block.block().data().txs_size()));
+  const std::string& tx_bytes = block.block().data().txs(static_cast<int>(index));
+  TxResponse resp;
+  if (index < static_cast<uint32_t>(block.results().tx_results_size())) {
+    resp = block.results().tx_results(static_cast<int>(index));
+  }
+  resp.set_height(block.block().header().height());
+  resp.set_txhash(TxHash(tx_bytes));
+  resp.set_timestamp(Rfc3339(block.block().header().time()));
+  cosmos::tx::v1beta1::Tx tx;
+  if (DecodeToTx(tx_bytes, &tx)) {
+    resp.mutable_tx()->set_type_url("/cosmos.tx.v1beta1.Tx");
+    resp.mutable_tx()->set_value(tx.SerializeAsString());
+  }
+  return resp;
+}
+
+std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend) {
+  std::vector<std::unique_ptr<grpc::Service>> out;
+  out.push_back(std::make_unique<TxService>(backend));
+  out.push_back(std::make_unique<AuthQuery>(backend));
+  out.push_back(std::make_unique<BankQuery>(backend));
+  out.push_back(std::make_unique<ModuleQuery>(backend));
+  return out;
+}
+
+}  // namespace ts::bridge::devnet
