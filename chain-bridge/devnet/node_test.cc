@@ -1,1 +1,583 @@
-// Placeholder until implemented.
+#include "chain-bridge/devnet/node.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "chain-bridge/client/chain_client.h"
+#include "chain-bridge/devnet/store.h"
+#include "chain-bridge/module/tx.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/hex.h"
+#include "cosmos/auth/v1beta1/query.grpc.pb.h"
+#include "cosmos/bank/v1beta1/tx.pb.h"
+#include "gonka/trainshard/v1/chain.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "proto/cosmos_tx_service.h"
+
+namespace ts::bridge {
+namespace {
+
+using cosmos::base::abci::v1beta1::TxResponse;
+
+constexpr char kChainId[] = "devnet-test-1";
+constexpr uint64_t kInitialBalance = 1'000'000;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ts_devnet_test.XXXXXX").string();
+    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+common::PrivateKey Key(int i) {
+  auto key = common::PrivateKey::FromBytes(common::Sha256("devnet-test-key-" + std::to_string(i)));
+  EXPECT_TRUE(key.ok());
+  return *key;
+}
+
+std::string Addr(int i) { return common::AddressFromPublicKey(Key(i).public_key()); }
+
+pb::Genesis TestGenesis(int accounts) {
+  pb::Genesis g;
+  g.set_chain_id(kChainId);
+  pb::Params* p = g.mutable_params();
+  p->set_epoch_length_blocks(1000);
+  p->set_voting_period_blocks(10);
+  p->set_min_deposit("1000");
+  p->set_quorum_ppm(334000);
+  p->set_threshold_ppm(500000);
+  p->set_veto_threshold_ppm(334000);
+  p->set_poc_authority(Addr(0));
+  p->set_max_nodes_limit(16);
+  p->set_max_weights_per_submission(100);
+  p->set_max_duration_blocks_limit(100000);
+  for (int i = 0; i < accounts; ++i) {
+    pb::GenesisAccount* a = g.add_accounts();
+    a->set_address(Addr(i));
+    a->set_balance(std::to_string(kInitialBalance));
+  }
+  pb::HostWeight* w = g.add_poc_weights();
+  w->set_host(Addr(1));
+  w->set_weight(100);
+  return g;
+}
+
+google::protobuf::Any Send(int from, int to, uint64_t amount) {
+  cosmos::bank::v1beta1::MsgSend msg;
+  msg.set_from_address(Addr(from));
+  msg.set_to_address(Addr(to));
+  auto* coin = msg.add_amount();
+  coin->set_denom("ngonka");
+  coin->set_amount(std::to_string(amount));
+  return PackMsg(msg);
+}
+
+ChainClientOptions FastClient() {
+  ChainClientOptions o;
+  o.call_timeout_ms = 5000;
+  o.retry_backoff_ms = 20;
+  o.inclusion_timeout_ms = 15000;
+  return o;
+}
+
+DevnetOptions FastNode() {
+  DevnetOptions o;
+  o.block_interval_ms = 40;
+  return o;
+}
+
+// A node on 127.0.0.1:0 in a fresh home, with a client connected to it.
+class DevnetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    home_ = dir_.path() + "/home";
+    ASSERT_TRUE(InitHome(home_, TestGenesis(6)).ok());
+  }
+
+  void StartNode(DevnetOptions options = FastNode()) {
+    auto node = DevnetNode::Open(home_, options);
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_ = std::move(*node);
+    ASSERT_TRUE(node_->Start().ok());
+    client_ = NewGrpcChainClient(node_->listen_address(), FastClient());
+  }
+
+  void StopNode() {
+    client_.reset();
+    node_.reset();
+  }
+
+  void WaitHeight(int64_t h) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (node_->height() < h && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_GE(node_->height(), h);
+  }
+
+  std::string Signed(int signer, uint64_t sequence, const google::protobuf::Any& msg) {
+    // Genesis accounts are numbered in genesis order from 0.
+    return BuildSignedTx(Key(signer), kChainId, static_cast<uint64_t>(signer), sequence, {msg});
+  }
+
+  TempDir dir_;
+  std::string home_;
+  std::unique_ptr<DevnetNode> node_;
+  std::unique_ptr<ChainClient> client_;
+};
+
+TEST_F(DevnetTest, TransfersLandAndBalancesChange) {
+  StartNode();
+  auto r = client_->SignAndBroadcast(Key(2), {Send(2, 3, 1234)}, /*wait=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code(), 0u) << r->raw_log();
+  EXPECT_GT(r->height(), 0);
+  EXPECT_EQ(*client_->Balance(Addr(2)), kInitialBalance - 1234);
+  EXPECT_EQ(*client_->Balance(Addr(3)), kInitialBalance + 1234);
+
+  // Back to back, without waiting for blocks: the client's sequence cache signs 1, 2, 3.
+  for (uint64_t amount : {1u, 2u, 3u}) {
+    auto q = client_->SignAndBroadcast(Key(2), {Send(2, 4, amount)}, /*wait=*/false);
+    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_EQ(q->code(), 0u) << q->raw_log();
+  }
+  auto last = client_->SignAndBroadcast(Key(2), {Send(2, 4, 4)}, /*wait=*/true);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->code(), 0u);
+  EXPECT_EQ(*client_->Balance(Addr(4)), kInitialBalance + 10);
+  auto acc = client_->Account(Addr(2));
+  ASSERT_TRUE(acc.ok());
+  EXPECT_EQ(acc->sequence, 5u);
+  EXPECT_EQ(acc->account_number, 2u);
+
+  auto status = client_->Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->chain_id, kChainId);
+  EXPECT_GE(status->latest_height, last->height());
+}
+
+TEST_F(DevnetTest, StaleSequenceCacheIsRefetched) {
+  StartNode();
+  // Another client spends sequence 0 behind this client's back.
+  auto other = NewGrpcChainClient(node_->listen_address(), FastClient());
+  ASSERT_EQ(client_->SignAndBroadcast(Key(1), {Send(1, 3, 5)}, true)->code(), 0u);
+  ASSERT_EQ(other->SignAndBroadcast(Key(1), {Send(1, 3, 5)}, true)->code(), 0u);
+  auto r = client_->SignAndBroadcast(Key(1), {Send(1, 3, 5)}, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code(), 0u) << r->raw_log();
+  EXPECT_EQ(*client_->Balance(Addr(3)), kInitialBalance + 15);
+}
+
+TEST_F(DevnetTest, RestartResumesAtLastHeightWithSameAppHash) {
+  StartNode();
+  ASSERT_EQ(client_->SignAndBroadcast(Key(1), {Send(1, 2, 77)}, true)->code(), 0u);
+  WaitHeight(node_->height() + 3);
+  node_->Shutdown();
+  const int64_t height = node_->height();
+  const std::string app_hash = node_->app_hash();
+  StopNode();
+
+  StartNode();
+  EXPECT_EQ(node_->height(), height);
+  EXPECT_EQ(node_->app_hash(), app_hash);
+  auto status = client_->Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_GE(status->latest_height, height);
+  EXPECT_EQ(*client_->Balance(Addr(2)), kInitialBalance + 77);
+  // The chain goes on from there, and the account's sequence survived.
+  auto r = client_->SignAndBroadcast(Key(1), {Send(1, 2, 1)}, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code(), 0u) << r->raw_log();
+  EXPECT_GT(r->height(), height);
+  // The header chain continues across the restart.
+  StopNode();
+  auto report = Replay(home_);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->mismatch;
+}
+
+TEST_F(DevnetTest, ForgedSignatureRefusedAndStateUnchanged) {
+  StartNode();
+  std::string tx = Signed(3, 0, Send(3, 4, 500));
+  cosmos::tx::v1beta1::TxRaw raw;
+  ASSERT_TRUE(raw.ParseFromString(tx));
+  std::string sig = raw.signatures(0);
+  sig[10] ^= 0x01;
+  raw.set_signatures(0, sig);
+  auto r = client_->BroadcastRaw(raw.SerializeAsString());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code(), static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) << r->raw_log();
+  EXPECT_EQ(r->codespace(), "trainshard");
+  EXPECT_EQ(node_->mempool_size(), 0u);
+
+  WaitHeight(node_->height() + 2);
+  EXPECT_EQ(*client_->Balance(Addr(3)), kInitialBalance);
+  EXPECT_EQ(*client_->Balance(Addr(4)), kInitialBalance);
+  EXPECT_EQ(client_->Account(Addr(3))->sequence, 0u);
+  auto found = client_->GetTx(TxHash(raw.SerializeAsString()));
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(DevnetTest, TxFindableByHashAfterInclusion) {
+  StartNode();
+  auto unknown = client_->GetTx(common::HexEncodeUpper(common::Sha256("no such tx")));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->GetTx("not-hex").status().code(), absl::StatusCode::kInvalidArgument);
+
+  std::string tx = Signed(4, 0, Send(4, 5, 42));
+  auto sent = client_->BroadcastRaw(tx);
+  ASSERT_TRUE(sent.ok());
+  ASSERT_EQ(sent->code(), 0u) << sent->raw_log();
+  EXPECT_EQ(sent->txhash(), TxHash(tx));
+  // The same bytes again are refused as already queued (or, if a block came between, by their
+  // now stale sequence).
+  auto again = client_->BroadcastRaw(tx);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->code(), 0u);
+
+  absl::StatusOr<TxResponse> found;
+  for (int i = 0; i < 500; ++i) {
+    found = client_->GetTx(TxHash(tx));
+    if (found.ok()) break;
+    ASSERT_EQ(found.status().code(), absl::StatusCode::kNotFound) << found.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->txhash(), TxHash(tx));
+  EXPECT_EQ(found->code(), 0u);
+  EXPECT_GT(found->height(), 0);
+  EXPECT_FALSE(found->timestamp().empty());
+  EXPECT_EQ(found->tx().type_url(), "/cosmos.tx.v1beta1.Tx");
+  ASSERT_FALSE(found->events().empty());
+  EXPECT_EQ(found->events(0).type(), "bank.transfer");
+
+  // GetBlockWithTxs serves the block with the tx decoded.
+  auto channel = grpc::CreateChannel(node_->listen_address(), grpc::InsecureChannelCredentials());
+  cosmos::tx::v1beta1::TxServiceStub stub(channel);
+  cosmos::tx::v1beta1::GetBlockWithTxsRequest req;
+  req.set_height(found->height());
+  cosmos::tx::v1beta1::GetBlockWithTxsResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(stub.GetBlockWithTxs(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.block().header().height(), found->height());
+  ASSERT_EQ(resp.txs_size(), 1);
+  EXPECT_EQ(resp.block().data().txs(0), tx);
+  EXPECT_EQ(resp.txs(0).body().messages(0).type_url(), "/cosmos.bank.v1beta1.MsgSend");
+  EXPECT_EQ(resp.block_id().hash().size(), 32u);
+
+  req.set_height(node_->height() + 1000);
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(stub.GetBlockWithTxs(&ctx2, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(DevnetTest, BroadcastBlockModeReturnsDeliveredResponse) {
+  StartNode();
+  auto channel = grpc::CreateChannel(node_->listen_address(), grpc::InsecureChannelCredentials());
+  cosmos::tx::v1beta1::TxServiceStub stub(channel);
+  cosmos::tx::v1beta1::BroadcastTxRequest req;
+  req.set_tx_bytes(Signed(5, 0, Send(5, 1, 9)));
+  req.set_mode(cosmos::tx::v1beta1::BROADCAST_MODE_BLOCK);
+  cosmos::tx::v1beta1::BroadcastTxResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status s = stub.BroadcastTx(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.tx_response().code(), 0u);
+  EXPECT_GT(resp.tx_response().height(), 0);
+  EXPECT_EQ(resp.tx_response().events(0).type(), "bank.transfer");
+
+  req.set_mode(cosmos::tx::v1beta1::BROADCAST_MODE_UNSPECIFIED);
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(stub.BroadcastTx(&ctx2, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(DevnetTest, BlockEventsInTxOrder) {
+  StartNode();
+  // Three txs sent back to back; they land in one or more blocks, in this order.
+  int64_t first_height = 0, last_height = 0;
+  for (uint64_t amount : {101u, 102u, 103u}) {
+    auto r = client_->SignAndBroadcast(Key(1), {Send(1, 2, amount)}, /*wait=*/false);
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->code(), 0u);
+  }
+  auto last = client_->SignAndBroadcast(Key(1), {Send(1, 2, 104)}, /*wait=*/true);
+  ASSERT_TRUE(last.ok());
+  last_height = last->height();
+  first_height = std::max<int64_t>(1, last_height - 20);
+  std::vector<std::string> amounts;
+  for (int64_t h = first_height; h <= last_height; ++h) {
+    auto events = client_->EventsAt(h);
+    ASSERT_TRUE(events.ok()) << events.status();
+    for (const auto& e : *events) {
+      if (e.type() != "bank.transfer") continue;
+      for (const auto& a : e.attributes()) {
+        if (a.key() == "amount") amounts.push_back(a.value());
+      }
+    }
+  }
+  EXPECT_EQ(amounts, (std::vector<std::string>{"101", "102", "103", "104"}));
+  EXPECT_EQ(client_->EventsAt(node_->height() + 1000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->EventsAt(0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DevnetTest, QueriesAnswerAndRefuseUnknowns) {
+  StartNode();
+  EXPECT_EQ(client_->Account(common::AddressFromPublicKey(Key(99).public_key())).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Account("gonka1notanaddress").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Shard(7).status().code(), absl::StatusCode::kNotFound);
+  auto shards = client_->Shards(pb::SHARD_STATUS_UNSPECIFIED);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  EXPECT_TRUE(shards->empty());
+  auto params = client_->Params();
+  ASSERT_TRUE(params.ok());
+  EXPECT_EQ(params->chain_id(), kChainId);
+  EXPECT_EQ(params->params().voting_period_blocks(), 10u);
+  auto weights = client_->Weights(0, /*current=*/true);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ASSERT_EQ(weights->weights_size(), 1);
+  EXPECT_EQ(weights->weights(0).host(), Addr(1));
+}
+
+TEST_F(DevnetTest, ReplayMatchesAfterRun) {
+  StartNode();
+  for (int i = 1; i <= 4; ++i) {
+    ASSERT_EQ(client_->SignAndBroadcast(Key(i), {Send(i, 0, 10 * i)}, false)->code(), 0u);
+  }
+  ASSERT_EQ(client_->SignAndBroadcast(Key(5), {Send(5, 0, 1)}, true)->code(), 0u);
+  // A live node holds the database: replay must not read under it.
+  EXPECT_EQ(Replay(home_).status().code(), absl::StatusCode::kUnavailable);
+  node_->Shutdown();
+  const int64_t height = node_->height();
+  StopNode();
+
+  auto report = Replay(home_);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->mismatch;
+  EXPECT_EQ(report->blocks_replayed, height);
+  EXPECT_EQ(report->latest_height, height);
+  EXPECT_FALSE(report->first_mismatch_height.has_value());
+}
+
+TEST_F(DevnetTest, CorruptedBlockMakesReplayReportItsHeight) {
+  StartNode();
+  auto r = client_->SignAndBroadcast(Key(1), {Send(1, 2, 3)}, true);
+  ASSERT_TRUE(r.ok());
+  const int64_t tx_height = r->height();
+  WaitHeight(tx_height + 3);
+  StopNode();
+
+  pb::StoredBlock original;
+  {
+    auto db = devnet::OpenStore(home_, false);
+    ASSERT_TRUE(db.ok()) << db.status();
+    auto block = devnet::ReadBlock(**db, tx_height);
+    ASSERT_TRUE(block.ok());
+    original = *block;
+    // Another amount in the stored tx: its data hash (and signature) no longer hold.
+    std::string* tx = block->mutable_block()->mutable_data()->mutable_txs(0);
+    (*tx)[tx->size() / 2] ^= 0x01;
+    state::WriteBatch b;
+    b.PutProto(devnet::kBlocksTable, state::EncodeU64Key(tx_height), *block);
+    ASSERT_TRUE((*db)->Write(b).ok());
+  }
+  auto report = Replay(home_);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->ok());
+  ASSERT_TRUE(report->first_mismatch_height.has_value());
+  EXPECT_EQ(*report->first_mismatch_height, tx_height) << report->mismatch;
+  EXPECT_EQ(report->blocks_replayed, tx_height - 1);
+
+  {
+    // With the block restored, an unreadable later block is reported at its own height.
+    auto db = devnet::OpenStore(home_, false);
+    ASSERT_TRUE(db.ok());
+    state::WriteBatch b;
+    b.PutProto(devnet::kBlocksTable, state::EncodeU64Key(tx_height), original);
+    b.Put(devnet::kBlocksTable, state::EncodeU64Key(tx_height + 2), std::string("\xff\xff\xff", 3));
+    ASSERT_TRUE((*db)->Write(b).ok());
+  }
+  report = Replay(home_);
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->first_mismatch_height.value_or(-1), tx_height + 2) << report->mismatch;
+  EXPECT_EQ(report->blocks_replayed, tx_height + 1);
+}
+
+TEST_F(DevnetTest, MempoolCapRefusesBeyondIt) {
+  DevnetOptions o;
+  o.block_interval_ms = 60'000;  // no block during the test
+  o.mempool_max_txs = 3;
+  StartNode(o);
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    auto r = client_->BroadcastRaw(Signed(1, seq, Send(1, 2, 1)));
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->code(), 0u) << r->raw_log();
+  }
+  EXPECT_EQ(node_->mempool_size(), 3u);
+  auto full = client_->BroadcastRaw(Signed(2, 0, Send(2, 1, 1)));
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->code(), static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(node_->mempool_size(), 3u);
+}
+
+TEST_F(DevnetTest, OpenRefusesAnotherGenesis) {
+  StartNode();
+  WaitHeight(1);
+  StopNode();
+  pb::Genesis other = TestGenesis(6);
+  other.set_chain_id("other-chain");
+  std::filesystem::remove(home_ + "/genesis.json");
+  ASSERT_TRUE(InitHome(home_, other).ok());
+  EXPECT_EQ(DevnetNode::Open(home_, FastNode()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Replay(home_).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(DevnetHomeTest, InitHomeValidatesAndRefusesOverwrite) {
+  TempDir dir;
+  const std::string home = dir.path() + "/h";
+  pb::Genesis bad = TestGenesis(2);
+  bad.mutable_params()->set_voting_period_blocks(0);
+  EXPECT_EQ(InitHome(home, bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(std::filesystem::exists(home + "/genesis.json"));
+
+  ASSERT_TRUE(InitHome(home, TestGenesis(2)).ok());
+  EXPECT_EQ(InitHome(home, TestGenesis(2)).code(), absl::StatusCode::kAlreadyExists);
+  auto read = ReadGenesis(home);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->chain_id(), kChainId);
+  EXPECT_EQ(read->accounts_size(), 2);
+
+  EXPECT_EQ(DevnetNode::Open(dir.path() + "/nothing").status().code(), absl::StatusCode::kNotFound);
+  std::ofstream(home + "/genesis.json", std::ios::trunc) << "{ not json";
+  EXPECT_EQ(DevnetNode::Open(home).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(DevnetHomeTest, StartWritesNodeAddr) {
+  TempDir dir;
+  const std::string home = dir.path() + "/h";
+  ASSERT_TRUE(InitHome(home, TestGenesis(2)).ok());
+  auto node = DevnetNode::Open(home, FastNode());
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE((*node)->Start().ok());
+  std::ifstream f(home + "/node.addr");
+  std::string addr;
+  f >> addr;
+  EXPECT_EQ(addr, (*node)->listen_address());
+  EXPECT_EQ(addr.rfind("127.0.0.1:", 0), 0u) << addr;
+  EXPECT_NE(addr, "127.0.0.1:0");
+  EXPECT_EQ((*node)->Start().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// --- Crash consistency: a child process runs the node and is killed with SIGKILL --------------
+
+constexpr char kCrashHomeEnv[] = "TS_DEVNET_CRASH_CHILD_HOME";
+
+// Runs only inside the child started by KillNineLeavesAConsistentDatabase.
+TEST(DevnetCrashChild, RunNodeUntilKilled) {
+  const char* home = getenv(kCrashHomeEnv);
+  if (home == nullptr) GTEST_SKIP() << "runs only as the crash test's child";
+  DevnetOptions o;
+  o.block_interval_ms = 10;
+  auto node = DevnetNode::Open(home, o);
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE((*node)->Start().ok());
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+std::string ReadAddr(const std::string& home) {
+  std::ifstream f(home + "/node.addr");
+  std::string addr;
+  f >> addr;
+  return addr;
+}
+
+TEST(DevnetCrashTest, KillNineLeavesAConsistentDatabase) {
+  TempDir dir;
+  const std::string home = dir.path() + "/h";
+  ASSERT_TRUE(InitHome(home, TestGenesis(6)).ok());
+  std::vector<std::pair<int64_t, std::string>> observed;  // (height, app hash) seen live
+  uint64_t sent = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::filesystem::remove(home + "/node.addr");
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      setenv(kCrashHomeEnv, home.c_str(), 1);
+      execl("/proc/self/exe", "devnet_crash_child",
+            "--gtest_filter=DevnetCrashChild.RunNodeUntilKilled", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::string addr;
+    for (int i = 0; i < 1000 && addr.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      addr = ReadAddr(home);
+    }
+    ASSERT_FALSE(addr.empty()) << "child node did not start";
+    {
+      auto client = NewGrpcChainClient(addr, FastClient());
+      // Txs in flight while the node dies: some land, some are lost with the mempool.
+      for (int i = 0; i < 15; ++i) {
+        auto r = client->SignAndBroadcast(Key(1), {Send(1, 2, 1)}, /*wait=*/i % 5 == 4);
+        if (r.ok() && r->code() == 0) ++sent;
+        auto st = client->Status();
+        if (st.ok()) observed.emplace_back(st->latest_height, st->app_hash);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(7 * (round + 1)));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int wstatus = 0;
+    ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(wstatus));
+  }
+  ASSERT_GT(sent, 0u);
+
+  // Everything seen live is still stored, and replay from genesis agrees with the database.
+  {
+    auto db = devnet::OpenStore(home, false);
+    ASSERT_TRUE(db.ok()) << db.status();
+    for (const auto& [height, app_hash] : observed) {
+      if (height == 0) continue;
+      auto block = devnet::ReadBlock(**db, height);
+      ASSERT_TRUE(block.ok()) << "height " << height << ": " << block.status();
+      EXPECT_EQ(block->results().app_hash(), app_hash) << "height " << height;
+    }
+  }
+  auto report = Replay(home);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->mismatch;
+  EXPECT_GE(report->latest_height, observed.back().first);
+
+  auto node = DevnetNode::Open(home, FastNode());
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_EQ((*node)->height(), report->latest_height);
+}
+
+}  // namespace
+}  // namespace ts::bridge
