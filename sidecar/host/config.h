@@ -1,0 +1,84 @@
+// trainshardd configuration: the TOML file, the command-line overrides and their validation.
+// Every error names the key and the offending value, so an operator can fix the file without
+// reading code. Nothing here touches the disk except LoadHostConfigFile reading the file.
+//
+// Thread-safety: pure functions over plain values; thread-safe.
+#ifndef TS_SIDECAR_HOST_CONFIG_H_
+#define TS_SIDECAR_HOST_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ts::sidecar {
+
+inline constexpr std::string_view kDefaultListen = "127.0.0.1:0";
+inline constexpr int64_t kDefaultPollIntervalMs = 200;
+inline constexpr int64_t kMinPollIntervalMs = 10;
+inline constexpr int64_t kMaxPollIntervalMs = 60000;
+inline constexpr uint32_t kDefaultMaxShards = 4;
+inline constexpr uint32_t kMaxShardsLimit = 1024;
+inline constexpr size_t kMaxHardwareProfiles = 64;
+// The config file is read whole; anything larger is not a config file.
+inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
+
+// When and what the host reserves on its own (see docs/host-sidecar.md, "Reservation policy").
+struct ReservationPolicy {
+  bool auto_reserve = true;
+  // Empty: any profile.
+  std::vector<std::string> hardware_profiles;
+  uint32_t max_shards = kDefaultMaxShards;
+  // ngonka per node (escrow / max_nodes) below which the host does not reserve.
+  uint64_t min_escrow_per_node = 0;
+};
+
+struct HostConfig {
+  std::string chain_endpoint;                        // host:port of the chain's gRPC
+  std::string listen = std::string(kDefaultListen);  // operator + settlement query gRPC
+  std::string key_file;
+  std::string data_dir;
+  std::string shard_endpoint;  // host:port advertised in reservations
+  // 32 raw bytes when set in the file; empty means "use the placeholder" (SHA-256 of the host
+  // address) until the shard sidecar serves TLS.
+  std::string tls_cert_sha256;
+  int64_t poll_interval_ms = kDefaultPollIntervalMs;
+  std::string log_level = "info";
+  ReservationPolicy policy;
+};
+
+// Command-line values that replace the file's (unset = keep the file's).
+struct HostConfigOverrides {
+  std::optional<std::string> data_dir;
+  std::optional<std::string> key_file;
+  std::optional<std::string> chain_endpoint;
+  std::optional<std::string> listen;
+  std::optional<std::string> log_level;
+};
+
+// Parses TOML text. `source` names the file in messages. INVALID_ARGUMENT naming the key and
+// value for a TOML syntax error, an unknown key, a value of the wrong type or out of range.
+// Required keys are checked by ValidateHostConfig, after overrides are applied.
+absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::string_view source);
+
+// Reads and parses `path`. NOT_FOUND if the file does not exist, INVALID_ARGUMENT if it is
+// larger than kMaxConfigFileBytes or does not parse (as ParseHostConfig), PERMISSION_DENIED or
+// INTERNAL if it cannot be read.
+absl::StatusOr<HostConfig> LoadHostConfigFile(const std::string& path);
+
+void ApplyOverrides(const HostConfigOverrides& overrides, HostConfig* config);
+
+// INVALID_ARGUMENT naming the key and value for a missing required key (chain_endpoint,
+// key_file, data_dir, shard_endpoint), a malformed host:port or an unknown log level.
+absl::Status ValidateHostConfig(const HostConfig& config);
+
+// Splits "host:port" ("[v6]:port" too). INVALID_ARGUMENT naming `key` unless the host is
+// non-empty and the port is a number in [min_port, 65535].
+absl::Status CheckHostPort(std::string_view key, std::string_view value, int min_port);
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_HOST_CONFIG_H_

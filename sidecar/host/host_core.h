@@ -1,0 +1,189 @@
+// HostCore: the host sidecar's control plane. It follows the chain height by height, decides
+// what to do for each event (record it, reserve a place in a shard by policy, ignore a malformed
+// one), keeps its own records of every shard, drives its pending transactions until the chain
+// includes them, and checks and signs settlement drafts against those records.
+//
+// Exactly once: each height's events, the decisions taken for them (shard records, signed
+// pending txs) and the new cursor are written in ONE synced state::WriteBatch; only then are the
+// new txs broadcast. A crash before the write repeats the height from the same cursor; a crash
+// after it finds the decision stored and only re-broadcasts the pending tx, which the chain
+// accepts at most once (it refuses a second reservation by the same host). See
+// docs/host-sidecar.md for the full argument.
+//
+// Thread-safety: NOT thread-safe, except where noted. One owner thread (HostDaemon's) calls
+// everything that changes state; store() may be read from any thread (state::Db is thread-safe
+// and every change is one atomic batch). SubmitSettlement and address() are thread-safe.
+#ifndef TS_SIDECAR_HOST_HOST_CORE_H_
+#define TS_SIDECAR_HOST_HOST_CORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "chain-bridge/client/chain_client.h"
+#include "common/clock.h"
+#include "common/crypto/secp256k1.h"
+#include "cosmos/base/abci/v1beta1/abci.pb.h"
+#include "gonka/trainshard/v1/host.pb.h"
+#include "sidecar/host/config.h"
+#include "sidecar/host/host_store.h"
+
+namespace ts::sidecar {
+
+struct HostCoreOptions {
+  // host:port of this host's shard sidecar, advertised in reservations.
+  std::string shard_endpoint;
+  // SHA-256 of the shard sidecar's TLS certificate (32 bytes). Empty: SHA-256 of the host
+  // address, a placeholder until the shard sidecar serves TLS.
+  std::string tls_cert_sha256;
+  ReservationPolicy policy;
+  // A reservation statement is valid this many blocks past the height it is made at.
+  int64_t reservation_validity_blocks = 50;
+  // Pending txs not yet in a block are broadcast again at most this often...
+  int64_t rebroadcast_interval_ms = 2000;
+  // ...and at most this many times in all (re-signs included), then abandoned.
+  uint32_t max_broadcast_attempts = 40;
+  // Heights followed per Step, so commands queued for the owner thread are not starved.
+  int64_t max_heights_per_step = 20;
+  // Cap on unconfirmed txs of this host; a decision that would exceed it is skipped.
+  size_t max_pending_txs = 64;
+  // Cap on the payouts and signatures one settlement may carry (a request can grow them).
+  size_t max_settlement_entries = 1024;
+  // How often Step refreshes the host's own PoC weight for Status.
+  int64_t weight_refresh_interval_ms = 10000;
+};
+
+// What Status reports; a copy taken on the owner thread.
+struct HostStatusSnapshot {
+  std::string address;
+  std::string chain_id;
+  int64_t cursor_height = 0;
+  int64_t chain_height = 0;
+  uint32_t pending_txs = 0;
+  uint64_t events_processed = 0;
+  uint64_t current_weight = 0;
+  std::string last_error;
+};
+
+class HostCore {
+ public:
+  // Opens (or creates) the records at `db_path`. `chain` and `clock` are not owned and must
+  // outlive the core. FAILED_PRECONDITION if the records belong to another address (a different
+  // key file than the one they were made with); errors of HostStore::Open otherwise.
+  static absl::StatusOr<std::unique_ptr<HostCore>> Open(const std::string& db_path,
+                                                        const common::PrivateKey& key,
+                                                        HostCoreOptions options,
+                                                        bridge::ChainClient* chain,
+                                                        common::Clock* clock);
+  ~HostCore();
+
+  // One poll: checks the chain id, follows up to max_heights_per_step heights, then drives the
+  // pending txs. Errors: UNAVAILABLE/DEADLINE_EXCEEDED when the chain cannot be reached (the
+  // cursor has not moved past anything not fully processed; call again later);
+  // FAILED_PRECONDITION if the chain id differs from the one the records were made on;
+  // INTERNAL/DATA_LOSS for local storage failures.
+  absl::Status Step();
+
+  // Follows heights cursor+1 .. min(latest, cursor+max_heights); returns how many were
+  // processed. Errors as Step.
+  absl::StatusOr<int64_t> Follow(int64_t max_heights);
+
+  // Processes one height; it must be cursor+1 (FAILED_PRECONDITION otherwise).
+  absl::Status ProcessHeight(int64_t height);
+
+  // Checks each pending tx: included -> result recorded and row removed; missing -> broadcast
+  // again (rate-limited, bounded); refused for a sequence mismatch -> re-signed with a fresh
+  // sequence, replacing the row in one batch. Errors: the first chain error (the rest is left
+  // for the next call).
+  absl::Status ProcessPendingTxs();
+
+  // A manual reservation through the same pending-tx path; returns the txhash. NOT_FOUND if the
+  // host has no record of the shard; FAILED_PRECONDITION if its records say the shard is not
+  // OPEN, or this host already reserved (or has a reservation in flight);
+  // RESOURCE_EXHAUSTED if max_pending_txs are in flight; UNAVAILABLE if the chain id is not
+  // known yet or the chain cannot be reached.
+  absl::StatusOr<std::string> Reserve(uint64_t shard_id);
+
+  // Checks `draft` against the host's own records and signs it, storing the draft and the
+  // signature (synced) before returning. The same draft again returns the same signature.
+  // INVALID_ARGUMENT for a malformed draft (bad root size, bad amounts, too many payouts);
+  // NOT_FOUND for an unknown shard; FAILED_PRECONDITION naming what disagrees: another chain
+  // id, the shard not RUNNING, this host not a member, a payee the host did not see reserve,
+  // payouts + refund not equal to the escrow, or a different draft already signed.
+  absl::StatusOr<pb::SettlementSignature> SignSettlement(const pb::Settlement& draft);
+
+  // Wraps MsgSettleTrainshard{submitter = this host} and broadcasts it, waiting for inclusion.
+  // Thread-safe (it uses only the chain client and the key). INVALID_ARGUMENT for a missing
+  // settlement or too many signatures; chain errors as ChainClient::SignAndBroadcast.
+  absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> SubmitSettlement(
+      const pb::Settlement& settlement, const std::vector<pb::SettlementSignature>& signatures);
+
+  HostStatusSnapshot Snapshot() const;
+  const HostStore& store() const { return *store_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  struct HeightContext;
+
+  HostCore(std::unique_ptr<HostStore> store, const common::PrivateKey& key, HostCoreOptions options,
+           bridge::ChainClient* chain, common::Clock* clock);
+
+  absl::Status SyncChain();
+  absl::StatusOr<std::string> Decide(HeightContext& ctx, const tendermint::abci::Event& event);
+  absl::StatusOr<std::string> OnShardOpened(HeightContext& ctx,
+                                            const tendermint::abci::Event& event);
+  absl::StatusOr<pb::HostShardRecord*> LoadShard(HeightContext& ctx, uint64_t shard_id);
+  absl::StatusOr<std::string> PolicySkipReason(HeightContext& ctx, const pb::HostShardRecord& rec,
+                                               uint64_t min_host_weight, uint32_t max_nodes,
+                                               uint64_t escrow);
+  absl::StatusOr<uint64_t> OwnWeight(HeightContext& ctx);
+  // Account number and next free sequence: the chain's sequence, past every pending tx of this
+  // host that has not yet been included (those in `extra` too), skipping `exclude_txhash`.
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> NextSequence(
+      const std::vector<pb::PendingTx>& extra, const std::string& exclude_txhash);
+  // Builds, signs and packs a reservation tx for `shard_id`.
+  struct SignedReservation {
+    pb::Reservation reservation;
+    pb::PendingTx pending;
+  };
+  absl::StatusOr<SignedReservation> BuildReservationTx(uint64_t shard_id,
+                                                       int64_t valid_until_height,
+                                                       uint64_t account_number, uint64_t sequence,
+                                                       int64_t created_height);
+  absl::Status CountActive(HeightContext& ctx, uint32_t* active);
+  // Broadcasts a pending tx, counts the attempt, and acts on the chain's answer.
+  absl::Status BroadcastPending(pb::PendingTx tx);
+  // A tx the chain refused for good: renewed if only its reservation statement expired,
+  // otherwise finished as failed.
+  absl::Status Refused(const pb::PendingTx& tx, const std::string& why);
+  // Signs the same messages again with a fresh sequence (at least `expected_hint`) and replaces
+  // the row in one batch. With `refresh`, a reservation is re-made with a new validity.
+  absl::Status Resign(const pb::PendingTx& tx, uint64_t expected_hint, bool refresh);
+  // Records the end of a pending tx (included, refused, abandoned) and deletes its row.
+  absl::Status FinishPending(const pb::PendingTx& tx, bool reserved, const std::string& failure);
+
+  std::unique_ptr<HostStore> store_;
+  common::PrivateKey key_;
+  HostCoreOptions options_;
+  bridge::ChainClient* chain_;
+  common::Clock* clock_;
+  std::string address_;
+
+  // Owner-thread state.
+  std::string chain_id_;
+  int64_t chain_height_ = 0;
+  uint64_t current_weight_ = 0;
+  int64_t weight_refreshed_ms_ = -1;
+  std::string last_error_;
+  // txhash -> monotonic ms of the last broadcast; lost on restart, which only means the first
+  // poll after a restart broadcasts every pending tx again.
+  std::map<std::string, int64_t> last_broadcast_ms_;
+};
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_HOST_HOST_CORE_H_

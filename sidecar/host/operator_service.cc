@@ -1,0 +1,162 @@
+#include "sidecar/host/operator_service.h"
+
+#include <chrono>
+
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "chain-bridge/client/grpc_status.h"
+
+namespace ts::sidecar {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) { return bridge::ToGrpcStatus(status); }
+
+}  // namespace
+
+absl::Time HandlerDeadline(const grpc::ServerContext& context) {
+  absl::Time cap = absl::Now() + kMaxHandlerDeadline;
+  auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return cap;
+  return std::min(cap, absl::FromChrono(deadline));
+}
+
+HostOperatorService::HostOperatorService(HostCore* core, HostDaemon* daemon, std::string version)
+    : core_(core), daemon_(daemon), version_(std::move(version)) {}
+
+grpc::Status HostOperatorService::Status(grpc::ServerContext*, const pb::HostStatusRequest*,
+                                         pb::HostStatusResponse* response) {
+  HostStatusSnapshot s = daemon_->Snapshot();
+  // The cursor and counters are read fresh: the store is the truth, the snapshot may lag a poll.
+  auto cursor = core_->store().CursorHeight();
+  if (!cursor.ok()) return ToGrpc(cursor.status());
+  auto processed = core_->store().EventsProcessed();
+  if (!processed.ok()) return ToGrpc(processed.status());
+  auto pending = core_->store().ListPendingTxs();
+  if (!pending.ok()) return ToGrpc(pending.status());
+  response->set_address(core_->address());
+  response->set_chain_id(s.chain_id);
+  response->set_cursor_height(*cursor);
+  response->set_chain_height(std::max(s.chain_height, *cursor));
+  response->set_pending_txs(static_cast<uint32_t>(pending->size()));
+  response->set_events_processed(*processed);
+  response->set_current_weight(s.current_weight);
+  response->set_version(version_);
+  return grpc::Status::OK;
+}
+
+grpc::Status HostOperatorService::ListShards(grpc::ServerContext*, const pb::ListShardsRequest*,
+                                             pb::ListShardsResponse* response) {
+  auto shards = core_->store().ListShards(kMaxListShards);
+  if (!shards.ok()) return ToGrpc(shards.status());
+  for (auto& s : *shards) *response->add_shards() = std::move(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status HostOperatorService::ListEvents(grpc::ServerContext*,
+                                             const pb::ListEventsRequest* request,
+                                             pb::ListEventsResponse* response) {
+  if (request->from_height() < 0) {
+    return ToGrpc(absl::InvalidArgumentError(
+        absl::StrCat("from_height: ", request->from_height(), " is negative")));
+  }
+  uint32_t limit = request->limit() == 0 ? kDefaultListEventsLimit
+                                         : std::min(request->limit(), kMaxListEventsLimit);
+  auto events = core_->store().ListEvents(request->from_height(), limit);
+  if (!events.ok()) return ToGrpc(events.status());
+  for (auto& e : *events) *response->add_events() = std::move(e);
+  return grpc::Status::OK;
+}
+
+grpc::Status HostOperatorService::Reserve(grpc::ServerContext* context,
+                                          const pb::ReserveRequest* request,
+                                          pb::ReserveResponse* response) {
+  if (request->shard_id() == 0) {
+    return ToGrpc(absl::InvalidArgumentError("shard_id: 0 is not a shard id"));
+  }
+  // The command may outlive this handler if the deadline passes while it runs, so it owns
+  // what it writes.
+  auto result = std::make_shared<absl::StatusOr<std::string>>(absl::UnknownError("not run"));
+  uint64_t shard_id = request->shard_id();
+  absl::Status ran =
+      daemon_->Run([shard_id, result](HostCore& core) { *result = core.Reserve(shard_id); },
+                   HandlerDeadline(*context));
+  if (!ran.ok()) return ToGrpc(ran);
+  if (!result->ok()) return ToGrpc(result->status());
+  response->set_txhash(**result);
+  return grpc::Status::OK;
+}
+
+grpc::Status HostOperatorService::SignSettlement(grpc::ServerContext* context,
+                                                 const pb::SignSettlementRequest* request,
+                                                 pb::SignSettlementResponse* response) {
+  if (!request->has_draft()) {
+    return ToGrpc(absl::InvalidArgumentError("draft: missing"));
+  }
+  // As in Reserve, the command owns its copies.
+  auto draft = std::make_shared<pb::Settlement>(request->draft());
+  auto result =
+      std::make_shared<absl::StatusOr<pb::SettlementSignature>>(absl::UnknownError("not run"));
+  absl::Status ran =
+      daemon_->Run([draft, result](HostCore& core) { *result = core.SignSettlement(*draft); },
+                   HandlerDeadline(*context));
+  if (!ran.ok()) return ToGrpc(ran);
+  if (!result->ok()) return ToGrpc(result->status());
+  *response->mutable_signature() = **result;
+  return grpc::Status::OK;
+}
+
+grpc::Status HostOperatorService::SubmitSettlement(grpc::ServerContext*,
+                                                   const pb::SubmitSettlementRequest* request,
+                                                   pb::SubmitSettlementResponse* response) {
+  if (!request->has_settlement()) {
+    return ToGrpc(absl::InvalidArgumentError("settlement: missing"));
+  }
+  std::vector<pb::SettlementSignature> signatures(request->signatures().begin(),
+                                                  request->signatures().end());
+  // Runs on this gRPC thread: it changes no host records, and waiting for inclusion must not
+  // hold up the follower. The chain client's own deadlines bound it.
+  auto tx = core_->SubmitSettlement(request->settlement(), signatures);
+  if (!tx.ok()) return ToGrpc(tx.status());
+  response->set_txhash(tx->txhash());
+  response->set_code(tx->code());
+  response->set_raw_log(tx->raw_log());
+  return grpc::Status::OK;
+}
+
+SettlementQueryService::SettlementQueryService(const HostCore* core) : core_(core) {}
+
+grpc::Status SettlementQueryService::GetSettlement(grpc::ServerContext*,
+                                                   const pb::GetSettlementRequest* request,
+                                                   pb::GetSettlementResponse* response) {
+  auto draft = core_->store().GetSettlementDraft(request->shard_id());
+  if (absl::IsNotFound(draft.status())) {
+    return ToGrpc(absl::NotFoundError(
+        absl::StrCat("this host signed no settlement for shard ", request->shard_id())));
+  }
+  if (!draft.ok()) return ToGrpc(draft.status());
+  *response = *std::move(draft);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<OperatorServer> StartOperatorServer(const std::string& listen, HostCore* core,
+                                                   HostDaemon* daemon, std::string version) {
+  OperatorServer out;
+  out.operator_service = std::make_unique<HostOperatorService>(core, daemon, std::move(version));
+  out.settlement_service = std::make_unique<SettlementQueryService>(core);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxOperatorMessageBytes);
+  builder.RegisterService(out.operator_service.get());
+  builder.RegisterService(out.settlement_service.get());
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("listen: cannot bind ", listen));
+  }
+  out.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  return out;
+}
+
+}  // namespace ts::sidecar
