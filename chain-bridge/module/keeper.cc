@@ -864,6 +864,12 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   if (!msg.has_reservation()) return Invalid("reservation", "missing");
   const pb::Reservation& r = msg.reservation();
   TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(r.shard_id(), false));
+  TS_ASSIGN_OR_RETURN(uint64_t members, MemberCount(shard.id()));
+  // A shard that filled up went RUNNING at once; "full" is the reason a host cares about.
+  if (shard.status() == pb::SHARD_STATUS_RUNNING && members >= shard.spec().max_nodes()) {
+    return absl::ResourceExhaustedError(
+        Cat("shard ", shard.id(), " is full: max_nodes ", shard.spec().max_nodes()));
+  }
   if (shard.status() != pb::SHARD_STATUS_OPEN) {
     return absl::FailedPreconditionError(
         Cat("shard ", shard.id(), " is ", ShardStatusName(shard.status()), ", not open"));
@@ -910,7 +916,6 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
     return absl::AlreadyExistsError(
         Cat("host ", r.host(), " already holds a place in shard ", shard.id()));
   }
-  TS_ASSIGN_OR_RETURN(uint64_t members, MemberCount(shard.id()));
   if (members >= shard.spec().max_nodes()) {
     return absl::ResourceExhaustedError(
         Cat("shard ", shard.id(), " is full: max_nodes ", shard.spec().max_nodes()));
