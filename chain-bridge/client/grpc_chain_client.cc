@@ -51,7 +51,7 @@ bool LogSays(const TxResponse& r, std::string_view words) {
 bool IsSequenceMismatch(const TxResponse& r) {
   if (r.code() == 0) return false;
   if (r.codespace() == "sdk" && r.code() == 32) return true;
-  return LogSays(r, "sequence");
+  return LogSays(r, "sequence mismatch");
 }
 
 // The same bytes were already accepted (a retry after a lost answer).

@@ -172,6 +172,7 @@ struct DevnetNode::Impl final : public devnet::Backend {
   // Set when a block could not be executed or persisted: the in-memory App may be ahead of the
   // disk, so no further block is produced and broadcasts are refused.
   absl::Status producer_error ABSL_GUARDED_BY(mu);
+  DevnetStats stats ABSL_GUARDED_BY(mu);
 
   // Guards what readers of blocks need, so block and tx lookups never wait for a block in
   // progress.
@@ -215,7 +216,10 @@ struct DevnetNode::Impl final : public devnet::Backend {
             tx_bytes, absl::StatusCode::kResourceExhausted,
             absl::StrCat("mempool: full at ", mempool.size(), " txs (options.mempool_max_txs)"));
       }
+      const absl::Time check_start = absl::Now();
       check = app->CheckTx(tx_bytes);
+      stats.check_ms += absl::ToDoubleMilliseconds(absl::Now() - check_start);
+      ++stats.check_txs;
       if (check.txhash().empty()) check.set_txhash(TxHash(tx_bytes));
       if (check.code() == 0) {
         mempool_hashes.insert(hash);
@@ -341,6 +345,7 @@ struct DevnetNode::Impl final : public devnet::Backend {
 
   absl::Status ProduceBlock() {
     absl::MutexLock lock(&mu);
+    const absl::Time block_start = absl::Now();
     std::vector<std::string> txs;
     std::vector<std::string> hashes;
     size_t bytes = 0;
@@ -367,6 +372,7 @@ struct DevnetNode::Impl final : public devnet::Backend {
     header.set_app_hash(app->app_hash());
 
     TS_ASSIGN_OR_RETURN(BlockOutcome outcome, app->FinalizeBlock(header, txs));
+    const absl::Time finalized = absl::Now();
 
     auto stored = std::make_shared<pb::StoredBlock>();
     *stored->mutable_block()->mutable_header() = header;
@@ -394,8 +400,10 @@ struct DevnetNode::Impl final : public devnet::Backend {
     batch.Put(devnet::kMetaTable, devnet::kMetaAppHash, new_app_hash);
     TS_RETURN_IF_ERROR(db->Write(batch, /*sync=*/true));
 
+    const absl::Time persisted = absl::Now();
     app->Commit();
     last_header = header;
+    const size_t to_recheck = mempool.size();
 
     // Recheck what is left against the new state, in arrival order; one pass, so the cost is
     // linear in the mempool.
@@ -408,6 +416,14 @@ struct DevnetNode::Impl final : public devnet::Backend {
       }
     }
     mempool.swap(kept);
+    const absl::Time done = absl::Now();
+    ++stats.blocks;
+    stats.block_txs += static_cast<int64_t>(hashes.size());
+    stats.block_ms += absl::ToDoubleMilliseconds(done - block_start);
+    stats.finalize_ms += absl::ToDoubleMilliseconds(finalized - block_start);
+    stats.persist_ms += absl::ToDoubleMilliseconds(persisted - finalized);
+    stats.recheck_ms += absl::ToDoubleMilliseconds(done - persisted);
+    stats.rechecked_txs += static_cast<int64_t>(to_recheck);
 
     absl::MutexLock blocks_lock(&blocks_mu);
     latest_height = height;
@@ -569,6 +585,11 @@ std::string DevnetNode::chain_id() const { return impl_->chain_id; }
 size_t DevnetNode::mempool_size() const {
   absl::MutexLock lock(&impl_->mu);
   return impl_->mempool.size();
+}
+
+DevnetStats DevnetNode::stats() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->stats;
 }
 
 // ---------------------------------------------------------------------------------------------

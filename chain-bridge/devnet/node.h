@@ -57,6 +57,20 @@ absl::Status InitHome(const std::string& home, const pb::Genesis& genesis);
 // Reads <home>/genesis.json. NOT_FOUND if absent, DATA_LOSS if it does not parse.
 absl::StatusOr<pb::Genesis> ReadGenesis(const std::string& home);
 
+// Counters of the work the node did since Open, for benchmarks and operators. Times are wall
+// milliseconds spent in each step.
+struct DevnetStats {
+  int64_t blocks = 0;      // blocks produced
+  int64_t block_txs = 0;   // txs in them
+  double block_ms = 0;     // whole block: execute, persist, commit, recheck
+  double finalize_ms = 0;  // App::FinalizeBlock
+  double persist_ms = 0;   // building and writing the synced batch
+  double recheck_ms = 0;   // CheckTx over the mempool after a commit
+  int64_t rechecked_txs = 0;
+  int64_t check_txs = 0;  // CheckTx calls from broadcasts
+  double check_ms = 0;    // time in those calls
+};
+
 class DevnetNode {
  public:
   // Opens the node's database and restores the App from it (or starts the chain from genesis on
@@ -86,6 +100,7 @@ class DevnetNode {
   std::string app_hash() const;
   std::string chain_id() const;
   size_t mempool_size() const;
+  DevnetStats stats() const;
 
  private:
   struct Impl;
