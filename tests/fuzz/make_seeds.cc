@@ -1,0 +1,155 @@
+// Writes the seed corpus of the fuzz targets: real signed transactions, real addresses and real
+// statement signatures, made with fixed keys so the output is the same on every run.
+//   fuzz_make_seeds <corpus dir>   (writes <dir>/<target>/<seed name>)
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "chain-bridge/module/tx.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/secp256k1.h"
+#include "common/crypto/signing.h"
+#include "common/status.h"
+#include "cosmos/bank/v1beta1/tx.pb.h"
+#include "cosmos/crypto/secp256k1/keys.pb.h"
+#include "gonka/trainshard/v1/chain.pb.h"
+#include "tests/fuzz/sign_bytes_input.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+ts::common::PrivateKey FixedKey(char fill) {
+  auto key = ts::common::PrivateKey::FromBytes(std::string(32, fill));
+  TS_CHECK(key.ok());
+  return *std::move(key);
+}
+
+void Write(const fs::path& dir, const std::string& name, const std::string& bytes) {
+  fs::create_directories(dir);
+  std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  TS_CHECK(out.good());
+}
+
+// A tx seed must reach the deep end of the target: decoded, and its signature valid.
+void CheckTx(const std::string& tx_bytes, std::string_view chain_id, uint64_t account_number) {
+  auto tx = ts::bridge::DecodeTx(tx_bytes);
+  TS_CHECK(tx.ok());
+  cosmos::crypto::secp256k1::PubKey pub;
+  TS_CHECK(pub.ParseFromString(tx->auth_info.signer_infos(0).public_key().value()));
+  const std::string digest = ts::common::Sha256(ts::bridge::DirectSignBytes(
+      tx->raw.body_bytes(), tx->raw.auth_info_bytes(), chain_id, account_number));
+  TS_CHECK(ts::common::VerifyCompact(pub.key(), digest, tx->raw.signatures(0)).ok());
+}
+
+void WriteTx(const fs::path& dir, const std::string& name, const std::string& tx_bytes,
+             std::string_view chain_id, uint64_t account_number) {
+  CheckTx(tx_bytes, chain_id, account_number);
+  Write(dir, name, tx_bytes);
+}
+
+void WriteTxSeeds(const fs::path& dir) {
+  const ts::common::PrivateKey alice = FixedKey('\x01');
+  const ts::common::PrivateKey bob = FixedKey('\x02');
+  const std::string alice_address = ts::common::AddressFromPublicKey(alice.public_key());
+  const std::string bob_address = ts::common::AddressFromPublicKey(bob.public_key());
+
+  cosmos::bank::v1beta1::MsgSend send;
+  send.set_from_address(alice_address);
+  send.set_to_address(bob_address);
+  auto* coin = send.add_amount();
+  coin->set_denom("ngonka");
+  coin->set_amount("1000000");
+  WriteTx(dir, "msg_send",
+          ts::bridge::BuildSignedTx(alice, "gonka-devnet", /*account_number=*/7, /*sequence=*/3,
+                                    {ts::bridge::PackMsg(send)}),
+          "gonka-devnet", 7);
+
+  gonka::trainshard::v1::MsgReserveTrainshard reserve;
+  auto* reservation = reserve.mutable_reservation();
+  reservation->set_shard_id(1);
+  reservation->set_host(bob_address);
+  reservation->set_endpoint("10.0.0.2:7443");
+  reservation->set_tls_cert_sha256(std::string(32, '\x5a'));
+  reservation->set_valid_until_height(1000);
+  WriteTx(dir, "msg_reserve_with_memo",
+          ts::bridge::BuildSignedTx(bob, "gonka-devnet", /*account_number=*/8, /*sequence=*/0,
+                                    {ts::bridge::PackMsg(reserve)}, "reserve shard 1"),
+          "gonka-devnet", 8);
+
+  gonka::trainshard::v1::MsgAssembleTrainshard assemble;
+  assemble.set_creator(alice_address);
+  assemble.set_shard_id(1);
+  WriteTx(dir, "two_msgs",
+          ts::bridge::BuildSignedTx(alice, "gonka-devnet", /*account_number=*/7, /*sequence=*/4,
+                                    {ts::bridge::PackMsg(assemble), ts::bridge::PackMsg(send)}),
+          "gonka-devnet", 7);
+}
+
+void WriteSignBytesSeeds(const fs::path& dir) {
+  const ts::common::PrivateKey key = FixedKey('\x03');
+  struct Statement {
+    const char* name;
+    uint8_t flags;
+    std::string kind;
+    std::string chain_id;
+    uint64_t shard_id;
+    std::string message;
+  };
+  const std::vector<Statement> statements = {
+      {"settlement", 0, "settlement", "gonka-devnet", 1, std::string("\x0a\x04root", 6)},
+      {"round_certificate_sign", ts::fuzz::kFlagSignAndRecover, "round_certificate",
+       "gonka-mainnet", 0x0102030405060708ULL, "round 17"},
+      {"reservation_empty_message", 0, "reservation", "c", 0, ""},
+  };
+  for (const auto& s : statements) {
+    ts::fuzz::SignBytesInput in;
+    in.flags = s.flags;
+    in.kind = s.kind;
+    in.chain_id = s.chain_id;
+    in.shard_id = s.shard_id;
+    in.message = s.message;
+    auto sig = ts::common::SignStatement(key, s.kind, s.chain_id, s.shard_id, s.message);
+    TS_CHECK(sig.ok());
+    in.signature = *sig;
+    Write(dir, s.name, ts::fuzz::SerializeSignBytesInput(in));
+  }
+  // A refused kind (upper case), so the refusal path is in the corpus from the start.
+  ts::fuzz::SignBytesInput bad;
+  bad.kind = "Settlement";
+  bad.chain_id = "gonka-devnet";
+  bad.signature = std::string(65, '\0');
+  Write(dir, "bad_kind", ts::fuzz::SerializeSignBytesInput(bad));
+}
+
+void WriteAddressSeeds(const fs::path& dir) {
+  std::string one(32, '\0');
+  one[31] = 1;
+  auto key_one = ts::common::PrivateKey::FromBytes(one);
+  TS_CHECK(key_one.ok());
+  Write(dir, "gonka_key_one", ts::common::AddressFromPublicKey(key_one->public_key()));
+  Write(dir, "gonka_module", ts::common::ModuleAddress("trainshard"));
+  Write(dir, "cosmos_gov", "cosmos10d07y265gmmuvt4z0w9aw880jnsr700j6zn9kn");
+  Write(dir, "bip173_upper", "A12UEL5L");
+  Write(dir, "bip173_alphabet", "abcdef1qpzry9x8gf2tvdw0s3jn54khce6mua7lmqqqxw");
+  Write(dir, "bip173_segwit", "BC1QW508D6QEJXTDG4Y5R3ZARVARY0C5XW7KV8F3T4");
+  Write(dir, "bip173_bad_checksum", "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t5");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
+    return 2;
+  }
+  const fs::path root(argv[1]);
+  WriteTxSeeds(root / "fuzz_tx_decode");
+  WriteSignBytesSeeds(root / "fuzz_sign_bytes");
+  WriteAddressSeeds(root / "fuzz_address");
+  return 0;
+}
