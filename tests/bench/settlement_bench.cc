@@ -1,0 +1,330 @@
+// settlement_bench: how long the chain takes to verify and apply one settlement signed by
+// 1,000 hosts (CheckTx + FinalizeBlock of the settle tx), against a 50 ms target.
+//
+// Setup (not timed): a genesis with 1,000 hosts' PoC weights, a governance proposal for a shard
+// with max_nodes 1000, votes, 1,000 real signed reservations (the shard runs), and a settlement
+// paying every host, signed by all 1,000. Timed: on a fresh App restored from that state, CheckTx
+// then FinalizeBlock of the settle tx; repeated, median reported. Single-threaded (the App is).
+//
+// Prints the figures and, last, one JSON line.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "chain-bridge/module/app.h"
+#include "chain-bridge/module/tx.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/secp256k1.h"
+#include "common/crypto/signing.h"
+#include "cosmos/gov/v1/tx.pb.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+using ts::bridge::App;
+using ts::bridge::BuildSignedTx;
+using ts::bridge::PackMsg;
+using ts::common::PrivateKey;
+
+constexpr char kChainId[] = "trainshard-bench-1";
+constexpr int kHosts = 1000;
+constexpr int kRepetitions = 5;
+constexpr double kTargetMs = 50.0;
+constexpr uint64_t kEscrow = 1'000'000'000;
+constexpr uint64_t kPayout = 900'000;  // per host; 1,000 of them, the rest refunded
+
+std::string Canonical(const google::protobuf::Message& msg) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    msg.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "settlement_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::string Addr(const PrivateKey& key) {
+  return ts::common::AddressFromPublicKey(key.public_key());
+}
+
+class Setup {
+ public:
+  Setup() : creator_(PrivateKey::FromBytes(ts::common::Sha256("bench/creator")).value()) {
+    for (int i = 0; i < kHosts; ++i) {
+      hosts_.push_back(
+          PrivateKey::FromBytes(ts::common::Sha256("bench/host/" + std::to_string(i))).value());
+    }
+    genesis_.set_chain_id(kChainId);
+    auto* params = genesis_.mutable_params();
+    params->set_epoch_length_blocks(1'000'000);
+    params->set_voting_period_blocks(1);
+    params->set_min_deposit("1");
+    params->set_quorum_ppm(334000);
+    params->set_threshold_ppm(500000);
+    params->set_veto_threshold_ppm(334000);
+    params->set_poc_authority(Addr(creator_));
+    params->set_max_nodes_limit(kHosts);
+    params->set_max_weights_per_submission(kHosts);
+    params->set_max_duration_blocks_limit(100'000);
+    auto* creator = genesis_.add_accounts();
+    creator->set_address(Addr(creator_));
+    creator->set_balance(std::to_string(10 * kEscrow));
+    for (int i = 0; i < kHosts; ++i) {
+      auto* account = genesis_.add_accounts();
+      account->set_address(Addr(hosts_[static_cast<size_t>(i)]));
+      account->set_balance("1");
+      auto* weight = genesis_.add_poc_weights();
+      weight->set_host(Addr(hosts_[static_cast<size_t>(i)]));
+      weight->set_weight(1000 + static_cast<uint64_t>(i));
+    }
+  }
+
+  void Run() {
+    auto app = App::InitChain(genesis_);
+    if (!app.ok()) Die(std::string(app.status().message()));
+    app_ = *std::move(app);
+
+    pb::ShardSpec spec;
+    spec.set_run_spec_hash(ts::common::Sha256("bench run spec"));
+    spec.set_hardware_profile("h100-80g");
+    spec.set_min_nodes(1);
+    spec.set_max_nodes(kHosts);
+    spec.set_max_duration_blocks(1000);
+    spec.set_reservation_window_blocks(100);
+    spec.mutable_escrow()->set_denom("ngonka");
+    spec.mutable_escrow()->set_amount(std::to_string(kEscrow));
+    spec.mutable_artifact_quota()->set_bytes_max(1ull << 40);
+    spec.mutable_artifact_quota()->set_files_max(100000);
+    spec.mutable_reward_policy()->set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+    spec.mutable_reward_policy()->set_max_host_share_bps(100);
+    pb::MsgCreateTrainshardProposal create;
+    create.set_authority(app_->GovAddress());
+    create.set_creator(Addr(creator_));
+    *create.mutable_spec() = spec;
+    cosmos::gov::v1::MsgSubmitProposal proposal;
+    proposal.set_proposer(Addr(creator_));
+    proposal.set_title("bench shard");
+    *proposal.add_messages() = PackMsg(create);
+    auto* deposit = proposal.add_initial_deposit();
+    deposit->set_denom("ngonka");
+    deposit->set_amount("1");
+    Block({Sign(creator_, {PackMsg(proposal)})});
+    const uint64_t shard_id = 1;
+
+    // Votes by 700 hosts: quorum and majority. The proposal passes at the end of the next block.
+    std::vector<std::string> votes;
+    for (int i = 0; i < 700; ++i) {
+      cosmos::gov::v1::MsgVote vote;
+      vote.set_proposal_id(1);
+      vote.set_voter(Addr(hosts_[static_cast<size_t>(i)]));
+      vote.set_option(cosmos::gov::v1::VOTE_OPTION_YES);
+      votes.push_back(Sign(hosts_[static_cast<size_t>(i)], {PackMsg(vote)}));
+    }
+    Block(votes);
+    if (app_->GetShard(shard_id)->status() != pb::SHARD_STATUS_OPEN) Die("shard did not open");
+
+    std::vector<std::string> reservations;
+    for (const auto& host : hosts_) {
+      pb::Reservation r;
+      r.set_shard_id(shard_id);
+      r.set_host(Addr(host));
+      r.set_endpoint("10.1.2.3:7100");
+      r.set_tls_cert_sha256(ts::common::Sha256(Addr(host)));
+      r.set_valid_until_height(app_->height() + 50);
+      r.set_signature(
+          ts::common::SignStatement(host, "reservation", kChainId, shard_id, Canonical(r)).value());
+      pb::MsgReserveTrainshard msg;
+      *msg.mutable_reservation() = r;
+      reservations.push_back(Sign(host, {PackMsg(msg)}));
+    }
+    Block(reservations);
+    auto shard = app_->GetShard(shard_id);
+    if (shard->status() != pb::SHARD_STATUS_RUNNING || shard->reservations_size() != kHosts) {
+      Die("shard is not running with 1000 members");
+    }
+
+    pb::Settlement s;
+    s.set_chain_id(kChainId);
+    s.set_shard_id(shard_id);
+    s.set_final_checkpoint_root(ts::common::Sha256("final checkpoint"));
+    s.mutable_evaluation()->set_metric("eval_loss");
+    s.mutable_evaluation()->set_value_micro(1'234'567);
+    s.mutable_evaluation()->set_evaluators(kHosts);
+    for (const auto& host : hosts_) {
+      auto* payout = s.add_payouts();
+      payout->set_host(Addr(host));
+      payout->set_amount(std::to_string(kPayout));
+      payout->set_rounds_contributed(100);
+    }
+    s.set_refund(std::to_string(kEscrow - kPayout * kHosts));
+    s.set_rounds_completed(100);
+    pb::MsgSettleTrainshard settle;
+    settle.set_submitter(Addr(creator_));
+    *settle.mutable_settlement() = s;
+    const std::string canonical = Canonical(s);
+    for (const auto& host : hosts_) {
+      auto* sig = settle.add_signatures();
+      sig->set_host(Addr(host));
+      sig->set_signature(
+          ts::common::SignStatement(host, "settlement", kChainId, shard_id, canonical).value());
+    }
+    settle_tx_ = Sign(creator_, {PackMsg(settle)});
+    digest_ = ts::common::Sha256(
+        ts::common::SignBytes("settlement", kChainId, shard_id, canonical).value());
+    for (const auto& sig : settle.signatures()) signatures_.push_back(sig.signature());
+  }
+
+  const pb::Genesis& genesis() const { return genesis_; }
+  const App& app() const { return *app_; }
+  const std::string& settle_tx() const { return settle_tx_; }
+  // The settlement's signature digest and the 1,000 signatures (the peer measurement).
+  const std::string& digest() const { return digest_; }
+  const std::vector<std::string>& signatures() const { return signatures_; }
+
+ private:
+  std::string Sign(const PrivateKey& key, const std::vector<google::protobuf::Any>& msgs) {
+    auto account = app_->Account(Addr(key));
+    if (!account.ok()) Die(std::string(account.status().message()));
+    return BuildSignedTx(key, kChainId, account->first, account->second, msgs);
+  }
+
+  void Block(const std::vector<std::string>& txs) {
+    tendermint::types::Header header;
+    header.set_chain_id(kChainId);
+    header.set_height(app_->height() + 1);
+    auto outcome = app_->FinalizeBlock(header, txs);
+    if (!outcome.ok()) Die(std::string(outcome.status().message()));
+    for (const auto& result : outcome->results.tx_results()) {
+      if (result.code() != 0) Die("setup tx refused: " + result.raw_log());
+    }
+    app_->Commit();
+  }
+
+  PrivateKey creator_;
+  std::vector<PrivateKey> hosts_;
+  pb::Genesis genesis_;
+  std::unique_ptr<App> app_;
+  std::string settle_tx_;
+  std::string digest_;
+  std::vector<std::string> signatures_;
+};
+
+// CPU time of this thread: on a loaded shared machine it shows the work apart from waiting.
+double ThreadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  };
+  std::printf("settlement_bench: setting up %d hosts, reservations and signatures...\n", kHosts);
+  auto setup_start = Clock::now();
+  Setup setup;
+  setup.Run();
+  std::printf("setup: %.0f ms; settle tx %zu bytes\n", ms_since(setup_start),
+              setup.settle_tx().size());
+
+  const App& base = setup.app();
+  tendermint::types::Header header;
+  header.set_chain_id(kChainId);
+  header.set_height(base.height() + 1);
+  std::vector<double> total_ms, total_cpu_ms, check_cpu_ms, recover_cpu_ms, check_ms, finalize_ms,
+      cold_ms, recover_ms;
+  std::string expected_hash;
+  for (int rep = 0; rep < kRepetitions; ++rep) {
+    auto app = App::Restore(setup.genesis(), base.state(), base.height(), base.app_hash());
+    if (!app.ok()) Die(std::string(app.status().message()));
+    auto start = Clock::now();
+    double cpu_start = ThreadCpuMs();
+    auto checked = (*app)->CheckTx(setup.settle_tx());
+    double check = ms_since(start);
+    if (checked.code() != 0) Die("CheckTx refused the settlement: " + checked.raw_log());
+    double check_cpu = ThreadCpuMs() - cpu_start;
+    auto finalize_start = Clock::now();
+    auto outcome = (*app)->FinalizeBlock(header, {setup.settle_tx()});
+    double finalize = ms_since(finalize_start);
+    double total = ms_since(start);
+    double total_cpu = ThreadCpuMs() - cpu_start;
+    if (!outcome.ok() || outcome->results.tx_results(0).code() != 0) {
+      Die("FinalizeBlock refused the settlement");
+    }
+    if ((*app)->GetShard(1)->status() != pb::SHARD_STATUS_SETTLED) Die("shard not settled");
+    if (expected_hash.empty()) expected_hash = (*app)->app_hash();
+    if ((*app)->app_hash() != expected_hash) Die("app hash differs between repetitions");
+    check_ms.push_back(check);
+    finalize_ms.push_back(finalize);
+    total_ms.push_back(total);
+    total_cpu_ms.push_back(total_cpu);
+    check_cpu_ms.push_back(check_cpu);
+
+    // The same block on a node that never saw the tx in CheckTx (no remembered recoveries).
+    auto cold = App::Restore(setup.genesis(), base.state(), base.height(), base.app_hash());
+    auto cold_start = Clock::now();
+    auto cold_outcome = (*cold)->FinalizeBlock(header, {setup.settle_tx()});
+    cold_ms.push_back(ms_since(cold_start));
+    if (!cold_outcome.ok() || (*cold)->app_hash() != expected_hash) Die("cold replay differs");
+
+    // Peer in the same run: the bare public-key recoveries the settlement needs.
+    auto recover_start = Clock::now();
+    double recover_cpu_start = ThreadCpuMs();
+    for (const auto& sig : setup.signatures()) {
+      if (!ts::common::RecoverPublicKey(setup.digest(), sig).ok()) Die("recover failed");
+    }
+    recover_ms.push_back(ms_since(recover_start));
+    recover_cpu_ms.push_back(ThreadCpuMs() - recover_cpu_start);
+    std::printf(
+        "rep %d: CheckTx %.2f ms + FinalizeBlock %.2f ms = %.2f ms (cpu %.2f ms); cold "
+        "FinalizeBlock %.2f ms; %d bare recoveries %.2f ms (cpu %.2f ms, CheckTx cpu %.2f ms)\n",
+        rep + 1, check, finalize, total, total_cpu, cold_ms.back(), kHosts, recover_ms.back(),
+        recover_cpu_ms.back(), check_cpu);
+  }
+  double median = Median(total_ms);
+  double per_signature = median / kHosts;
+  double ratio = median / kTargetMs;
+  double recover = Median(recover_ms);
+  std::printf(
+      "median CheckTx + FinalizeBlock: %.2f ms wall, %.2f ms cpu (CheckTx %.2f, "
+      "FinalizeBlock %.2f)\n",
+      median, Median(total_cpu_ms), Median(check_ms), Median(finalize_ms));
+  std::printf("per signature: %.4f ms; target %.0f ms; ratio to target %.3f (%s)\n", per_signature,
+              kTargetMs, ratio, ratio <= 1.0 ? "within target" : "over target");
+  std::printf("median cold FinalizeBlock (no prior CheckTx): %.2f ms\n", Median(cold_ms));
+  double recover_cpu = Median(recover_cpu_ms);
+  std::printf(
+      "peer: %d bare secp256k1 recoveries %.2f ms wall, %.2f ms cpu; CheckTx + FinalizeBlock = "
+      "%.2fx that in cpu time\n",
+      kHosts, recover, recover_cpu, Median(total_cpu_ms) / recover_cpu);
+  std::printf(
+      "{\"bench\":\"settlement_verify_apply\",\"signatures\":%d,\"median_ms\":%.3f,"
+      "\"median_cpu_ms\":%.3f,\"check_tx_ms\":%.3f,\"finalize_block_ms\":%.3f,"
+      "\"cold_finalize_block_ms\":%.3f,\"bare_recover_ms\":%.3f,"
+      "\"bare_recover_cpu_ms\":%.3f,\"ms_per_signature\":%.5f,\"target_ms\":%.0f,"
+      "\"ratio\":%.4f}\n",
+      kHosts, median, Median(total_cpu_ms), Median(check_ms), Median(finalize_ms), Median(cold_ms),
+      recover, recover_cpu, per_signature, kTargetMs, ratio);
+  return 0;
+}
