@@ -1,0 +1,118 @@
+#include "sidecar/cli/output.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/hex.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace ts::sidecar {
+
+std::string ProtoToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  // Serializing a message we hold cannot fail unless an Any carries an unknown type; show that
+  // as an error document rather than abort.
+  if (!status.ok()) {
+    nlohmann::json error = {{"error", std::string(status.message())}};
+    return error.dump();
+  }
+  return json;
+}
+
+nlohmann::json ProtoToJsonValue(const google::protobuf::Message& message) {
+  return nlohmann::json::parse(ProtoToJson(message), /*cb=*/nullptr, /*allow_exceptions=*/false);
+}
+
+nlohmann::json EventToJson(int64_t height, uint32_t index, const tendermint::abci::Event& event) {
+  nlohmann::json attributes = nlohmann::json::object();
+  for (const auto& attribute : event.attributes()) {
+    attributes[attribute.key()] = attribute.value();
+  }
+  return nlohmann::json{{"height", std::to_string(height)},
+                        {"index", index},
+                        {"type", event.type()},
+                        {"attributes", std::move(attributes)}};
+}
+
+std::string ShortEnumName(const std::string& full_name, const std::string& prefix) {
+  std::string name = full_name;
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name;
+}
+
+std::string EventAttribute(const tendermint::abci::Event& event, const std::string& key) {
+  for (const auto& attribute : event.attributes()) {
+    if (attribute.key() == key) return attribute.value();
+  }
+  return "";
+}
+
+void PrintKeyValues(std::ostream& out, const KeyValues& lines) {
+  size_t width = 0;
+  for (const auto& [key, value] : lines) width = std::max(width, key.size());
+  for (const auto& [key, value] : lines) {
+    out << key << ":" << std::string(width - key.size() + 1, ' ') << value << "\n";
+  }
+}
+
+void PrintTable(std::ostream& out, const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths(header.size(), 0);
+  auto measure = [&](const std::vector<std::string>& row) {
+    for (size_t i = 0; i < row.size() && i < widths.size(); ++i) {
+      widths[i] = std::max(widths[i], row[i].size());
+    }
+  };
+  measure(header);
+  for (const auto& row : rows) measure(row);
+  auto print = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t i = 0; i < row.size() && i < widths.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  };
+  print(header);
+  for (const auto& row : rows) print(row);
+}
+
+std::string EventLine(int64_t height, uint32_t index, const tendermint::abci::Event& event) {
+  std::string line = absl::StrCat(height, "  ", index, "  ", event.type());
+  for (const auto& attribute : event.attributes()) {
+    absl::StrAppend(&line, "  ", attribute.key(), "=", attribute.value());
+  }
+  return line;
+}
+
+void PrintSettlement(std::ostream& out, const gonka::trainshard::v1::Settlement& s) {
+  KeyValues lines = {
+      {"shard_id", std::to_string(s.shard_id())},
+      {"chain_id", s.chain_id()},
+      {"final_checkpoint_root", common::HexEncode(s.final_checkpoint_root())},
+      {"rounds_completed", std::to_string(s.rounds_completed())},
+      {"refund", s.refund()},
+  };
+  if (s.has_evaluation()) {
+    lines.emplace_back("evaluation", absl::StrCat(s.evaluation().metric(), " = ",
+                                                  s.evaluation().value_micro(), " (micro)"));
+  }
+  PrintKeyValues(out, lines);
+  if (s.payouts_size() > 0) {
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& p : s.payouts()) {
+      rows.push_back({p.host(), p.amount(), std::to_string(p.rounds_contributed())});
+    }
+    out << "\n";
+    PrintTable(out, {"HOST", "PAYOUT", "ROUNDS"}, rows);
+  }
+}
+
+}  // namespace ts::sidecar

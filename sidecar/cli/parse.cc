@@ -1,0 +1,225 @@
+#include "sidecar/cli/parse.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/amount.h"
+#include "common/crypto/bech32.h"
+#include "common/hex.h"
+
+namespace ts::sidecar {
+namespace pb = ::gonka::trainshard::v1;
+namespace {
+
+// Values are quoted and cut, so a long or odd value cannot flood the terminal.
+std::string Quote(const std::string& text) {
+  constexpr size_t kShownMax = 120;
+  std::string shown = text.size() > kShownMax ? text.substr(0, kShownMax) + "..." : text;
+  return absl::StrCat("\"", shown, "\"");
+}
+
+absl::Status Bad(const std::string& flag, const std::string& text, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, " ", Quote(text), ": ", why));
+}
+
+absl::StatusOr<AddressValue> ParsePair(const std::string& flag, const std::string& text,
+                                       const std::string& shape, const std::string& what) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size()) {
+    return Bad(flag, text, absl::StrCat("expected ", shape));
+  }
+  AddressValue result;
+  result.address = text.substr(0, eq);
+  auto id = common::ParseAddress("address", result.address);
+  if (!id.ok()) return Bad(flag, text, std::string(id.status().message()));
+  auto value = common::ParseAmount(what, text.substr(eq + 1));
+  if (!value.ok()) return Bad(flag, text, std::string(value.status().message()));
+  result.value = *value;
+  return result;
+}
+
+absl::StatusOr<std::vector<AddressValue>> ParsePairs(
+    const std::string& flag, const std::vector<std::string>& texts,
+    absl::StatusOr<AddressValue> (*parse)(const std::string&, const std::string&)) {
+  if (texts.size() > kFlagValuesMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", texts.size(), " values is more than ", kFlagValuesMax));
+  }
+  std::vector<AddressValue> result;
+  std::set<std::string> seen;
+  for (const auto& text : texts) {
+    auto pair = parse(flag, text);
+    if (!pair.ok()) return pair.status();
+    if (!seen.insert(pair->address).second) {
+      return Bad(flag, text, absl::StrCat("address ", pair->address, " is given twice"));
+    }
+    result.push_back(*std::move(pair));
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<AddressValue> ParseAddressAmount(const std::string& flag, const std::string& text) {
+  return ParsePair(flag, text, "ADDR=AMOUNT", "amount");
+}
+
+absl::StatusOr<AddressValue> ParseAddressWeight(const std::string& flag, const std::string& text) {
+  return ParsePair(flag, text, "ADDR=WEIGHT", "weight");
+}
+
+absl::StatusOr<std::vector<AddressValue>> ParseAddressAmounts(
+    const std::string& flag, const std::vector<std::string>& texts) {
+  return ParsePairs(flag, texts, &ParseAddressAmount);
+}
+
+absl::StatusOr<std::vector<AddressValue>> ParseAddressWeights(
+    const std::string& flag, const std::vector<std::string>& texts) {
+  return ParsePairs(flag, texts, &ParseAddressWeight);
+}
+
+absl::StatusOr<std::string> ParseAccountAddress(const std::string& flag, const std::string& text) {
+  auto id = common::ParseAddress("address", text);
+  if (!id.ok()) return Bad(flag, text, std::string(id.status().message()));
+  return text;
+}
+
+absl::StatusOr<uint64_t> ParseAmountFlag(const std::string& flag, const std::string& text) {
+  auto value = common::ParseAmount("amount", text);
+  if (!value.ok()) return Bad(flag, text, std::string(value.status().message()));
+  return *value;
+}
+
+absl::StatusOr<std::string> ParseHex32(const std::string& flag, const std::string& text) {
+  if (text.size() != 64) {
+    return Bad(flag, text, absl::StrCat("expected 64 hex characters, found ", text.size()));
+  }
+  auto bytes = common::HexDecode(text);
+  if (!bytes.ok()) return Bad(flag, text, "not hexadecimal");
+  return *std::move(bytes);
+}
+
+namespace {
+
+absl::StatusOr<std::string> ParseHostPort(const std::string& flag, const std::string& text,
+                                          bool allow_port_zero) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    return Bad(flag, text, "expected HOST:PORT");
+  }
+  std::string host = text.substr(0, colon);
+  if (host.front() == '[' && host.back() != ']') return Bad(flag, text, "unclosed '[' in host");
+  if (host.front() != '[' && host.find(':') != std::string::npos) {
+    return Bad(flag, text, "an IPv6 host must be written in brackets, [::1]:PORT");
+  }
+  for (char c : host) {
+    if (c <= ' ' || c == '/' || c == ',' || c == '@') return Bad(flag, text, "invalid host");
+  }
+  std::string port = text.substr(colon + 1);
+  if (port.size() > 5) return Bad(flag, text, "port is too long");
+  uint32_t number = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') return Bad(flag, text, "port is not a number");
+    number = number * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if ((number == 0 && !allow_port_zero) || number > 65535) {
+    return Bad(flag, text, allow_port_zero ? "port is not in 0..65535" : "port is not in 1..65535");
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ParseEndpoint(const std::string& flag, const std::string& text) {
+  return ParseHostPort(flag, text, /*allow_port_zero=*/false);
+}
+
+absl::StatusOr<std::string> ParseListenAddress(const std::string& flag, const std::string& text) {
+  return ParseHostPort(flag, text, /*allow_port_zero=*/true);
+}
+
+absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& flag,
+                                                           const std::string& text) {
+  std::vector<std::string> items = absl::StrSplit(text, ',');
+  if (items.size() > kFlagValuesMax) {
+    return Bad(flag, text, absl::StrCat(items.size(), " entries is more than ", kFlagValuesMax));
+  }
+  std::vector<std::string> result;
+  std::set<std::string> seen;
+  for (const auto& item : items) {
+    if (item.empty()) return Bad(flag, text, "empty entry");
+    auto endpoint = ParseEndpoint(flag, item);
+    if (!endpoint.ok()) return endpoint.status();
+    if (!seen.insert(item).second) return Bad(flag, text, absl::StrCat(item, " is given twice"));
+    result.push_back(item);
+  }
+  return result;
+}
+
+absl::StatusOr<pb::ShardStatus> ParseShardStatus(const std::string& flag, const std::string& text) {
+  static const std::pair<const char*, pb::ShardStatus> kNames[] = {
+      {"proposed", pb::SHARD_STATUS_PROPOSED}, {"open", pb::SHARD_STATUS_OPEN},
+      {"running", pb::SHARD_STATUS_RUNNING},   {"settled", pb::SHARD_STATUS_SETTLED},
+      {"expired", pb::SHARD_STATUS_EXPIRED},   {"rejected", pb::SHARD_STATUS_REJECTED},
+  };
+  for (const auto& [name, status] : kNames) {
+    if (text == name) return status;
+  }
+  return Bad(flag, text, "expected one of proposed|open|running|settled|expired|rejected");
+}
+
+absl::StatusOr<cosmos::gov::v1::VoteOption> ParseVoteOption(const std::string& flag,
+                                                            const std::string& text) {
+  if (text == "yes") return cosmos::gov::v1::VOTE_OPTION_YES;
+  if (text == "no") return cosmos::gov::v1::VOTE_OPTION_NO;
+  if (text == "abstain") return cosmos::gov::v1::VOTE_OPTION_ABSTAIN;
+  if (text == "veto") return cosmos::gov::v1::VOTE_OPTION_NO_WITH_VETO;
+  return Bad(flag, text, "expected one of yes|no|abstain|veto");
+}
+
+absl::StatusOr<std::string> ReadInputFile(const std::string& flag, const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    int err = errno;
+    std::string message = absl::StrCat(flag, " ", Quote(path), ": ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(message);
+    if (err == EACCES) return absl::PermissionDeniedError(message);
+    return absl::FailedPreconditionError(message);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, " ", Quote(path), ": not a regular file"));
+  }
+  std::string content;
+  char buffer[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(flag, " ", Quote(path), ": ", std::strerror(err)));
+    }
+    if (n == 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+    if (content.size() > kInputFileBytesMax) {
+      ::close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(flag, " ", Quote(path), ": larger than ", kInputFileBytesMax, " bytes"));
+    }
+  }
+  ::close(fd);
+  return content;
+}
+
+}  // namespace ts::sidecar
