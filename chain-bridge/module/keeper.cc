@@ -1,6 +1,7 @@
 #include "chain-bridge/module/keeper.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -1001,6 +1002,8 @@ absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
 
   // Payouts: members only, once each, within the per-host share, adding up to the escrow.
   std::set<std::string_view> payees;
+  // Frozen weights of the members looked up so far, so the signature pass reads each once.
+  std::map<std::string_view, uint64_t> member_weights;
   std::vector<uint64_t> amounts;
   u128 paid = 0;
   for (int i = 0; i < s.payouts_size(); ++i) {
@@ -1011,6 +1014,7 @@ absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
       return Invalid(Cat(field, ".host"), "'", payout.host().substr(0, 128),
                      "' is not a member of shard ", shard.id());
     }
+    member_weights.emplace(payout.host(), member->frozen_weight());
     if (!payees.insert(payout.host()).second) {
       return Invalid(Cat(field, ".host"), payout.host(), " is paid twice");
     }
@@ -1048,10 +1052,17 @@ absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
   u128 signed_weight = 0;
   for (int i = 0; i < msg.signatures_size(); ++i) {
     const auto& sig = msg.signatures(i);
-    TS_ASSIGN_OR_RETURN(auto member, GetMember(shard.id(), sig.host()));
-    if (!member.has_value()) {
-      return absl::PermissionDeniedError(
-          Cat("signer ", sig.host().substr(0, 128), " is not a member of shard ", shard.id()));
+    auto known = member_weights.find(sig.host());
+    uint64_t weight = 0;
+    if (known != member_weights.end()) {
+      weight = known->second;
+    } else {
+      TS_ASSIGN_OR_RETURN(auto member, GetMember(shard.id(), sig.host()));
+      if (!member.has_value()) {
+        return absl::PermissionDeniedError(
+            Cat("signer ", sig.host().substr(0, 128), " is not a member of shard ", shard.id()));
+      }
+      weight = member->frozen_weight();
     }
     if (!counted.insert(sig.host()).second) {
       return Invalid(Cat("signatures[", i, "]"), "host ", sig.host(), " counted twice");
@@ -1064,7 +1075,7 @@ absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
     if (!recovered.ok() || *recovered != sig.host()) {
       return absl::UnauthenticatedError(Cat("signature of ", sig.host(), " does not verify"));
     }
-    signed_weight += member->frozen_weight();
+    signed_weight += weight;
   }
   if (signed_weight * 3 <= u128{shard.total_weight()} * 2) {
     return absl::FailedPreconditionError(Cat("signed weight ", U128ToString(signed_weight),
