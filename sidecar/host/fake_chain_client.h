@@ -216,7 +216,9 @@ class FakeChainClient final : public bridge::ChainClient {
     std::string hash = bridge::TxHash(tx_bytes);
     TxResponse r;
     r.set_txhash(hash);
-    if (included_.count(hash) != 0 || mempool_.count(hash) != 0) {
+    bool in_mempool = false;
+    for (const auto& [h, b] : mempool_) in_mempool = in_mempool || h == hash;
+    if (included_.count(hash) != 0 || in_mempool) {
       r.set_code(19);
       r.set_codespace("sdk");
       r.set_raw_log("tx already in mempool");

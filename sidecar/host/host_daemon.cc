@@ -51,8 +51,16 @@ absl::Status HostDaemon::Run(std::function<void(HostCore&)> fn, absl::Time deadl
                         deadline);
   if (c->done) return absl::OkStatus();
   if (c->abandoned) return absl::UnavailableError("the host sidecar is shutting down");
-  // Not finished in time. If it has not started, make sure it never does.
+  // Not finished in time. If it has not started, it never will, and leaves the queue now.
   c->abandoned = true;
+  if (!c->started) {
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->get() == c) {
+        queue_.erase(it);
+        break;
+      }
+    }
+  }
   return absl::DeadlineExceededError(c->started ? "the host did not finish in time"
                                                 : "the host was busy; the command did not run");
 }

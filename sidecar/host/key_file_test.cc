@@ -1,1 +1,84 @@
+#include "sidecar/host/key_file.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include <gtest/gtest.h>
+
+#include "common/hex.h"
+
+namespace ts::sidecar {
+namespace {
+
+class KeyFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir_template[] = "/tmp/ts-keyfile-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  std::string Write(const std::string& name, const std::string& content, mode_t mode) {
+    std::string path = dir_ + "/" + name;
+    {
+      std::ofstream out(path, std::ios::binary);
+      out << content;
+    }
+    chmod(path.c_str(), mode);
+    return path;
+  }
+
+  std::string dir_;
+};
+
+const std::string kSecretHex(64, '1');  // 0x1111...11, a valid scalar
+
+TEST_F(KeyFileTest, LoadsOwnerOnlyFile) {
+  for (mode_t mode : {0600, 0400}) {
+    std::string path = Write("k" + std::to_string(mode), kSecretHex + "\n", mode);
+    auto key = LoadKeyFile(path);
+    ASSERT_TRUE(key.ok()) << key.status();
+    EXPECT_EQ(common::HexEncode(key->secret()), kSecretHex);
+  }
+  // No trailing newline is fine too.
+  EXPECT_TRUE(LoadKeyFile(Write("nonl", kSecretHex, 0600)).ok());
+}
+
+TEST_F(KeyFileTest, RefusesGroupOrOtherAccessNamingFileAndMode) {
+  for (mode_t mode : {0640, 0604, 0660, 0644, 0610}) {
+    std::string path = Write("open", kSecretHex + "\n", mode);
+    auto key = LoadKeyFile(path);
+    ASSERT_FALSE(key.ok()) << std::oct << mode;
+    EXPECT_EQ(key.status().code(), absl::StatusCode::kPermissionDenied);
+    char mode_text[8];
+    snprintf(mode_text, sizeof(mode_text), "%04o", static_cast<unsigned>(mode));
+    EXPECT_NE(key.status().message().find(mode_text), absl::string_view::npos)
+        << key.status().message();
+    EXPECT_NE(key.status().message().find(path), absl::string_view::npos);
+  }
+}
+
+TEST_F(KeyFileTest, RefusesMalformedContent) {
+  for (const std::string& content :
+       {std::string(""), std::string(63, 'a'), std::string(66, 'a'), std::string(64, 'g'),
+        std::string(64, '0'), kSecretHex + "\n\n", std::string(1000, 'a')}) {
+    auto key = LoadKeyFile(Write("bad", content, 0600));
+    ASSERT_FALSE(key.ok()) << content;
+    EXPECT_EQ(key.status().code(), absl::StatusCode::kInvalidArgument) << content;
+  }
+}
+
+TEST_F(KeyFileTest, MissingAndDirectory) {
+  EXPECT_EQ(LoadKeyFile(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
+  std::string sub = dir_ + "/sub";
+  mkdir(sub.c_str(), 0700);
+  EXPECT_EQ(LoadKeyFile(sub).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ts::sidecar
