@@ -188,9 +188,10 @@ int Main(int argc, char** argv) {
   }
   common::Log(common::LogLevel::kInfo, kComponent, "shutting down",
               {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
-  // In-flight RPCs get a moment to finish; the owner thread then stops after its current step
-  // (every step leaves the records consistent, as a SIGKILL would).
-  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  // In-flight RPCs get a moment to finish (gRPC also waits this long for idle client
+  // connections to go); the owner thread then stops after its current command or step, each of
+  // which leaves the records consistent, as a SIGKILL would.
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   daemon.Stop();
   common::Log(common::LogLevel::kInfo, kComponent, "stopped");
   return 0;
