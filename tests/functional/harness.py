@@ -174,6 +174,9 @@ class Network:
         self.host_weights = host_weights
         self.keys = {}
         self.devnet_port = free_port()
+        # While nodes are being killed, a CLI call that cannot reach them (exit 3) is retried
+        # for this long.
+        self.retry_unreachable_s = 0
 
     # -- CLI -----------------------------------------------------------------------------------
     def cli(self, *args, key=None, check=True, json_out=True, timeout=60):
@@ -185,7 +188,12 @@ class Network:
         if json_out:
             cmd += ["--json"]
         cmd += list(args)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        deadline = time.monotonic() + self.retry_unreachable_s
+        while True:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if r.returncode != 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if check and r.returncode != 0:
             raise CommandError(cmd, r.returncode, r.stdout, r.stderr)
         if not json_out:

@@ -82,47 +82,68 @@ class CrashTest(unittest.TestCase):
         self.seed = int(os.environ.get("TS_CRASH_SEED", str(int(time.time()))))
         print(f"crash test seed {self.seed}", flush=True)
         self.rng = random.Random(self.seed)
-        self.net = harness.Network(block_interval_ms=100, voting_period=4,
+        self.net = harness.Network(block_interval_ms=100, voting_period=20,
                                    keep=bool(os.environ.get("TS_KEEP")))
         self.net.init()
         self.net.start_devnet()
         self.net.add_hosts()
+        self.net.retry_unreachable_s = 60
 
     def tearDown(self):
         self.net.cleanup()
 
     def drive_shard(self, i, observed):
+        """Runs one shard from proposal to settlement; returns its id. A proposal whose votes
+        were lost in a crash (the mempool is not persisted) can be rejected: then it proposes
+        again under a new escrow amount."""
+        for attempt in range(5):
+            sid = self.open_shard(30000 + 10 * i + attempt)
+            if sid is not None:
+                break
+        else:
+            self.fail(f"shard {i}: five proposals in a row were rejected")
+        return self.settle_shard(i, sid, observed)
+
+    def open_shard(self, escrow):
+        """Proposes a shard escrowing `escrow`, votes it through; returns its id once RUNNING, or
+        None if it was rejected."""
         net = self.net
-        spec = net.write_spec(f"crash-{i}", min_nodes=3, max_nodes=3, escrow=30000 + i,
+        spec = net.write_spec(f"crash-{escrow}", min_nodes=3, max_nodes=3, escrow=escrow,
                               max_duration=100000, window=100000)
 
         def find_shard():
             # The submit may have landed even if its answer was lost in a crash: look first.
             shards = net.cli("shard", "list")["shards"]
-            mine = [s for s in shards if s["spec"]["escrow"]["amount"] == str(30000 + i)]
+            mine = [s for s in shards if s["spec"]["escrow"]["amount"] == str(escrow)]
             return mine[0]["id"] if mine else None
 
-        sid = retry(find_shard, "list shards")
-        if sid is None:
-            def submit():
-                sid = find_shard()
-                if sid:
-                    return sid
-                return net.cli("proposal", "submit", "--spec", spec, "--deposit", "1000",
-                               "--wait", key="creator")["shard_id"]
-            sid = retry(submit, "submit")
+        def submit():
+            return find_shard() or net.cli("proposal", "submit", "--spec", spec, "--deposit",
+                                           "1000", "--wait", key="creator")["shard_id"]
+        sid = retry(submit, f"submit escrow {escrow}")
 
         def vote_all():
             pid = net.shard(sid)["proposal_id"]
             for v in ("host1", "host2", "host3"):
                 if net.shard(sid)["status"] != "SHARD_STATUS_PROPOSED":
                     break
-                net.cli("proposal", "vote", "--id", pid, "--option", "yes", key=v)
+                net.cli("proposal", "vote", "--id", pid, "--option", "yes", "--wait", key=v)
             return True
         retry(vote_all, f"vote on shard {sid}")
-        retry(lambda: expect_status(net, sid, "SHARD_STATUS_RUNNING"), f"shard {sid} running",
-              timeout_s=120)
-        observed.append((net.height(), net.cli("chain", "status")["app_hash"]))
+
+        def running_or_rejected():
+            now = net.shard(sid)["status"]
+            if now in ("SHARD_STATUS_RUNNING", "SHARD_STATUS_REJECTED"):
+                return now
+            raise ValueError(f"shard {sid} is {now}")
+        if retry(running_or_rejected, f"shard {sid} running", 120) == "SHARD_STATUS_REJECTED":
+            return None
+        return sid
+
+    def settle_shard(self, i, sid, observed):
+        net = self.net
+        status = net.cli("chain", "status")
+        observed.append((int(status["latest_height"]), status["app_hash"]))
 
         shard = net.shard(sid)
         payouts = []
