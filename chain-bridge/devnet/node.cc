@@ -151,6 +151,7 @@ absl::StatusOr<pb::Genesis> ReadGenesis(const std::string& home) {
 
 struct DevnetNode::Impl final : public devnet::Backend {
   struct MempoolTx {
+    uint64_t seq = 0;  // arrival number: its key in the mempool table
     std::string hash;  // 32-byte SHA-256
     std::string bytes;
   };
@@ -167,6 +168,7 @@ struct DevnetNode::Impl final : public devnet::Backend {
   std::unique_ptr<App> app ABSL_GUARDED_BY(mu);
   std::deque<MempoolTx> mempool ABSL_GUARDED_BY(mu);
   std::unordered_set<std::string> mempool_hashes ABSL_GUARDED_BY(mu);
+  uint64_t next_mempool_seq ABSL_GUARDED_BY(mu) = 0;
   // Header of the latest block (unset at height 0).
   std::optional<tendermint::types::Header> last_header ABSL_GUARDED_BY(mu);
   // Set when a block could not be executed or persisted: the in-memory App may be ahead of the
@@ -222,8 +224,19 @@ struct DevnetNode::Impl final : public devnet::Backend {
       ++stats.check_txs;
       if (check.txhash().empty()) check.set_txhash(TxHash(tx_bytes));
       if (check.code() == 0) {
+        // An accepted tx survives a crash of the process: the write reaches RocksDB's log in
+        // the kernel's page cache (not synced: a power loss may drop it, as it drops a mempool
+        // in CometBFT). The next block's synced batch makes it durable.
+        const uint64_t seq = next_mempool_seq++;
+        state::WriteBatch batch;
+        batch.Put(devnet::kMempoolTable, state::EncodeU64Key(seq), tx_bytes);
+        absl::Status written = db->Write(batch, /*sync=*/false);
+        if (!written.ok()) {
+          common::Log(common::LogLevel::kWarn, kComponent, "mempool tx not stored",
+                      {{"error", written.ToString()}});
+        }
         mempool_hashes.insert(hash);
-        mempool.push_back(MempoolTx{hash, std::move(tx_bytes)});
+        mempool.push_back(MempoolTx{seq, hash, std::move(tx_bytes)});
       }
     }
     if (mode != cosmos::tx::v1beta1::BROADCAST_MODE_BLOCK || check.code() != 0) return check;
@@ -320,6 +333,50 @@ struct DevnetNode::Impl final : public devnet::Backend {
     fn(*app);
   }
 
+  // Runs CheckTx over the mempool in arrival order, in one pass (linear in its size), and drops
+  // what fails from memory and from the mempool table.
+  void RecheckMempool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::deque<MempoolTx> kept;
+    state::WriteBatch dropped;
+    for (MempoolTx& tx : mempool) {
+      if (kept.size() < options.mempool_max_txs && app->CheckTx(tx.bytes).code() == 0) {
+        kept.push_back(std::move(tx));
+      } else {
+        mempool_hashes.erase(tx.hash);
+        dropped.Delete(devnet::kMempoolTable, state::EncodeU64Key(tx.seq));
+      }
+    }
+    mempool.swap(kept);
+    if (dropped.size() > 0) {
+      absl::Status s = db->Write(dropped, /*sync=*/false);
+      if (!s.ok()) {
+        // Harmless: the next restart's recheck drops them again.
+        common::Log(common::LogLevel::kWarn, kComponent, "dropping mempool rows failed",
+                    {{"error", s.ToString()}});
+      }
+    }
+  }
+
+  // Reloads the txs accepted before a restart, oldest first, and rechecks them.
+  absl::Status LoadMempool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    state::WriteBatch stray;
+    TS_RETURN_IF_ERROR(
+        db->Scan(devnet::kMempoolTable, "", [&](std::string_view key, std::string_view value) {
+          std::string hash = common::Sha256(value);
+          if (key.size() != 8 || !mempool_hashes.insert(hash).second) {
+            stray.Delete(devnet::kMempoolTable, key);  // not a row this code keeps
+            return true;
+          }
+          const uint64_t seq = state::DecodeU64Key(key);
+          next_mempool_seq = std::max(next_mempool_seq, seq + 1);
+          mempool.push_back(MempoolTx{seq, std::move(hash), std::string(value)});
+          return true;
+        }));
+    if (stray.size() > 0) TS_RETURN_IF_ERROR(db->Write(stray, /*sync=*/false));
+    RecheckMempool();
+    return absl::OkStatus();
+  }
+
   // --- Block production ------------------------------------------------------------------------
 
   void ProducerLoop() {
@@ -348,12 +405,14 @@ struct DevnetNode::Impl final : public devnet::Backend {
     const absl::Time block_start = absl::Now();
     std::vector<std::string> txs;
     std::vector<std::string> hashes;
+    std::vector<uint64_t> seqs;
     size_t bytes = 0;
     while (!mempool.empty() && txs.size() < options.max_block_txs) {
       MempoolTx& next = mempool.front();
       if (!txs.empty() && bytes + next.bytes.size() > options.max_block_bytes) break;
       bytes += next.bytes.size();
       mempool_hashes.erase(next.hash);
+      seqs.push_back(next.seq);
       hashes.push_back(std::move(next.hash));
       txs.push_back(std::move(next.bytes));
       mempool.pop_front();
@@ -394,6 +453,7 @@ struct DevnetNode::Impl final : public devnet::Backend {
                    *stored);
     for (uint32_t i = 0; i < hashes.size(); ++i) {
       batch.Put(devnet::kTxsTable, hashes[i], devnet::EncodeTxLocation({height, i}));
+      batch.Delete(devnet::kMempoolTable, state::EncodeU64Key(seqs[i]));
     }
     batch.Put(devnet::kMetaTable, devnet::kMetaLatestHeight,
               state::EncodeU64Key(static_cast<uint64_t>(height)));
@@ -407,15 +467,7 @@ struct DevnetNode::Impl final : public devnet::Backend {
 
     // Recheck what is left against the new state, in arrival order; one pass, so the cost is
     // linear in the mempool.
-    std::deque<MempoolTx> kept;
-    for (MempoolTx& tx : mempool) {
-      if (app->CheckTx(tx.bytes).code() == 0) {
-        kept.push_back(std::move(tx));
-      } else {
-        mempool_hashes.erase(tx.hash);
-      }
-    }
-    mempool.swap(kept);
+    RecheckMempool();
     const absl::Time done = absl::Now();
     ++stats.blocks;
     stats.block_txs += static_cast<int64_t>(hashes.size());
@@ -501,6 +553,7 @@ absl::StatusOr<std::unique_ptr<DevnetNode>> DevnetNode::Open(const std::string& 
     absl::MutexLock lock(&impl->mu);
     impl->app = std::move(app);
     impl->last_header = std::move(last_header);
+    TS_RETURN_IF_ERROR(impl->LoadMempool());
   }
   return std::unique_ptr<DevnetNode>(new DevnetNode(std::move(impl)));
 }

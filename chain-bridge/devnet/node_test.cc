@@ -218,6 +218,43 @@ TEST_F(DevnetTest, RestartResumesAtLastHeightWithSameAppHash) {
   EXPECT_TRUE(report->ok()) << report->mismatch;
 }
 
+TEST_F(DevnetTest, AcceptedTxSurvivesRestartBeforeItsBlock) {
+  DevnetOptions slow;
+  slow.block_interval_ms = 60'000;  // no block before the restart
+  StartNode(slow);
+  std::string tx = Signed(2, 0, Send(2, 3, 600));
+  std::string second = Signed(4, 0, Send(4, 3, 1));
+  ASSERT_EQ(client_->BroadcastRaw(tx)->code(), 0u);
+  ASSERT_EQ(client_->BroadcastRaw(second)->code(), 0u);
+  EXPECT_EQ(node_->mempool_size(), 2u);
+  StopNode();
+
+  StartNode(slow);
+  EXPECT_EQ(node_->mempool_size(), 2u);
+  StopNode();
+
+  StartNode();
+  auto found = [&](const std::string& bytes) {
+    absl::StatusOr<TxResponse> r;
+    for (int i = 0; i < 500; ++i) {
+      r = client_->GetTx(TxHash(bytes));
+      if (r.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return r;
+  };
+  auto r = found(tx);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code(), 0u);
+  EXPECT_TRUE(found(second).ok());
+  EXPECT_EQ(*client_->Balance(Addr(3)), kInitialBalance + 601);
+  EXPECT_EQ(node_->mempool_size(), 0u);
+  // Included txs leave the mempool table too: another restart brings nothing back.
+  StopNode();
+  StartNode(slow);
+  EXPECT_EQ(node_->mempool_size(), 0u);
+}
+
 TEST_F(DevnetTest, ForgedSignatureRefusedAndStateUnchanged) {
   StartNode();
   std::string tx = Signed(3, 0, Send(3, 4, 500));
@@ -523,7 +560,7 @@ TEST(DevnetCrashTest, KillNineLeavesAConsistentDatabase) {
   const std::string home = dir.path() + "/h";
   ASSERT_TRUE(InitHome(home, TestGenesis(6)).ok());
   std::vector<std::pair<int64_t, std::string>> observed;  // (height, app hash) seen live
-  uint64_t sent = 0;
+  uint64_t sent = 0, attempted = 0;
   for (int round = 0; round < 3; ++round) {
     std::filesystem::remove(home + "/node.addr");
     pid_t pid = fork();
@@ -544,6 +581,7 @@ TEST(DevnetCrashTest, KillNineLeavesAConsistentDatabase) {
       auto client = NewGrpcChainClient(addr, FastClient());
       // Txs in flight while the node dies: some land, some are lost with the mempool.
       for (int i = 0; i < 15; ++i) {
+        ++attempted;
         auto r = client->SignAndBroadcast(Key(1), {Send(1, 2, 1)}, /*wait=*/i % 5 == 4);
         if (r.ok() && r->code() == 0) ++sent;
         auto st = client->Status();
@@ -577,6 +615,19 @@ TEST(DevnetCrashTest, KillNineLeavesAConsistentDatabase) {
   auto node = DevnetNode::Open(home, FastNode());
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_EQ((*node)->height(), report->latest_height);
+
+  // No tx the node accepted is lost: queued ones come back from the mempool table and land.
+  ASSERT_TRUE((*node)->Start().ok());
+  for (int i = 0; i < 1000 && (*node)->mempool_size() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ((*node)->mempool_size(), 0u);
+  auto client = NewGrpcChainClient((*node)->listen_address(), FastClient());
+  auto balance = client->Balance(Addr(2));
+  ASSERT_TRUE(balance.ok());
+  // Each accepted send moved 1; a send whose answer was lost in the kill may have landed too.
+  EXPECT_GE(*balance, kInitialBalance + sent);
+  EXPECT_LE(*balance, kInitialBalance + attempted);
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ absl::Status Errno(std::string_view what, const std::string& path) {
 absl::StatusOr<std::unique_ptr<state::Db>> OpenStore(const std::string& home,
                                                      bool create_if_missing) {
   state::DbOptions options;
-  options.tables = {kStateTable, kBlocksTable, kTxsTable, kMetaTable};
+  options.tables = {kStateTable, kBlocksTable, kTxsTable, kMetaTable, kMempoolTable};
   options.schema_version = kSchemaVersion;
   options.create_if_missing = create_if_missing;
   return state::Db::Open(home + "/" + kDataDir, std::move(options));

@@ -22,10 +22,11 @@ namespace ts::bridge::devnet {
 
 namespace pb = ::gonka::trainshard::v1;
 
-inline constexpr char kStateTable[] = "state";    // App key -> value
-inline constexpr char kBlocksTable[] = "blocks";  // be64(height) -> StoredBlock
-inline constexpr char kTxsTable[] = "txs";        // SHA-256(tx) -> be64(height) || be32(index)
-inline constexpr char kMetaTable[] = "meta";      // see kMeta* keys
+inline constexpr char kStateTable[] = "state";      // App key -> value
+inline constexpr char kBlocksTable[] = "blocks";    // be64(height) -> StoredBlock
+inline constexpr char kTxsTable[] = "txs";          // SHA-256(tx) -> be64(height) || be32(index)
+inline constexpr char kMetaTable[] = "meta";        // see kMeta* keys
+inline constexpr char kMempoolTable[] = "mempool";  // be64(arrival number) -> tx bytes
 
 inline constexpr char kMetaLatestHeight[] = "latest_height";  // be64
 inline constexpr char kMetaAppHash[] = "app_hash";            // app hash after latest_height
