@@ -175,7 +175,7 @@ absl::StatusOr<std::unique_ptr<HostCore>> HostCore::Open(const std::string& db_p
                                                          bridge::ChainClient* chain,
                                                          common::Clock* clock) {
   TS_CHECK(chain != nullptr && clock != nullptr);
-  if (options.tls_cert_sha256.size() != 0 && options.tls_cert_sha256.size() != 32) {
+  if (!options.tls_cert_sha256.empty() && options.tls_cert_sha256.size() != 32) {
     return absl::InvalidArgumentError(
         absl::StrCat("tls_cert_sha256: ", options.tls_cert_sha256.size(), " bytes, expected 32"));
   }
