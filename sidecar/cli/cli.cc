@@ -48,6 +48,14 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   } catch (const CLI::CallForAllHelp&) {
     return app.exit(CLI::CallForAllHelp(), out, err);
   } catch (const CLI::ParseError& e) {
+    // A mistyped command word is left over unparsed; CLI11 then reports only the missing
+    // subcommand, so name the word too.
+    std::vector<std::string> unknown = app.remaining(/*recurse=*/true);
+    if (!unknown.empty()) {
+      err << "error: unknown command or argument:";
+      for (const auto& word : unknown) err << " " << word;
+      err << "\n";
+    }
     err << "error: " << e.what() << "\n";
     err << "run 'trainshard --help' (or '<command> --help') for usage\n";
     return kExitUsage;

@@ -29,6 +29,20 @@ class CommandTable {
   std::map<const CLI::App*, CommandAction> actions_;
 };
 
+// Accepts only a base-10 integer without sign: CLI11 alone would read "-3" into a uint64_t as
+// 2^64-3. The error names the value; CLI11 prefixes the flag.
+inline CLI::Validator UnsignedInteger() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty() || text.size() > 20 ||
+            text.find_first_not_of("0123456789") != std::string::npos) {
+          return "expected a non-negative base-10 integer, got \"" + text.substr(0, 40) + "\"";
+        }
+        return "";
+      },
+      "UINT");
+}
+
 void AddKeysCommands(CLI::App& root, CommandTable& table);
 void AddDevnetCommands(CLI::App& root, CommandTable& table);
 void AddChainCommands(CLI::App& root, CommandTable& table);

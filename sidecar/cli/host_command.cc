@@ -174,14 +174,17 @@ void AddHostCommands(CLI::App& root, CommandTable& table) {
   auto events_args = std::make_shared<EventsArgs>();
   CLI::App* events = host->add_subcommand("events", "chain events the sidecar followed");
   events->add_option("--host", events_args->host, host_help)->required();
-  events->add_option("--from", events_args->from, "first height (default: all)");
+  events->add_option("--from", events_args->from, "first height (default: all)")
+      ->check(UnsignedInteger());
   table.Add(events, [events_args](Context& ctx) { return RunEvents(ctx, *events_args); });
 
   auto settlement_args = std::make_shared<SettlementArgs>();
   CLI::App* settlement =
       host->add_subcommand("settlement", "the settlement draft the sidecar signed for a shard");
   settlement->add_option("--host", settlement_args->host, host_help)->required();
-  settlement->add_option("--id", settlement_args->id, "shard id")->required();
+  settlement->add_option("--id", settlement_args->id, "shard id")
+      ->check(UnsignedInteger())
+      ->required();
   table.Add(settlement,
             [settlement_args](Context& ctx) { return RunSettlement(ctx, *settlement_args); });
 }

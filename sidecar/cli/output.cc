@@ -1,27 +1,101 @@
 #include "sidecar/cli/output.h"
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/hex.h"
 #include "common/status.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/type_resolver.h"
+#include "google/protobuf/util/type_resolver_util.h"
 
 namespace ts::sidecar {
 
-std::string ProtoToJson(const google::protobuf::Message& message) {
+namespace {
+
+constexpr char kTypeUrlPrefix[] = "type.googleapis.com";
+
+// Cosmos writes Any type URLs as "/<full name>" (e.g. "/cosmos.tx.v1beta1.Tx"), which protobuf's
+// JSON printer does not resolve by default. This resolver takes the part after the last '/'
+// whatever comes before it, and looks it up in the compiled-in descriptor pool.
+class AnyTypeResolver final : public google::protobuf::util::TypeResolver {
+ public:
+  AnyTypeResolver()
+      : pool_(google::protobuf::util::NewTypeResolverForDescriptorPool(
+            kTypeUrlPrefix, google::protobuf::DescriptorPool::generated_pool())) {}
+
+  google::protobuf::util::Status ResolveMessageType(const std::string& type_url,
+                                                    google::protobuf::Type* type) override {
+    return pool_->ResolveMessageType(Normalize(type_url), type);
+  }
+  google::protobuf::util::Status ResolveEnumType(const std::string& type_url,
+                                                 google::protobuf::Enum* type) override {
+    return pool_->ResolveEnumType(Normalize(type_url), type);
+  }
+
+ private:
+  static std::string Normalize(const std::string& type_url) {
+    size_t slash = type_url.rfind('/');
+    std::string name = slash == std::string::npos ? type_url : type_url.substr(slash + 1);
+    return std::string(kTypeUrlPrefix) + "/" + name;
+  }
+  std::unique_ptr<google::protobuf::util::TypeResolver> pool_;
+};
+
+google::protobuf::util::TypeResolver* Resolver() {
+  // Built once; the descriptor-pool resolver only reads the (immutable) generated pool.
+  static AnyTypeResolver* resolver = new AnyTypeResolver();
+  return resolver;
+}
+
+absl::Status ToJson(const google::protobuf::Message& message, std::string* json) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
   options.always_print_primitive_fields = true;
-  std::string json;
-  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
-  // Serializing a message we hold cannot fail unless an Any carries an unknown type; show that
-  // as an error document rather than abort.
-  if (!status.ok()) {
-    nlohmann::json error = {{"error", std::string(status.message())}};
-    return error.dump();
+  auto status = google::protobuf::util::BinaryToJsonString(
+      Resolver(), std::string(kTypeUrlPrefix) + "/" + message.GetDescriptor()->full_name(),
+      message.SerializeAsString(), json, options);
+  if (!status.ok()) return absl::InvalidArgumentError(std::string(status.message()));
+  return absl::OkStatus();
+}
+
+// Clears every google.protobuf.Any in `message` (without looking inside them).
+void ClearAnyFields(google::protobuf::Message* message) {
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(*message, &fields);
+  for (const auto* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (field->message_type()->full_name() == "google.protobuf.Any") {
+      reflection->ClearField(message, field);
+    } else if (field->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(*message, field); ++i) {
+        ClearAnyFields(reflection->MutableRepeatedMessage(message, field, i));
+      }
+    } else {
+      ClearAnyFields(reflection->MutableMessage(message, field));
+    }
   }
-  return json;
+}
+
+}  // namespace
+
+std::string ProtoToJson(const google::protobuf::Message& message) {
+  std::string json;
+  absl::Status status = ToJson(message, &json);
+  if (status.ok()) return json;
+  // An Any of a type this build does not know (e.g. a message of a newer chain): print the
+  // rest of the message without the Any fields rather than nothing.
+  std::unique_ptr<google::protobuf::Message> copy(message.New());
+  copy->CopyFrom(message);
+  ClearAnyFields(copy.get());
+  json.clear();
+  if (ToJson(*copy, &json).ok()) return json;
+  nlohmann::json error = {{"error", std::string(status.message())}};
+  return error.dump();
 }
 
 nlohmann::json ProtoToJsonValue(const google::protobuf::Message& message) {

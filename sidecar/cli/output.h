@@ -2,7 +2,8 @@
 // names, every primitive field printed, so uint64 values are strings and enums are names),
 // chain events as JSON, and the human forms (aligned key: value lines and tables).
 //
-// Thread-safety: pure functions, safe from any thread.
+// Thread-safety: pure functions, safe from any thread (the type resolver is built once and then
+// only read).
 #ifndef TS_SIDECAR_CLI_OUTPUT_H_
 #define TS_SIDECAR_CLI_OUTPUT_H_
 
@@ -19,7 +20,9 @@
 
 namespace ts::sidecar {
 
-// Protobuf JSON (preserve_proto_field_names, always_print_primitive_fields), one line.
+// Protobuf JSON (preserve_proto_field_names, always_print_primitive_fields), one line. Any
+// fields with Cosmos-style type URLs ("/cosmos.tx.v1beta1.Tx") are printed decoded; an Any of a
+// type this build does not know is left out (all Any fields are, then).
 std::string ProtoToJson(const google::protobuf::Message& message);
 nlohmann::json ProtoToJsonValue(const google::protobuf::Message& message);
 

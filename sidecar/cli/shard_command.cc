@@ -244,10 +244,16 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
   }
   uint64_t refund = plan->refund;
   if (!plan->refund_given) {
-    auto escrow = ctx.chain().Escrow(args.id);
-    if (!escrow.ok()) return ctx.ChainFailed(escrow.status());
-    auto held = common::ParseAmount("shard_escrow", escrow->shard_escrow());
+    auto shard = ctx.chain().Shard(args.id);
+    if (!shard.ok()) return ctx.ChainFailed(shard.status());
+    auto held = common::ParseAmount("escrow_held", shard->escrow_held());
     if (!held.ok()) return ctx.ChainFailed(absl::InternalError(held.status().message()));
+    if (shard->status() != pb::SHARD_STATUS_RUNNING) {
+      // The chain would refuse any settlement now; say why rather than blame the payouts.
+      ctx.err() << "error: shard " << args.id << " is " << pb::ShardStatus_Name(shard->status())
+                << " (escrow held " << *held << "): only a RUNNING shard can be settled\n";
+      return kExitRefused;
+    }
     if (paid > *held) {
       return ctx.BadInput(absl::InvalidArgumentError(absl::StrCat(
           "--payout: the payouts sum to ", paid, ", more than the shard's escrow ", *held)));
@@ -341,13 +347,13 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
 
   auto status_id = std::make_shared<uint64_t>(0);
   CLI::App* status = shard->add_subcommand("status", "one shard, its reservations and escrow");
-  status->add_option("--id", *status_id, "shard id")->required();
+  status->add_option("--id", *status_id, "shard id")->check(UnsignedInteger())->required();
   table.Add(status, [status_id](Context& ctx) { return RunStatus(ctx, *status_id); });
 
   auto reserve_args = std::make_shared<ReserveArgs>();
   CLI::App* reserve =
       shard->add_subcommand("reserve", "ask a host sidecar to reserve a place in a shard now");
-  reserve->add_option("--id", reserve_args->id, "shard id")->required();
+  reserve->add_option("--id", reserve_args->id, "shard id")->check(UnsignedInteger())->required();
   reserve->add_option("--host", reserve_args->host, "the sidecar's operator address HOST:PORT")
       ->required();
   table.Add(reserve, [reserve_args](Context& ctx) { return RunReserve(ctx, *reserve_args); });
@@ -355,14 +361,14 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
   auto assemble_args = std::make_shared<AssembleArgs>();
   CLI::App* assemble =
       shard->add_subcommand("assemble", "close reservations of an OPEN shard with min_nodes");
-  assemble->add_option("--id", assemble_args->id, "shard id")->required();
+  assemble->add_option("--id", assemble_args->id, "shard id")->check(UnsignedInteger())->required();
   assemble->add_flag("--wait", assemble_args->wait, "wait until the tx is in a block");
   table.Add(assemble, [assemble_args](Context& ctx) { return RunAssemble(ctx, *assemble_args); });
 
   auto settle_args = std::make_shared<SettleArgs>();
   CLI::App* settle = shard->add_subcommand(
       "settle", "have member sidecars sign a settlement draft, then submit it");
-  settle->add_option("--id", settle_args->id, "shard id")->required();
+  settle->add_option("--id", settle_args->id, "shard id")->check(UnsignedInteger())->required();
   settle->add_option("--hosts", settle_args->hosts, "operator addresses, comma-separated")
       ->required();
   settle
@@ -376,14 +382,14 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
                      "evaluation metric, e.g. eval_loss");
   settle_args->eval_value_option = settle->add_option(
       "--eval-value-micro", settle_args->eval_value_micro, "metric value times 1e6");
-  settle->add_option("--rounds", settle_args->rounds, "rounds completed");
+  settle->add_option("--rounds", settle_args->rounds, "rounds completed")->check(UnsignedInteger());
   settle->add_option("--submit-via", settle_args->submit_via,
                      "submit through this sidecar (default: submit with --key)");
   table.Add(settle, [settle_args](Context& ctx) { return RunSettle(ctx, *settle_args); });
 
   auto settlement_id = std::make_shared<uint64_t>(0);
   CLI::App* settlement = shard->add_subcommand("settlement", "a settled shard's record");
-  settlement->add_option("--id", *settlement_id, "shard id")->required();
+  settlement->add_option("--id", *settlement_id, "shard id")->check(UnsignedInteger())->required();
   table.Add(settlement,
             [settlement_id](Context& ctx) { return RunSettlement(ctx, *settlement_id); });
 }

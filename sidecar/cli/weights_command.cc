@@ -71,13 +71,16 @@ void AddWeightsCommands(CLI::App& root, CommandTable& table) {
   auto show_args = std::make_shared<ShowArgs>();
   CLI::App* show = weights->add_subcommand("show", "the weights of an epoch");
   show_args->epoch_option =
-      show->add_option("--epoch", show_args->epoch, "epoch (default: the epoch in force)");
+      show->add_option("--epoch", show_args->epoch, "epoch (default: the epoch in force)")
+          ->check(UnsignedInteger());
   table.Add(show, [show_args](Context& ctx) { return RunShow(ctx, *show_args); });
 
   auto submit_args = std::make_shared<SubmitArgs>();
   CLI::App* submit =
       weights->add_subcommand("submit", "record an epoch's weights (--key: the PoC authority)");
-  submit->add_option("--epoch", submit_args->epoch, "epoch the weights are for")->required();
+  submit->add_option("--epoch", submit_args->epoch, "epoch the weights are for")
+      ->check(UnsignedInteger())
+      ->required();
   submit->add_option("--weight", submit_args->weights, "ADDR=WEIGHT, repeated")
       ->required()
       ->take_all();
