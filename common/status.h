@@ -26,7 +26,7 @@
 #define TS_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                              \
   if (!tmp.ok()) return std::move(tmp).status();  \
-  lhs = std::move(tmp).value()
+  lhs = std::move(tmp).value()  // NOLINT(bugprone-macro-parentheses): lhs may declare
 
 #define TS_ASSIGN_OR_RETURN(lhs, expr) \
   TS_ASSIGN_OR_RETURN_IMPL_(TS_STATUS_CONCAT_(ts_statusor_, __LINE__), lhs, expr)

@@ -42,9 +42,11 @@ def main():
         for v in ("host1", "host2", "host3"):
             net.cli("proposal", "vote", "--id", pid, "--option", "yes", "--wait", key=v)
             say(f"{v} voted yes")
-        net.wait_shard_status(sid, "SHARD_STATUS_OPEN", 60)
-        say(f"proposal passed: shard {sid} OPEN, escrow locked")
-        shard = net.wait_shard_status(sid, "SHARD_STATUS_RUNNING", 60)
+        harness.wait_for(lambda: net.shard(sid)["status"] in ("SHARD_STATUS_OPEN",
+                                                              "SHARD_STATUS_RUNNING"), 60,
+                         f"shard {sid} to open")
+        say(f"proposal passed: shard {sid} opened, escrow locked")
+        net.wait_shard_status(sid, "SHARD_STATUS_RUNNING", 60)
         shard = net.shard(sid)
         for r in shard["reservations"]:
             say(f"reserved: {r['host']} weight {r['frozen_weight']} at height "

@@ -161,7 +161,7 @@ class Network:
     """A devnet chain plus hosts under one temporary directory."""
 
     def __init__(self, root=None, chain_id="trainshard-devnet-1", block_interval_ms=200,
-                 voting_period=6, host_weights=(100, 80, 60), keep=False):
+                 voting_period=20, host_weights=(100, 80, 60), keep=False):
         self.root = root or tempfile.mkdtemp(prefix="ts-net-")
         self.keep = keep
         self.chain_id = chain_id
