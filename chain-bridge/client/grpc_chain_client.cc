@@ -62,8 +62,7 @@ bool IsAlreadyQueued(const TxResponse& r) {
 
 class GrpcChainClient final : public ChainClient {
  public:
-  GrpcChainClient(const std::string& target, ChainClientOptions options)
-      : options_(std::move(options)) {
+  GrpcChainClient(const std::string& target, ChainClientOptions options) : options_(options) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
     channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
@@ -386,7 +385,7 @@ class GrpcChainClient final : public ChainClient {
 
 std::unique_ptr<ChainClient> NewGrpcChainClient(const std::string& target,
                                                 ChainClientOptions options) {
-  return std::make_unique<GrpcChainClient>(target, std::move(options));
+  return std::make_unique<GrpcChainClient>(target, options);
 }
 
 }  // namespace ts::bridge

@@ -405,7 +405,9 @@ TEST_F(DevnetTest, QueriesAnswerAndRefuseUnknowns) {
 TEST_F(DevnetTest, ReplayMatchesAfterRun) {
   StartNode();
   for (int i = 1; i <= 4; ++i) {
-    ASSERT_EQ(client_->SignAndBroadcast(Key(i), {Send(i, 0, 10 * i)}, false)->code(), 0u);
+    ASSERT_EQ(client_->SignAndBroadcast(Key(i), {Send(i, 0, 10 * static_cast<uint64_t>(i))}, false)
+                  ->code(),
+              0u);
   }
   ASSERT_EQ(client_->SignAndBroadcast(Key(5), {Send(5, 0, 1)}, true)->code(), 0u);
   // A live node holds the database: replay must not read under it.

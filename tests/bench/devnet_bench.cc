@@ -220,7 +220,7 @@ int Run(const Flags& flags) {
               accepted.load(), refused.load(), failed.load());
   std::printf("  included %lld txs in %lld blocks (heights %lld..%lld) in %.3f s: %.0f tx/s\n",
               static_cast<long long>(included), static_cast<long long>(blocks),
-              static_cast<long long>(start_height + 1), static_cast<long long>(end_height), seconds,
+              static_cast<long long>(start_height) + 1, static_cast<long long>(end_height), seconds,
               tx_per_s);
   std::printf("  broadcast done after %.0f ms (slowest thread)\n",
               *std::max_element(broadcast_ms.begin(), broadcast_ms.end()));
