@@ -573,6 +573,11 @@ absl::Status DevnetNode::Start() {
   // Bounds the handler threads; a call beyond them waits in gRPC's queue instead.
   quota.SetMaxThreads(64);
   builder.SetResourceQuota(quota);
+  // Enough polling threads that a handler waiting for the App's mutex does not make gRPC create
+  // and destroy a thread per call.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 4);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
   for (auto& service : s.services) builder.RegisterService(service.get());
   s.server = builder.BuildAndStart();
   if (s.server == nullptr || port == 0) {

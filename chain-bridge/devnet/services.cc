@@ -1,5 +1,6 @@
 #include "chain-bridge/devnet/services.h"
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -116,7 +117,7 @@ class TxService final : public cosmos::tx::v1beta1::TxServiceBase {
       response->mutable_block_id()->set_hash(HeaderHash(block->block().header()));
       const auto& txs = block->block().data().txs();
       const uint64_t total = static_cast<uint64_t>(txs.size());
-      uint64_t offset = request->pagination().offset();
+      const uint64_t offset = std::min(request->pagination().offset(), total);
       uint64_t limit = request->pagination().limit();
       if (limit == 0 || limit > kBlockTxsPageMax) limit = kBlockTxsPageMax;
       for (uint64_t i = offset; i < total && i < offset + limit; ++i) {

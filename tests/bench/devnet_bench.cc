@@ -8,6 +8,7 @@
 //
 //   devnet_bench [--txs N] [--accounts N] [--threads N] [--block-interval-ms N]
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -65,6 +66,13 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     }
   }
   return true;
+}
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
 common::PrivateKey Key(int i) {
@@ -159,6 +167,7 @@ int Run(const Flags& flags) {
   // sequence order (the mempool is FIFO and CheckTx accepts queued sequences).
   std::atomic<int> accepted{0}, refused{0}, failed{0};
   std::vector<double> broadcast_ms(static_cast<size_t>(flags.threads), 0);
+  const double cpu0 = ProcessCpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int t = 0; t < flags.threads; ++t) {
@@ -194,6 +203,7 @@ int Run(const Flags& flags) {
   }
   const auto t1 = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(t1 - t0).count();
+  const double cpu_seconds = ProcessCpuSeconds() - cpu0;
   const DevnetStats after = (*node)->stats();
   const int64_t end_height = (*node)->height();
 
@@ -233,6 +243,9 @@ int Run(const Flags& flags) {
       "  CheckTx: %lld calls, %.1f us each; rechecks: %lld txs\n", static_cast<long long>(checks),
       checks > 0 ? 1000.0 * (after.check_ms - before.check_ms) / static_cast<double>(checks) : 0.0,
       static_cast<long long>(after.rechecked_txs - before.rechecked_txs));
+  std::printf("  process CPU (node and clients): %.2f s, %.0f us per tx, %.2f cores busy\n",
+              cpu_seconds, included > 0 ? 1e6 * cpu_seconds / static_cast<double>(included) : 0.0,
+              cpu_seconds / seconds);
   std::printf("  last tx of each account delivered with code 0: %d of %d\n", delivered_ok,
               flags.accounts);
   std::printf("  target %.0f tx/s: ratio %.2f\n", kTargetTxPerS, ratio);
