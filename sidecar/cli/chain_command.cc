@@ -27,7 +27,7 @@ int RunStatus(Context& ctx) {
   std::string app_hash = common::HexEncode(status->app_hash());
   if (ctx.json()) {
     // The protobuf JSON shape, except app_hash in hex (as Cosmos nodes report it).
-    nlohmann::json document = ProtoToJsonValue(*status);
+    nlohmann::ordered_json document = ProtoToJsonValue(*status);
     document["app_hash"] = app_hash;
     ctx.PrintJson(document);
   } else {
@@ -65,7 +65,7 @@ int RunEvents(Context& ctx, const EventsArgs& args) {
         absl::StrCat("--from ", args.from, " --to ", to, ": more than ", kEventHeightsMax,
                      " heights in one call; split the range")));
   }
-  nlohmann::json events = nlohmann::json::array();
+  nlohmann::ordered_json events = nlohmann::ordered_json::array();
   for (int64_t height = args.from; height <= to; ++height) {
     auto at = ctx.chain().EventsAt(height);
     if (!at.ok()) return ctx.ChainFailed(at.status());
@@ -118,7 +118,7 @@ int RunBlock(Context& ctx, int64_t height) {
       {"app_hash_after", common::HexEncode(events->app_hash())},
   };
   if (ctx.json()) {
-    nlohmann::json document = nlohmann::json::object();
+    nlohmann::ordered_json document = nlohmann::ordered_json::object();
     for (const auto& [key, value] : lines) document[key] = value;
     document["txs"] = block->block().data().txs_size();
     document["events"] = events->events_size();

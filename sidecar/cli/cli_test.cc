@@ -476,9 +476,10 @@ TEST(JsonTest, EventShape) {
   auto* b = event.add_attributes();
   b->set_key("amount");
   b->set_value("10");
-  nlohmann::json doc = EventToJson(42, 5, event);
-  EXPECT_EQ(doc, nlohmann::json::parse(R"({"height":"42","index":5,"type":"trainshard.payout",
-      "attributes":{"shard_id":"3","amount":"10"}})"));
+  nlohmann::ordered_json doc = EventToJson(42, 5, event);
+  // Keys in the documented order, attributes in the event's order.
+  EXPECT_EQ(doc.dump(), R"({"height":"42","index":5,"type":"trainshard.payout",)"
+                        R"("attributes":{"shard_id":"3","amount":"10"}})");
   EXPECT_EQ(ShortEnumName("SHARD_STATUS_OPEN", "SHARD_STATUS_"), "open");
 }
 
@@ -496,8 +497,8 @@ TEST(JsonTest, InvalidUtf8FromAPeerStillPrintsOneDocument) {
 
 class FakeSidecar final : public pb::HostOperator::Service, public pb::SettlementQuery::Service {
  public:
-  // `events_per_height` events at each of heights 1..`heights`.
-  FakeSidecar(int heights, int events_per_height) {
+  // `events_per_height` events at each of heights 1..`heights`; pages hold at most `page_cap`.
+  FakeSidecar(int heights, int events_per_height, uint32_t page_cap = 1000) : page_cap_(page_cap) {
     for (int h = 1; h <= heights; ++h) {
       for (int i = 0; i < events_per_height; ++i) {
         pb::FollowedEvent e;
@@ -542,7 +543,9 @@ class FakeSidecar final : public pb::HostOperator::Service, public pb::Settlemen
     }
     for (const auto& e : events_) {
       if (e.height() < request->from_height()) continue;
-      if (static_cast<uint32_t>(response->events_size()) >= request->limit()) break;
+      if (static_cast<uint32_t>(response->events_size()) >= std::min(request->limit(), page_cap_)) {
+        break;
+      }
       *response->add_events() = e;
     }
     return grpc::Status::OK;
@@ -564,6 +567,7 @@ class FakeSidecar final : public pb::HostOperator::Service, public pb::Settlemen
 
  private:
   std::vector<pb::FollowedEvent> events_;
+  uint32_t page_cap_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
@@ -593,6 +597,18 @@ TEST(HostCommandsTest, EventsPagesThroughEverythingOnce) {
   CliResult from = Cli({"host", "events", "--host", sidecar.address(), "--from", "399"});
   ASSERT_EQ(from.code, 0) << Describe(from);
   EXPECT_EQ(std::count(from.out.begin(), from.out.end(), '\n'), 6);
+}
+
+TEST(HostCommandsTest, EventsWorkWithASidecarThatCapsPagesLower) {
+  FakeSidecar sidecar(/*heights=*/100, /*events_per_height=*/7, /*page_cap=*/64);
+  CliResult r = Cli({"host", "events", "--host", sidecar.address(), "--from", "1", "--json"});
+  ASSERT_EQ(r.code, 0) << Describe(r);
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  const auto& events = doc.at("events");
+  ASSERT_EQ(events.size(), 700u);
+  EXPECT_EQ(events.back()["height"], "100");
+  EXPECT_EQ(events.back()["index"], 6);
+  EXPECT_EQ(r.err, "");
 }
 
 TEST(HostCommandsTest, AHeightLargerThanAPageDoesNotLoopForever) {

@@ -78,9 +78,10 @@ int Context::ReportTx(const cosmos::base::abci::v1beta1::TxResponse& response) {
   return kExitOk;
 }
 
-void Context::PrintJson(const nlohmann::json& document) {
+void Context::PrintJson(const nlohmann::ordered_json& document) {
   // Text from a peer may hold invalid UTF-8; replace it rather than fail.
-  out_ << document.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace)
+  out_ << document.dump(-1, ' ', /*ensure_ascii=*/false,
+                        nlohmann::ordered_json::error_handler_t::replace)
        << "\n";
   out_.flush();
 }

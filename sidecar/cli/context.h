@@ -79,7 +79,7 @@ class Context {
   int TxRefused(const cosmos::base::abci::v1beta1::TxResponse& response);
 
   // Writes one JSON document and a newline on stdout.
-  void PrintJson(const nlohmann::json& document);
+  void PrintJson(const nlohmann::ordered_json& document);
   void PrintProtoJson(const google::protobuf::Message& message);
 
  private:

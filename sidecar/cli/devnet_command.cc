@@ -190,12 +190,12 @@ int RunReplay(Context& ctx, const std::string& home) {
   auto report = bridge::Replay(home);
   if (!report.ok()) return ctx.LocalFailed(report.status());
   if (ctx.json()) {
-    nlohmann::json document = {{"blocks", report->blocks_replayed},
-                               {"ok", report->ok()},
-                               {"latest_height", report->latest_height},
-                               {"state_matches", report->state_matches},
-                               {"mismatch_height", nullptr},
-                               {"mismatch", report->mismatch}};
+    nlohmann::ordered_json document = {{"blocks", report->blocks_replayed},
+                                       {"ok", report->ok()},
+                                       {"latest_height", report->latest_height},
+                                       {"state_matches", report->state_matches},
+                                       {"mismatch_height", nullptr},
+                                       {"mismatch", report->mismatch}};
     if (report->first_mismatch_height.has_value()) {
       document["mismatch_height"] = *report->first_mismatch_height;
     }

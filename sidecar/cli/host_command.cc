@@ -80,8 +80,9 @@ int RunEvents(Context& ctx, const EventsArgs& args) {
   HostClient host(*endpoint, ctx.options().timeout_ms);
   std::vector<pb::FollowedEvent> events;
   int64_t from = args.from;
-  // Pages restart at the height of the last event seen, so events already collected are
-  // skipped by (height, index) whichever way the sidecar cuts its pages.
+  // ListEvents returns events from `from_height` (inclusive) on, up to a limit. Pages restart at
+  // the height of the last event seen, so events already collected are skipped by
+  // (height, index) whichever way the sidecar cuts its pages; the end is a page with nothing new.
   bool any = false;
   int64_t last_height = 0;
   uint32_t last_index = 0;
@@ -99,26 +100,27 @@ int RunEvents(Context& ctx, const EventsArgs& args) {
       last_index = e.index();
       ++fresh;
     }
-    if (static_cast<uint32_t>(page->events_size()) < kEventsPageSize) break;
     if (events.size() >= kEventsMax) {
       ctx.err() << "warning: stopped after " << events.size() << " events; use --from "
-                << last_height + 1 << " for more\n";
+                << last_height << " for more\n";
       break;
     }
-    if (fresh == 0) {
-      // A full page with nothing new: one height holds more events than a page. Move on
-      // rather than ask for the same page again.
-      ctx.err() << "warning: height " << last_height << " has more than " << kEventsPageSize
-                << " events; some were not listed\n";
-      from = last_height + 1;
-    } else {
+    if (fresh > 0) {
       from = last_height;
+      continue;
     }
+    // Nothing new. A sidecar may cap pages below what was asked, so only an empty or short
+    // page of old events means the end; a full one means one height holds more events than a
+    // page: move past it rather than ask for the same page again.
+    if (static_cast<uint32_t>(page->events_size()) < kEventsPageSize) break;
+    ctx.err() << "warning: height " << last_height << " has more than " << kEventsPageSize
+              << " events; some were not listed\n";
+    from = last_height + 1;
   }
   if (ctx.json()) {
-    nlohmann::json list = nlohmann::json::array();
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const auto& e : events) {
-      nlohmann::json item = EventToJson(e.height(), e.index(), e.event());
+      nlohmann::ordered_json item = EventToJson(e.height(), e.index(), e.event());
       item["action"] = e.action();
       list.push_back(std::move(item));
     }

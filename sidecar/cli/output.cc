@@ -94,23 +94,25 @@ std::string ProtoToJson(const google::protobuf::Message& message) {
   ClearAnyFields(copy.get());
   json.clear();
   if (ToJson(*copy, &json).ok()) return json;
-  nlohmann::json error = {{"error", std::string(status.message())}};
+  nlohmann::ordered_json error = {{"error", std::string(status.message())}};
   return error.dump();
 }
 
-nlohmann::json ProtoToJsonValue(const google::protobuf::Message& message) {
-  return nlohmann::json::parse(ProtoToJson(message), /*cb=*/nullptr, /*allow_exceptions=*/false);
+nlohmann::ordered_json ProtoToJsonValue(const google::protobuf::Message& message) {
+  return nlohmann::ordered_json::parse(ProtoToJson(message), /*cb=*/nullptr,
+                                       /*allow_exceptions=*/false);
 }
 
-nlohmann::json EventToJson(int64_t height, uint32_t index, const tendermint::abci::Event& event) {
-  nlohmann::json attributes = nlohmann::json::object();
+nlohmann::ordered_json EventToJson(int64_t height, uint32_t index,
+                                   const tendermint::abci::Event& event) {
+  nlohmann::ordered_json attributes = nlohmann::ordered_json::object();
   for (const auto& attribute : event.attributes()) {
     attributes[attribute.key()] = attribute.value();
   }
-  return nlohmann::json{{"height", std::to_string(height)},
-                        {"index", index},
-                        {"type", event.type()},
-                        {"attributes", std::move(attributes)}};
+  return nlohmann::ordered_json{{"height", std::to_string(height)},
+                                {"index", index},
+                                {"type", event.type()},
+                                {"attributes", std::move(attributes)}};
 }
 
 std::string ShortEnumName(const std::string& full_name, const std::string& prefix) {

@@ -24,10 +24,11 @@ namespace ts::sidecar {
 // fields with Cosmos-style type URLs ("/cosmos.tx.v1beta1.Tx") are printed decoded; an Any of a
 // type this build does not know is left out (all Any fields are, then).
 std::string ProtoToJson(const google::protobuf::Message& message);
-nlohmann::json ProtoToJsonValue(const google::protobuf::Message& message);
+nlohmann::ordered_json ProtoToJsonValue(const google::protobuf::Message& message);
 
 // {"height":"<h>","index":i,"type":t,"attributes":{k:v}}; a repeated key keeps its last value.
-nlohmann::json EventToJson(int64_t height, uint32_t index, const tendermint::abci::Event& event);
+nlohmann::ordered_json EventToJson(int64_t height, uint32_t index,
+                                   const tendermint::abci::Event& event);
 
 // "SHARD_STATUS_OPEN" with prefix "SHARD_STATUS_" → "open".
 std::string ShortEnumName(const std::string& full_name, const std::string& prefix);

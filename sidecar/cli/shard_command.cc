@@ -198,7 +198,7 @@ void PrintSettleResult(Context& ctx, const std::string& txhash, uint32_t code,
                        const std::string& raw_log, size_t signatures,
                        const std::vector<Refusal>& refused) {
   if (ctx.json()) {
-    nlohmann::json refused_json = nlohmann::json::array();
+    nlohmann::ordered_json refused_json = nlohmann::ordered_json::array();
     for (const auto& r : refused) refused_json.push_back({{"host", r.host}, {"error", r.error}});
     ctx.PrintJson({{"txhash", txhash},
                    {"code", code},
