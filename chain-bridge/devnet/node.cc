@@ -175,6 +175,10 @@ struct DevnetNode::Impl final : public devnet::Backend {
   // disk, so no further block is produced and broadcasts are refused.
   absl::Status producer_error ABSL_GUARDED_BY(mu);
   DevnetStats stats ABSL_GUARDED_BY(mu);
+  // True while a block committed in memory is being written: its state is not shown yet.
+  bool persisting ABSL_GUARDED_BY(mu) = false;
+
+  bool Settled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !persisting; }
 
   // Guards what readers of blocks need, so block and tx lookups never wait for a block in
   // progress.
@@ -274,9 +278,9 @@ struct DevnetNode::Impl final : public devnet::Backend {
       if (found.ok()) return devnet::DeliveredTxResponse(*found->first, found->second);
       if (!absl::IsNotFound(found.status())) return found.status();
       {
-        // Holding `mu` means no block is half done: absent from both the mempool and the index,
-        // the tx was dropped by a recheck.
-        absl::MutexLock lock(&mu);
+        // Holding `mu` with no block being written means no block is half done: absent from
+        // both the mempool and the index, the tx was dropped by a recheck.
+        absl::MutexLock lock(&mu, absl::Condition(this, &Impl::Settled));
         if (!mempool_hashes.contains(hash)) {
           found = FindTx(hash);
           if (found.ok()) return devnet::DeliveredTxResponse(*found->first, found->second);
@@ -328,14 +332,19 @@ struct DevnetNode::Impl final : public devnet::Backend {
     return std::make_pair(std::move(block), loc->index);
   }
 
-  void WithApp(const std::function<void(const App&)>& fn) override {
-    absl::MutexLock lock(&mu);
+  absl::Status WithApp(const std::function<void(const App&)>& fn) override {
+    absl::MutexLock lock(&mu, absl::Condition(this, &Impl::Settled));
+    if (!producer_error.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("the node stopped producing blocks: ", producer_error.ToString()));
+    }
     fn(*app);
+    return absl::OkStatus();
   }
 
   // Runs CheckTx over the mempool in arrival order, in one pass (linear in its size), and drops
-  // what fails from memory and from the mempool table.
-  void RecheckMempool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // what fails. Returns the deletions of the dropped txs' mempool rows, for the caller to write.
+  state::WriteBatch RecheckMempool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::deque<MempoolTx> kept;
     state::WriteBatch dropped;
     for (MempoolTx& tx : mempool) {
@@ -347,33 +356,31 @@ struct DevnetNode::Impl final : public devnet::Backend {
       }
     }
     mempool.swap(kept);
-    if (dropped.size() > 0) {
-      absl::Status s = db->Write(dropped, /*sync=*/false);
-      if (!s.ok()) {
-        // Harmless: the next restart's recheck drops them again.
-        common::Log(common::LogLevel::kWarn, kComponent, "dropping mempool rows failed",
-                    {{"error", s.ToString()}});
-      }
-    }
+    return dropped;
   }
 
   // Reloads the txs accepted before a restart, oldest first, and rechecks them.
   absl::Status LoadMempool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    state::WriteBatch stray;
+    std::vector<std::pair<std::string, std::string>> rows;
     TS_RETURN_IF_ERROR(
         db->Scan(devnet::kMempoolTable, "", [&](std::string_view key, std::string_view value) {
-          std::string hash = common::Sha256(value);
-          if (key.size() != 8 || !mempool_hashes.insert(hash).second) {
-            stray.Delete(devnet::kMempoolTable, key);  // not a row this code keeps
-            return true;
-          }
-          const uint64_t seq = state::DecodeU64Key(key);
-          next_mempool_seq = std::max(next_mempool_seq, seq + 1);
-          mempool.push_back(MempoolTx{seq, std::move(hash), std::string(value)});
+          rows.emplace_back(std::string(key), std::string(value));
           return true;
         }));
+    state::WriteBatch stray;
+    for (auto& [key, value] : rows) {
+      std::string hash = common::Sha256(value);
+      if (key.size() != 8 || !mempool_hashes.insert(hash).second) {
+        stray.Delete(devnet::kMempoolTable, key);  // not a row this code keeps
+        continue;
+      }
+      const uint64_t seq = state::DecodeU64Key(key);
+      next_mempool_seq = std::max(next_mempool_seq, seq + 1);
+      mempool.push_back(MempoolTx{seq, std::move(hash), std::move(value)});
+    }
     if (stray.size() > 0) TS_RETURN_IF_ERROR(db->Write(stray, /*sync=*/false));
-    RecheckMempool();
+    state::WriteBatch dropped = RecheckMempool();
+    if (dropped.size() > 0) TS_RETURN_IF_ERROR(db->Write(dropped, /*sync=*/false));
     return absl::OkStatus();
   }
 
@@ -391,8 +398,6 @@ struct DevnetNode::Impl final : public devnet::Backend {
       if (!s.ok()) {
         common::Log(common::LogLevel::kError, kComponent, "block production stopped",
                     {{"error", s.ToString()}});
-        absl::MutexLock lock(&mu);
-        producer_error = s;
         return;
       }
       // Keep the cadence, but never try to catch up with a burst of empty blocks.
@@ -400,89 +405,127 @@ struct DevnetNode::Impl final : public devnet::Backend {
     }
   }
 
+  // One block in three steps. Under `mu`: execute, commit in memory and recheck the mempool.
+  // Without `mu`: the synced write, so broadcasts' CheckTx goes on during the disk's sync; state
+  // queries wait for it (`persisting`), so nothing not yet durable is ever shown. Under `mu`
+  // again: the block counts as done.
   absl::Status ProduceBlock() {
-    absl::MutexLock lock(&mu);
     const absl::Time block_start = absl::Now();
-    std::vector<std::string> txs;
-    std::vector<std::string> hashes;
-    std::vector<uint64_t> seqs;
-    size_t bytes = 0;
-    while (!mempool.empty() && txs.size() < options.max_block_txs) {
-      MempoolTx& next = mempool.front();
-      if (!txs.empty() && bytes + next.bytes.size() > options.max_block_bytes) break;
-      bytes += next.bytes.size();
-      mempool_hashes.erase(next.hash);
-      seqs.push_back(next.seq);
-      hashes.push_back(std::move(next.hash));
-      txs.push_back(std::move(next.bytes));
-      mempool.pop_front();
+    absl::Time finalized, committed;
+    state::WriteBatch batch;
+    state::WriteBatch dropped;
+    std::shared_ptr<pb::StoredBlock> stored;
+    int64_t height = 0;
+    size_t included = 0, rechecked = 0;
+    {
+      absl::MutexLock lock(&mu);
+      std::vector<std::string> txs;
+      std::vector<std::string> hashes;
+      std::vector<uint64_t> seqs;
+      size_t bytes = 0;
+      while (!mempool.empty() && txs.size() < options.max_block_txs) {
+        MempoolTx& next = mempool.front();
+        if (!txs.empty() && bytes + next.bytes.size() > options.max_block_bytes) break;
+        bytes += next.bytes.size();
+        mempool_hashes.erase(next.hash);
+        seqs.push_back(next.seq);
+        hashes.push_back(std::move(next.hash));
+        txs.push_back(std::move(next.bytes));
+        mempool.pop_front();
+      }
+
+      height = app->height() + 1;
+      tendermint::types::Header header;
+      header.set_chain_id(chain_id);
+      header.set_height(height);
+      int64_t now_ms = clock->NowUnixMs();
+      // Block times strictly increase, as CometBFT requires, even if the wall clock steps back.
+      if (last_header.has_value()) now_ms = std::max(now_ms, ToUnixMs(last_header->time()) + 1);
+      *header.mutable_time() = ToTimestamp(now_ms);
+      if (last_header.has_value()) {
+        header.mutable_last_block_id()->set_hash(HeaderHash(*last_header));
+      }
+      header.set_data_hash(devnet::DataHash(txs));
+      header.set_app_hash(app->app_hash());
+
+      absl::StatusOr<BlockOutcome> finalize = app->FinalizeBlock(header, txs);
+      if (!finalize.ok()) {
+        producer_error = finalize.status();
+        return finalize.status();
+      }
+      BlockOutcome outcome = *std::move(finalize);
+      finalized = absl::Now();
+
+      stored = std::make_shared<pb::StoredBlock>();
+      *stored->mutable_block()->mutable_header() = header;
+      for (std::string& tx : txs) stored->mutable_block()->mutable_data()->add_txs(std::move(tx));
+      *stored->mutable_results() = std::move(outcome.results);
+      stored->mutable_results()->set_height(height);
+
+      // One synced batch: a crash leaves the whole block or none of it.
+      for (const StateChange& c : outcome.changes) {
+        if (c.value.has_value()) {
+          batch.Put(devnet::kStateTable, c.key, *c.value);
+        } else {
+          batch.Delete(devnet::kStateTable, c.key);
+        }
+      }
+      batch.PutProto(devnet::kBlocksTable, state::EncodeU64Key(static_cast<uint64_t>(height)),
+                     *stored);
+      for (uint32_t i = 0; i < hashes.size(); ++i) {
+        batch.Put(devnet::kTxsTable, hashes[i], devnet::EncodeTxLocation({height, i}));
+        batch.Delete(devnet::kMempoolTable, state::EncodeU64Key(seqs[i]));
+      }
+      batch.Put(devnet::kMetaTable, devnet::kMetaLatestHeight,
+                state::EncodeU64Key(static_cast<uint64_t>(height)));
+      batch.Put(devnet::kMetaTable, devnet::kMetaAppHash, stored->results().app_hash());
+
+      app->Commit();
+      last_header = header;
+      included = hashes.size();
+      rechecked = mempool.size();
+      dropped = RecheckMempool();
+      persisting = true;
+      committed = absl::Now();
     }
 
-    const int64_t height = app->height() + 1;
-    tendermint::types::Header header;
-    header.set_chain_id(chain_id);
-    header.set_height(height);
-    int64_t now_ms = clock->NowUnixMs();
-    // Block times strictly increase, as CometBFT requires, even if the wall clock steps back.
-    if (last_header.has_value()) now_ms = std::max(now_ms, ToUnixMs(last_header->time()) + 1);
-    *header.mutable_time() = ToTimestamp(now_ms);
-    if (last_header.has_value()) header.mutable_last_block_id()->set_hash(HeaderHash(*last_header));
-    header.set_data_hash(devnet::DataHash(txs));
-    header.set_app_hash(app->app_hash());
-
-    TS_ASSIGN_OR_RETURN(BlockOutcome outcome, app->FinalizeBlock(header, txs));
-    const absl::Time finalized = absl::Now();
-
-    auto stored = std::make_shared<pb::StoredBlock>();
-    *stored->mutable_block()->mutable_header() = header;
-    for (std::string& tx : txs) stored->mutable_block()->mutable_data()->add_txs(std::move(tx));
-    *stored->mutable_results() = std::move(outcome.results);
-    stored->mutable_results()->set_height(height);
-    const std::string new_app_hash = stored->results().app_hash();
-
-    // One synced batch: a crash leaves the whole block or none of it.
-    state::WriteBatch batch;
-    for (const StateChange& c : outcome.changes) {
-      if (c.value.has_value()) {
-        batch.Put(devnet::kStateTable, c.key, *c.value);
-      } else {
-        batch.Delete(devnet::kStateTable, c.key);
+    absl::Status written = db->Write(batch, /*sync=*/true);
+    const absl::Time persisted = absl::Now();
+    // Rows of txs the recheck dropped go only after the block: a crash before it brings them
+    // back with the block's own txs, in their order.
+    if (written.ok() && dropped.size() > 0) {
+      absl::Status s = db->Write(dropped, /*sync=*/false);
+      if (!s.ok()) {
+        // Harmless: the next start's recheck drops them again.
+        common::Log(common::LogLevel::kWarn, kComponent, "dropping mempool rows failed",
+                    {{"error", s.ToString()}});
       }
     }
-    batch.PutProto(devnet::kBlocksTable, state::EncodeU64Key(static_cast<uint64_t>(height)),
-                   *stored);
-    for (uint32_t i = 0; i < hashes.size(); ++i) {
-      batch.Put(devnet::kTxsTable, hashes[i], devnet::EncodeTxLocation({height, i}));
-      batch.Delete(devnet::kMempoolTable, state::EncodeU64Key(seqs[i]));
+
+    {
+      absl::MutexLock lock(&mu);
+      persisting = false;
+      if (!written.ok()) {
+        // The App is now ahead of the disk: producer_error stops everything that would show it.
+        producer_error = written;
+        return written;
+      }
+      ++stats.blocks;
+      stats.block_txs += static_cast<int64_t>(included);
+      stats.block_ms += absl::ToDoubleMilliseconds(persisted - block_start);
+      stats.finalize_ms += absl::ToDoubleMilliseconds(finalized - block_start);
+      stats.recheck_ms += absl::ToDoubleMilliseconds(committed - finalized);
+      stats.persist_ms += absl::ToDoubleMilliseconds(persisted - committed);
+      stats.rechecked_txs += static_cast<int64_t>(rechecked);
+      // Published before `mu` is released, so a query that sees the new state also finds the
+      // new block.
+      absl::MutexLock blocks_lock(&blocks_mu);
+      latest_height = height;
+      latest_app_hash = stored->results().app_hash();
+      block_cache.emplace(height, std::move(stored));
+      while (block_cache.size() > kBlockCacheSize) block_cache.erase(block_cache.begin());
+      block_done.SignalAll();
     }
-    batch.Put(devnet::kMetaTable, devnet::kMetaLatestHeight,
-              state::EncodeU64Key(static_cast<uint64_t>(height)));
-    batch.Put(devnet::kMetaTable, devnet::kMetaAppHash, new_app_hash);
-    TS_RETURN_IF_ERROR(db->Write(batch, /*sync=*/true));
-
-    const absl::Time persisted = absl::Now();
-    app->Commit();
-    last_header = header;
-    const size_t to_recheck = mempool.size();
-
-    // Recheck what is left against the new state, in arrival order; one pass, so the cost is
-    // linear in the mempool.
-    RecheckMempool();
-    const absl::Time done = absl::Now();
-    ++stats.blocks;
-    stats.block_txs += static_cast<int64_t>(hashes.size());
-    stats.block_ms += absl::ToDoubleMilliseconds(done - block_start);
-    stats.finalize_ms += absl::ToDoubleMilliseconds(finalized - block_start);
-    stats.persist_ms += absl::ToDoubleMilliseconds(persisted - finalized);
-    stats.recheck_ms += absl::ToDoubleMilliseconds(done - persisted);
-    stats.rechecked_txs += static_cast<int64_t>(to_recheck);
-
-    absl::MutexLock blocks_lock(&blocks_mu);
-    latest_height = height;
-    latest_app_hash = new_app_hash;
-    block_cache.emplace(height, std::move(stored));
-    while (block_cache.size() > kBlockCacheSize) block_cache.erase(block_cache.begin());
-    block_done.SignalAll();
     return absl::OkStatus();
   }
 };
@@ -641,12 +684,12 @@ std::string DevnetNode::app_hash() const {
 std::string DevnetNode::chain_id() const { return impl_->chain_id; }
 
 size_t DevnetNode::mempool_size() const {
-  absl::MutexLock lock(&impl_->mu);
+  absl::MutexLock lock(&impl_->mu, absl::Condition(impl_.get(), &Impl::Settled));
   return impl_->mempool.size();
 }
 
 DevnetStats DevnetNode::stats() const {
-  absl::MutexLock lock(&impl_->mu);
+  absl::MutexLock lock(&impl_->mu, absl::Condition(impl_.get(), &Impl::Settled));
   return impl_->stats;
 }
 

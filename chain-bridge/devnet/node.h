@@ -64,8 +64,8 @@ struct DevnetStats {
   int64_t block_txs = 0;   // txs in them
   double block_ms = 0;     // whole block: execute, persist, commit, recheck
   double finalize_ms = 0;  // App::FinalizeBlock
-  double persist_ms = 0;   // building and writing the synced batch
-  double recheck_ms = 0;   // CheckTx over the mempool after a commit
+  double recheck_ms = 0;   // building the batch, Commit, CheckTx over the mempool
+  double persist_ms = 0;   // the synced write (the App's mutex is free meanwhile)
   int64_t rechecked_txs = 0;
   int64_t check_txs = 0;  // CheckTx calls from broadcasts
   double check_ms = 0;    // time in those calls
@@ -99,6 +99,7 @@ class DevnetNode {
   int64_t height() const;
   std::string app_hash() const;
   std::string chain_id() const;
+  // Txs waiting for a block (once a block being written is durable).
   size_t mempool_size() const;
   DevnetStats stats() const;
 

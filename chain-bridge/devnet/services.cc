@@ -148,7 +148,7 @@ class AuthQuery final : public cosmos::auth::v1beta1::Query::Service {
     return Serve("Account", [&]() -> absl::Status {
       TS_RETURN_IF_ERROR(CheckAddress("address", req->address()));
       absl::Status result;
-      backend_->WithApp([&](const App& app) {
+      TS_RETURN_IF_ERROR(backend_->WithApp([&](const App& app) {
         absl::StatusOr<std::pair<uint64_t, uint64_t>> acc = app.Account(req->address());
         if (!acc.ok()) {
           result = acc.status();
@@ -167,7 +167,7 @@ class AuthQuery final : public cosmos::auth::v1beta1::Query::Service {
         }
         resp->mutable_account()->set_type_url("/cosmos.auth.v1beta1.BaseAccount");
         resp->mutable_account()->set_value(base.SerializeAsString());
-      });
+      }));
       return result;
     });
   }
@@ -188,7 +188,8 @@ class BankQuery final : public cosmos::bank::v1beta1::Query::Service {
       uint64_t amount = 0;
       // The chain holds one denom; any other balance is zero, as Cosmos answers.
       if (req->denom() == common::kDenom) {
-        backend_->WithApp([&](const App& app) { amount = app.Balance(req->address()); });
+        TS_RETURN_IF_ERROR(
+            backend_->WithApp([&](const App& app) { amount = app.Balance(req->address()); }));
       }
       resp->mutable_balance()->set_denom(req->denom());
       resp->mutable_balance()->set_amount(common::FormatAmount(amount));
@@ -203,7 +204,7 @@ class BankQuery final : public cosmos::bank::v1beta1::Query::Service {
       if (req->denom().empty()) return absl::InvalidArgumentError("denom: empty");
       uint64_t amount = 0;
       if (req->denom() == common::kDenom) {
-        backend_->WithApp([&](const App& app) { amount = app.TotalSupply(); });
+        TS_RETURN_IF_ERROR(backend_->WithApp([&](const App& app) { amount = app.TotalSupply(); }));
       }
       resp->mutable_amount()->set_denom(req->denom());
       resp->mutable_amount()->set_amount(common::FormatAmount(amount));
@@ -355,7 +356,7 @@ class ModuleQuery final : public pb::Query::Service {
  private:
   absl::Status WithApp(const std::function<absl::Status(const App&)>& fn) {
     absl::Status result;
-    backend_->WithApp([&](const App& app) { result = fn(app); });
+    TS_RETURN_IF_ERROR(backend_->WithApp([&](const App& app) { result = fn(app); }));
     return result;
   }
 

@@ -52,8 +52,9 @@ class Backend {
   virtual absl::StatusOr<std::pair<std::shared_ptr<const pb::StoredBlock>, uint32_t>> FindTx(
       std::string_view tx_hash) = 0;
 
-  // Runs `fn` with the App locked, for queries. `fn` must not call back into the Backend.
-  virtual void WithApp(const std::function<void(const App&)>& fn) = 0;
+  // Runs `fn` with the App locked, for queries, once the latest committed block is durable.
+  // `fn` must not call back into the Backend. UNAVAILABLE if the node stopped producing blocks.
+  virtual absl::Status WithApp(const std::function<void(const App&)>& fn) = 0;
 };
 
 // The delivered TxResponse of tx `index` of `block`, completed as Cosmos returns it from GetTx:

@@ -235,10 +235,10 @@ int Run(const Flags& flags) {
   std::printf("  broadcast done after %.0f ms (slowest thread)\n",
               *std::max_element(broadcast_ms.begin(), broadcast_ms.end()));
   std::printf(
-      "  per block (mean): %.2f ms total = finalize %.2f + commit (synced batch) %.2f"
-      " + recheck %.2f\n",
-      per_block, mean(&DevnetStats::finalize_ms), mean(&DevnetStats::persist_ms),
-      mean(&DevnetStats::recheck_ms));
+      "  per block (mean): %.2f ms total = finalize %.2f + batch, commit and recheck %.2f"
+      " + synced write %.2f (App unlocked)\n",
+      per_block, mean(&DevnetStats::finalize_ms), mean(&DevnetStats::recheck_ms),
+      mean(&DevnetStats::persist_ms));
   std::printf(
       "  CheckTx: %lld calls, %.1f us each; rechecks: %lld txs\n", static_cast<long long>(checks),
       checks > 0 ? 1000.0 * (after.check_ms - before.check_ms) / static_cast<double>(checks) : 0.0,
