@@ -151,8 +151,9 @@ grpc::Status ToGrpc(const absl::Status& status) {
 // settlement draft, with the same key as the real sidecar would.
 class MemberSidecar final : public pb::HostOperator::Service {
  public:
-  MemberSidecar(common::PrivateKey key, const std::string& chain)
-      : key_(std::move(key)), chain_(bridge::NewGrpcChainClient(chain)) {
+  // A `tampering` one signs a draft other than the one it was asked to sign.
+  MemberSidecar(common::PrivateKey key, const std::string& chain, bool tampering = false)
+      : key_(std::move(key)), chain_(bridge::NewGrpcChainClient(chain)), tampering_(tampering) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(this);
@@ -189,7 +190,8 @@ class MemberSidecar final : public pb::HostOperator::Service {
 
   grpc::Status SignSettlement(grpc::ServerContext*, const pb::SignSettlementRequest* request,
                               pb::SignSettlementResponse* response) override {
-    const pb::Settlement& draft = request->draft();
+    pb::Settlement draft = request->draft();
+    if (tampering_) draft.set_refund("0");
     auto signature = common::SignStatement(key_, "settlement", draft.chain_id(), draft.shard_id(),
                                            Canonical(draft));
     if (!signature.ok()) return ToGrpc(signature.status());
@@ -215,6 +217,7 @@ class MemberSidecar final : public pb::HostOperator::Service {
  private:
   common::PrivateKey key_;
   std::unique_ptr<bridge::ChainClient> chain_;
+  bool tampering_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };
@@ -461,12 +464,17 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   uint64_t creator_before =
       std::stoull(JsonTool(OnChain({"bank", "balance", "--address", addr["creator"]}))["amount"]
                       .get<std::string>());
+  // A sidecar of host1 that signs another draft, and host3 (no member) are left out.
+  MemberSidecar tampering(key_of("host1"), chain_, /*tampering=*/true);
+  MemberSidecar outsider(key_of("host3"), chain_);
+  std::string hosts = tampering.address() + "," + member1.address() + "," + member2.address() +
+                      "," + outsider.address();
   std::vector<std::string> settle = {"shard",
                                      "settle",
                                      "--id",
                                      shard_id,
                                      "--hosts",
-                                     member1.address() + "," + member2.address(),
+                                     hosts,
                                      "--final-root",
                                      final_root,
                                      "--eval-metric",
@@ -479,7 +487,11 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   Json settled = JsonTool(Signed("creator", settle));
   EXPECT_EQ(settled["code"], 0) << settled;
   EXPECT_EQ(settled["signatures"], 2);
-  EXPECT_EQ(settled["refused"], Json::array());
+  ASSERT_EQ(settled["refused"].size(), 2u) << settled;
+  EXPECT_EQ(settled["refused"][0]["host"], tampering.address());
+  EXPECT_THAT(settled["refused"][0]["error"].get<std::string>(), HasSubstr("does not verify"));
+  EXPECT_EQ(settled["refused"][1]["host"], outsider.address());
+  EXPECT_THAT(settled["refused"][1]["error"].get<std::string>(), HasSubstr("not a member"));
   EXPECT_EQ(JsonTool(OnChain({"shard", "status", "--id", shard_id}))["status"],
             "SHARD_STATUS_SETTLED");
   Json record = JsonTool(OnChain({"shard", "settlement", "--id", shard_id}));
@@ -496,6 +508,7 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   std::vector<std::string> twice = Signed("creator", settle);
   ToolResult twice_result = RunTool(twice);
   EXPECT_EQ(twice_result.code, 1) << Describe(twice, twice_result);
+  EXPECT_THAT(twice_result.err, HasSubstr("already settled"));
 
   // Events and blocks.
   Json latest = JsonTool(OnChain({"chain", "status"}));

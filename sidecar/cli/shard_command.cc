@@ -7,8 +7,11 @@
 #include "chain-bridge/module/tx.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
+#include "common/crypto/signing.h"
 #include "common/hex.h"
 #include "gonka/trainshard/v1/chain.pb.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "sidecar/cli/commands.h"
 #include "sidecar/cli/host_client.h"
 #include "sidecar/cli/output.h"
@@ -23,6 +26,19 @@ std::string StatusName(pb::ShardStatus status) {
 }
 
 std::string HostPeer(const std::string& endpoint) { return "host " + endpoint; }
+
+// The canonical message bytes statements are signed over: the deterministic protobuf
+// serialization (docs/protocol.md, "Consensus statements").
+std::string CanonicalBytes(const google::protobuf::Message& message) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
 
 int RunList(Context& ctx, const std::string& status_text) {
   pb::ShardStatus status = pb::SHARD_STATUS_UNSPECIFIED;
@@ -242,27 +258,34 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
     entry->set_host(payout.address);
     entry->set_amount(common::FormatAmount(payout.value));
   }
+  auto shard = ctx.chain().Shard(args.id);
+  if (!shard.ok()) return ctx.ChainFailed(shard.status());
+  auto held = common::ParseAmount("escrow_held", shard->escrow_held());
+  if (!held.ok()) return ctx.ChainFailed(absl::InternalError(held.status().message()));
+  if (shard->status() != pb::SHARD_STATUS_RUNNING) {
+    // The chain would refuse any settlement now; say why before asking the hosts.
+    if (shard->status() == pb::SHARD_STATUS_SETTLED) {
+      ctx.err() << "error: shard " << args.id << " is already settled\n";
+    } else {
+      ctx.err() << "error: shard " << args.id << " is " << StatusName(shard->status())
+                << " (escrow held " << *held << "): only a running shard can be settled\n";
+    }
+    return kExitRefused;
+  }
   uint64_t refund = plan->refund;
   if (!plan->refund_given) {
-    auto shard = ctx.chain().Shard(args.id);
-    if (!shard.ok()) return ctx.ChainFailed(shard.status());
-    auto held = common::ParseAmount("escrow_held", shard->escrow_held());
-    if (!held.ok()) return ctx.ChainFailed(absl::InternalError(held.status().message()));
-    if (shard->status() != pb::SHARD_STATUS_RUNNING) {
-      // The chain would refuse any settlement now; say why rather than blame the payouts.
-      ctx.err() << "error: shard " << args.id << " is " << pb::ShardStatus_Name(shard->status())
-                << " (escrow held " << *held << "): only a RUNNING shard can be settled\n";
-      return kExitRefused;
-    }
     if (paid > *held) {
       return ctx.BadInput(absl::InvalidArgumentError(absl::StrCat(
           "--payout: the payouts sum to ", paid, ", more than the shard's escrow ", *held)));
     }
     refund = *held - paid;
   }
+  std::set<std::string> members;
+  for (const auto& r : shard->reservations()) members.insert(r.host());
   draft.set_refund(common::FormatAmount(refund));
   draft.set_rounds_completed(args.rounds);
 
+  const std::string draft_bytes = CanonicalBytes(draft);
   std::vector<pb::SettlementSignature> signatures;
   std::set<std::string> signers;
   std::vector<Refusal> refused;
@@ -277,6 +300,24 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
       continue;
     }
     const pb::SettlementSignature& signature = signed_draft->signature();
+    // One bad signature would make the chain refuse the whole settlement: check each here
+    // and count a host whose signature is not over this draft as refusing.
+    auto signer = common::RecoverStatementSigner("settlement", draft.chain_id(), draft.shard_id(),
+                                                 draft_bytes, signature.signature());
+    if (!signer.ok() || *signer != signature.host()) {
+      std::string error = absl::StrCat("signature claimed for ", signature.host(),
+                                       " does not verify over this draft");
+      ctx.err() << "host " << endpoint << " did not sign: " << error << "\n";
+      refused.push_back({endpoint, error});
+      continue;
+    }
+    // The chain refuses a settlement carrying a signature from outside the shard.
+    if (members.count(signature.host()) == 0) {
+      std::string error = absl::StrCat(signature.host(), " is not a member of shard ", args.id);
+      ctx.err() << "host " << endpoint << " did not sign: " << error << "\n";
+      refused.push_back({endpoint, error});
+      continue;
+    }
     // Quorum counts distinct hosts; a second operator address of the same host adds nothing.
     if (!signers.insert(signature.host()).second) continue;
     if (!ctx.json()) ctx.out() << "signed by " << signature.host() << " (" << endpoint << ")\n";
