@@ -162,8 +162,9 @@ struct DevnetNode::Impl final : public devnet::Backend {
   std::unique_ptr<state::Db> db;
   std::string chain_id;
 
-  // Guards the App, the mempool and the header chain. Held for a whole block (execute, persist,
-  // commit, recheck) so CheckTx never sees a half-committed state.
+  // Guards the App, the mempool and the header chain. Held while a block executes, commits and
+  // rechecks, so CheckTx never sees a half-committed App; released during the block's synced
+  // write, which `persisting` marks.
   mutable absl::Mutex mu;
   std::unique_ptr<App> app ABSL_GUARDED_BY(mu);
   std::deque<MempoolTx> mempool ABSL_GUARDED_BY(mu);
