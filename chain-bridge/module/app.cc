@@ -23,26 +23,27 @@ using cosmos::base::abci::v1beta1::TxResponse;
 // A block may carry at most this many txs (each is also capped at kMaxTxBytes).
 constexpr size_t kMaxTxsPerBlock = 100'000;
 
-std::string U32Be(uint32_t value) {
-  std::string out(4, '\0');
-  for (int i = 3; i >= 0; --i) {
-    out[static_cast<size_t>(i)] = static_cast<char>(value & 0xff);
-    value >>= 8;
+void AppendU32Be(std::string* out, uint32_t value) {
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    out->push_back(static_cast<char>((value >> shift) & 0xff));
   }
-  return out;
 }
 
 // SHA256 over the sorted change set: u32be(len key) key u8(present) [u32be(len value) value].
+// Everything but the value goes through one reused buffer, so each change is two updates.
 std::string ChangesDigest(const std::vector<StateChange>& changes) {
   common::Sha256Hasher hasher;
+  std::string head;
   for (const auto& change : changes) {
-    hasher.Update(U32Be(static_cast<uint32_t>(change.key.size())));
-    hasher.Update(change.key);
-    hasher.Update(std::string(1, change.value.has_value() ? '\x01' : '\x00'));
+    head.clear();
+    AppendU32Be(&head, static_cast<uint32_t>(change.key.size()));
+    head.append(change.key);
+    head.push_back(change.value.has_value() ? '\x01' : '\x00');
     if (change.value.has_value()) {
-      hasher.Update(U32Be(static_cast<uint32_t>(change.value->size())));
-      hasher.Update(*change.value);
+      AppendU32Be(&head, static_cast<uint32_t>(change.value->size()));
     }
+    hasher.Update(head);
+    if (change.value.has_value()) hasher.Update(*change.value);
   }
   return hasher.Finish();
 }
@@ -76,7 +77,7 @@ void SetError(TxResponse* response, const absl::Status& status) {
 struct App::Impl {
   ChainEnv env;
   SigCache sig_cache;
-  std::map<std::string, std::string> state;
+  KvState state;
   int64_t height = 0;
   std::string app_hash = std::string(common::kSha256Size, '\0');
   // Txs accepted by CheckTx since the last Commit, over the finalized state.
@@ -174,7 +175,7 @@ TxResponse App::Impl::RunTx(KvOverlay* parent, std::string_view tx_bytes, int64_
   Events events;
   Keeper keeper(env, &msg_kv, height, &events);
   for (size_t i = 0; i < msgs.size(); ++i) {
-    absl::Status status = keeper.Execute(msgs[i]);
+    absl::Status status = keeper.Execute(&msgs[i]);
     if (!status.ok()) {
       if (msgs.size() > 1) {
         status = absl::Status(status.code(),
@@ -202,9 +203,11 @@ absl::StatusOr<std::unique_ptr<App>> App::InitChain(const pb::Genesis& genesis) 
   Events events;
   Keeper keeper(impl->env, &kv, 0, &events);
   TS_RETURN_IF_ERROR(keeper.InitGenesis());
+  KvState::Map state;
   for (const auto& [key, value] : kv.writes()) {
-    if (value.has_value()) impl->state.emplace(key, *value);
+    if (value.has_value()) state.emplace(key, *value);
   }
+  impl->state.Assign(std::move(state));
   impl->check = std::make_unique<KvOverlay>(&impl->state);
   return std::unique_ptr<App>(new App(std::move(impl)));
 }
@@ -225,7 +228,7 @@ absl::StatusOr<std::unique_ptr<App>> App::Restore(const pb::Genesis& genesis,
     return absl::InvalidArgumentError(
         "genesis: does not match the genesis the persisted state was created from");
   }
-  impl->state = std::move(state);
+  impl->state.Assign(std::move(state));
   impl->height = height;
   impl->app_hash = std::move(app_hash);
   impl->check = std::make_unique<KvOverlay>(&impl->state);
@@ -268,22 +271,16 @@ absl::StatusOr<BlockOutcome> App::FinalizeBlock(const tendermint::types::Header&
   TS_RETURN_IF_ERROR(keeper.EndBlock());
   for (auto& event : end_events) *outcome.results.add_end_block_events() = std::move(event);
 
-  // The change set: what differs from the previous block's state, in key order.
-  for (const auto& [key, value] : block.writes()) {
-    auto it = impl.state.find(key);
-    bool existed = it != impl.state.end();
-    if (!value.has_value() && !existed) continue;
-    if (value.has_value() && existed && it->second == *value) continue;
-    outcome.changes.push_back(StateChange{key, value});
+  // The change set: what differs from the previous block's state, in key order, applied to the
+  // state as it is found (nothing can fail from here on). The block's writes are moved into
+  // it, not copied.
+  KvOverlay::Writes writes = block.TakeWrites();
+  outcome.changes.reserve(writes.size());
+  for (auto& [key, value] : writes) {
+    if (!impl.state.Apply(key, value)) continue;
+    outcome.changes.push_back(StateChange{key, std::move(value)});
   }
   std::string app_hash = NextAppHash(impl.app_hash, height, outcome.changes);
-  for (const auto& change : outcome.changes) {
-    if (change.value.has_value()) {
-      impl.state[change.key] = *change.value;
-    } else {
-      impl.state.erase(change.key);
-    }
-  }
   impl.height = height;
   impl.app_hash = app_hash;
   outcome.results.set_app_hash(app_hash);
@@ -312,8 +309,9 @@ std::vector<pb::Shard> App::ListShards(pb::ShardStatus status, uint64_t start_af
   if (start_after_id == UINT64_MAX) return out;
   KvOverlay kv(&impl_->state);
   Keeper keeper = impl_->ReadKeeper(&kv);
-  auto begin = impl_->state.lower_bound(keys::Shard(start_after_id + 1));
-  for (auto it = begin; it != impl_->state.end() && out.size() < limit; ++it) {
+  const KvState::Map& state = impl_->state.map();
+  auto begin = state.lower_bound(keys::Shard(start_after_id + 1));
+  for (auto it = begin; it != state.end() && out.size() < limit; ++it) {
     std::string_view key = it->first;
     if (key.substr(0, keys::kShardPrefix.size()) != keys::kShardPrefix) break;
     auto id = ReadBe64(key, key.substr(keys::kShardPrefix.size()));
@@ -381,6 +379,6 @@ std::string App::AccountPublicKey(std::string_view address) const {
 std::string App::GovAddress() const { return impl_->env.gov_address; }
 std::string App::EscrowAddress() const { return impl_->env.escrow_address; }
 
-const std::map<std::string, std::string>& App::state() const { return impl_->state; }
+const std::map<std::string, std::string>& App::state() const { return impl_->state.map(); }
 
 }  // namespace ts::bridge

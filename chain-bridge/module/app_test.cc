@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "chain-bridge/module/keeper.h"
+#include "chain-bridge/module/member_key.h"
 #include "chain-bridge/module/proto_util.h"
 #include "chain-bridge/module/tx.h"
 #include "common/crypto/bech32.h"
@@ -771,6 +772,165 @@ TEST_F(SettlementRefusals, RefusedSettlementThenValidOneInTheSameBlock) {
   EXPECT_EQ(outcome.results.tx_results(1).code(), kOk) << outcome.results.tx_results(1).raw_log();
   EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
   EXPECT_EQ(app_->Account(Addr(creator_))->second, 3u);  // proposal, bad, good
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settlement signatures against the members' stored keys
+
+// n - S for the big-endian S in bytes 32..63: the high-S twin of a low-S signature, which
+// recovers the same key with the other V.
+std::string HighSTwin(std::string signature) {
+  const std::string n =
+      common::HexDecode("FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141").value();
+  int borrow = 0;
+  for (int i = 31; i >= 0; --i) {
+    int diff = static_cast<uint8_t>(n[static_cast<size_t>(i)]) -
+               static_cast<uint8_t>(signature[32 + static_cast<size_t>(i)]) - borrow;
+    borrow = diff < 0 ? 1 : 0;
+    signature[32 + static_cast<size_t>(i)] = static_cast<char>(diff + 256 * borrow);
+  }
+  signature[64] = static_cast<char>(signature[64] ^ 1);
+  return signature;
+}
+
+class MemberKeys : public SettlementRefusals {
+ protected:
+  // Replaces app_ by an App restored from its state after `edit`: a node whose state was
+  // written by an earlier layout, or was corrupted.
+  void RestoreEdited(const std::function<void(std::map<std::string, std::string>&)>& edit) {
+    std::map<std::string, std::string> state = app_->state();
+    edit(state);
+    auto restored = App::Restore(genesis_, std::move(state), app_->height(), app_->app_hash());
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    app_ = *std::move(restored);
+  }
+
+  static void EraseMemberKeys(std::map<std::string, std::string>& state, uint64_t shard_id) {
+    std::string prefix = keys::MemberKey(shard_id, "");
+    for (auto it = state.lower_bound(prefix);
+         it != state.end() && it->first.rfind(prefix, 0) == 0;) {
+      it = state.erase(it);
+    }
+  }
+
+  pb::SettlementSignature WithSignature(pb::SettlementSignature sig, std::string bytes) {
+    sig.set_signature(std::move(bytes));
+    return sig;
+  }
+};
+
+TEST_F(MemberKeys, StoredWhenTheReservationIsAccepted) {
+  for (uint64_t shard = 1; shard <= 2; ++shard) {
+    for (size_t i = 0; i < 3; ++i) {
+      auto it = app_->state().find(keys::MemberKey(shard, Addr(hosts_[i])));
+      ASSERT_NE(it, app_->state().end()) << "shard " << shard << " host " << i;
+      EXPECT_EQ(it->second, UncompressMemberKey(hosts_[i].public_key()).value());
+    }
+  }
+  EXPECT_EQ(app_->state().count(keys::MemberKey(1, Addr(hosts_[3]))), 0u);
+  // The key lives beside the member record, which is unchanged (GetShard lists no key).
+  EXPECT_EQ(app_->GetShard(1)->reservations_size(), 3);
+}
+
+TEST_F(MemberKeys, SignaturesAreCheckedAgainstTheStoredKey) {
+  // Swapping two members' stored keys makes their genuine signatures fail: the stored key, not
+  // the claimed host, is what a signature must match.
+  RestoreEdited([&](std::map<std::string, std::string>& state) {
+    std::swap(state[keys::MemberKey(1, Addr(hosts_[0]))],
+              state[keys::MemberKey(1, Addr(hosts_[1]))]);
+  });
+  ExpectRefused(creator_, {SettleMsg(creator_, s_, AllThree(s_))}, kUnauthenticated,
+                "signature of " + Addr(hosts_[0]) + " does not verify");
+}
+
+TEST_F(MemberKeys, ForgedMalleatedOrBadRecoveryByteIsRefused) {
+  auto genuine = SignSettlement(hosts_[0], s_);
+  const std::string refused = "signature of " + Addr(hosts_[0]) + " does not verify";
+  // An outsider's key over the same settlement, claiming host 1.
+  ExpectRefused(creator_,
+                {SettleMsg(creator_, s_,
+                           {SignSettlement(outsider_, s_, Addr(hosts_[0])),
+                            SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
+                kUnauthenticated, refused);
+  // Host 1's own signature over another settlement (a different digest).
+  pb::Settlement other = s_;
+  other.set_rounds_completed(11);
+  ExpectRefused(creator_,
+                {SettleMsg(creator_, s_,
+                           {SignSettlement(hosts_[0], other, Addr(hosts_[0])),
+                            SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
+                kUnauthenticated, refused);
+  // V outside 0..3.
+  std::string bad_v = genuine.signature();
+  bad_v[64] = 4;
+  ExpectRefused(creator_,
+                {SettleMsg(creator_, s_,
+                           {WithSignature(genuine, bad_v), SignSettlement(hosts_[1], s_),
+                            SignSettlement(hosts_[2], s_)})},
+                kUnauthenticated, refused);
+  // The high-S twin of the genuine signature.
+  ExpectRefused(creator_,
+                {SettleMsg(creator_, s_,
+                           {WithSignature(genuine, HighSTwin(genuine.signature())),
+                            SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
+                kUnauthenticated, refused);
+  // And the genuine one passes.
+  Deliver(creator_, {SettleMsg(creator_, s_, AllThree(s_))});
+  EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
+}
+
+TEST_F(MemberKeys, MembersRecordedWithoutAKeyAreCheckedByRecovery) {
+  // State written before member keys were stored: none for shard 1, and shard 2 lacks only
+  // host 2's.
+  RestoreEdited([&](std::map<std::string, std::string>& state) {
+    EraseMemberKeys(state, 1);
+    state.erase(keys::MemberKey(2, Addr(hosts_[1])));
+  });
+  ASSERT_EQ(app_->state().count(keys::MemberKey(1, Addr(hosts_[0]))), 0u);
+  auto genuine = SignSettlement(hosts_[0], s_);
+  const std::string refused = "signature of " + Addr(hosts_[0]) + " does not verify";
+  ExpectRefused(creator_,
+                {SettleMsg(creator_, s_,
+                           {SignSettlement(outsider_, s_, Addr(hosts_[0])),
+                            SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
+                kUnauthenticated, refused);
+  // Recovery binds V: the genuine signature with the other parity recovers another key.
+  std::string flipped = genuine.signature();
+  flipped[64] = static_cast<char>(flipped[64] ^ 1);
+  ExpectRefused(creator_,
+                {SettleMsg(creator_, s_,
+                           {WithSignature(genuine, flipped), SignSettlement(hosts_[1], s_),
+                            SignSettlement(hosts_[2], s_)})},
+                kUnauthenticated, refused);
+  ExpectRefused(creator_,
+                {SettleMsg(creator_, s_,
+                           {WithSignature(genuine, HighSTwin(genuine.signature())),
+                            SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
+                kUnauthenticated, refused);
+
+  TxResponse settled = Deliver(creator_, {SettleMsg(creator_, s_, AllThree(s_))});
+  EXPECT_EQ(EventsOf(settled.events(), "trainshard.shard_settled")[0]["signed_weight"], "300");
+  EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
+  EXPECT_EQ(app_->Balance(Addr(hosts_[0])), 1000u + 300000);
+
+  // Shard 2 mixes both: hosts 1 and 3 by their stored keys, host 2 by recovery.
+  pb::Settlement s2 = MakeSettlement(2);
+  ExpectRefused(
+      creator_,
+      {SettleMsg(creator_, s2,
+                 {SignSettlement(hosts_[0], s2), SignSettlement(outsider_, s2, Addr(hosts_[1])),
+                  SignSettlement(hosts_[2], s2)})},
+      kUnauthenticated, "signature of " + Addr(hosts_[1]) + " does not verify");
+  Deliver(creator_, {SettleMsg(creator_, s2, AllThree(s2))});
+  EXPECT_EQ(app_->GetShard(2)->status(), pb::SHARD_STATUS_SETTLED);
+}
+
+TEST_F(MemberKeys, StoredKeyOfTheWrongSizeIsDataLoss) {
+  RestoreEdited([&](std::map<std::string, std::string>& state) {
+    state[keys::MemberKey(1, Addr(hosts_[0]))] = hosts_[0].public_key();  // 33 bytes
+  });
+  constexpr uint32_t kDataLoss = 15;
+  ExpectRefused(creator_, {SettleMsg(creator_, s_, AllThree(s_))}, kDataLoss, "33 bytes, want 65");
 }
 
 TEST_F(ChainTest, SettleAfterExpiry) {

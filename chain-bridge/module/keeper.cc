@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "chain-bridge/module/member_key.h"
 #include "chain-bridge/module/proto_util.h"
 #include "chain-bridge/module/str_cat.h"
 #include "chain-bridge/module/tx.h"
@@ -150,6 +151,9 @@ std::string Shard(uint64_t id) { return Cat(kShardPrefix, Be64(id)); }
 std::string Member(uint64_t shard_id, std::string_view host) {
   return Cat(kMemberPrefix, Be64(shard_id), host);
 }
+std::string MemberKey(uint64_t shard_id, std::string_view host) {
+  return Cat(kMemberKeyPrefix, Be64(shard_id), host);
+}
 std::string MemberCount(uint64_t shard_id) { return Cat(kMemberCountPrefix, Be64(shard_id)); }
 std::string ReservationDeadline(int64_t height, uint64_t shard_id) {
   return Cat(kReservationDeadlinePrefix, HeightBytes(height), Be64(shard_id));
@@ -160,16 +164,30 @@ std::string Deadline(int64_t height, uint64_t shard_id) {
 std::string Settlement(uint64_t shard_id) { return Cat(kSettlementPrefix, Be64(shard_id)); }
 }  // namespace keys
 
-absl::StatusOr<std::string> SigCache::RecoverAddress(std::string_view digest,
-                                                     std::string_view signature) {
-  std::string key = Cat(digest, signature);
-  auto it = entries_.find(key);
-  if (it != entries_.end()) return it->second;
-  TS_ASSIGN_OR_RETURN(std::string public_key, common::RecoverPublicKey(digest, signature));
-  std::string address = common::AddressFromPublicKey(public_key);
-  if (entries_.size() >= kEntriesMax) entries_.clear();
-  entries_.emplace(std::move(key), address);
-  return address;
+absl::StatusOr<SigCache::Recovered> SigCache::Recover(std::string_view digest,
+                                                      std::string_view signature) {
+  scratch_.assign(digest);
+  scratch_.append(signature);
+  auto it = recovered_.find(absl::string_view(scratch_));
+  if (it != recovered_.end()) return it->second;
+  Recovered recovered;
+  TS_ASSIGN_OR_RETURN(recovered.public_key, common::RecoverPublicKey(digest, signature));
+  recovered.address = common::AddressFromPublicKey(recovered.public_key);
+  if (recovered_.size() >= kEntriesMax) recovered_.clear();
+  recovered_.emplace(scratch_, recovered);
+  return recovered;
+}
+
+bool SigCache::Verify(std::string_view member_key, std::string_view digest,
+                      std::string_view signature) {
+  scratch_.assign(digest);
+  scratch_.append(signature);
+  scratch_.append(member_key);
+  if (verified_.contains(absl::string_view(scratch_))) return true;
+  if (!VerifyWithMemberKey(member_key, digest, signature)) return false;
+  if (verified_.size() >= kEntriesMax) verified_.clear();
+  verified_.insert(scratch_);
+  return true;
 }
 
 std::string ShardStatusName(pb::ShardStatus status) {
@@ -322,7 +340,7 @@ void Keeper::PutAccount(const BaseAccount& account) {
 }
 
 absl::Status Keeper::EnsureAccount(std::string_view address) {
-  if (kv_->Get(keys::Account(address)).has_value()) return absl::OkStatus();
+  if (kv_->Contains(keys::Account(address))) return absl::OkStatus();
   TS_ASSIGN_OR_RETURN(uint64_t number, LoadU64(*kv_, keys::kNextAccountNumber, 0));
   kv_->Set(keys::kNextAccountNumber, Be64(number + 1));
   BaseAccount account;
@@ -333,7 +351,13 @@ absl::Status Keeper::EnsureAccount(std::string_view address) {
 }
 
 absl::StatusOr<uint64_t> Keeper::Balance(std::string_view address) const {
-  return LoadU64(*kv_, keys::Balance(address), 0);
+  return BalanceAt(keys::Balance(address));
+}
+
+absl::StatusOr<uint64_t> Keeper::BalanceAt(std::string_view key) const {
+  const std::string* bytes = kv_->Find(key);
+  if (bytes == nullptr) return 0;
+  return ReadBe64(key, *bytes);
 }
 
 absl::StatusOr<uint64_t> Keeper::Supply() const {
@@ -343,29 +367,41 @@ absl::StatusOr<uint64_t> Keeper::Supply() const {
 }
 
 void Keeper::SetBalance(std::string_view address, uint64_t amount) {
+  SetBalanceAt(keys::Balance(address), amount);
+}
+
+void Keeper::SetBalanceAt(std::string_view key, uint64_t amount) {
   // Zero balances are absent, so the state has one spelling of "nothing".
   if (amount == 0) {
-    kv_->Delete(keys::Balance(address));
+    kv_->Delete(key);
   } else {
-    kv_->Set(keys::Balance(address), Be64(amount));
+    kv_->Set(key, Be64(amount));
   }
 }
 
 absl::Status Keeper::Transfer(std::string_view from, std::string_view to, uint64_t amount) {
   if (amount == 0) return absl::OkStatus();
-  TS_ASSIGN_OR_RETURN(uint64_t have, Balance(from));
+  const std::string from_key = keys::Balance(from);
+  TS_ASSIGN_OR_RETURN(uint64_t have, BalanceAt(from_key));
   if (have < amount) {
     return absl::FailedPreconditionError(
         Cat("insufficient funds: ", from, " holds ", have, " ngonka, needs ", amount));
   }
-  SetBalance(from, have - amount);
-  TS_RETURN_IF_ERROR(EnsureAccount(to));
-  TS_ASSIGN_OR_RETURN(uint64_t to_have, Balance(to));
+  SetBalanceAt(from_key, have - amount);
+  TS_RETURN_IF_ERROR(Credit(to, amount));
+  Emit("bank.transfer", {{"from", from}, {"to", to}, {"amount", Cat(amount)}});
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::Credit(std::string_view to, uint64_t amount) {
+  const std::string to_key = keys::Balance(to);
+  TS_ASSIGN_OR_RETURN(uint64_t to_have, BalanceAt(to_key));
+  // Only an account can hold a balance (EnsureAccount runs before any credit), so a recipient
+  // with funds needs no second lookup.
+  if (to_have == 0) TS_RETURN_IF_ERROR(EnsureAccount(to));
   auto sum = common::CheckedAdd("balance", to_have, amount);
   if (!sum.ok()) return absl::InternalError(sum.status().message());  // bounded by the supply
-  SetBalance(to, *sum);
-  Emit("bank.transfer",
-       {{"from", std::string(from)}, {"to", std::string(to)}, {"amount", Cat(amount)}});
+  SetBalanceAt(to_key, *sum);
   return absl::OkStatus();
 }
 
@@ -907,11 +943,13 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   TS_ASSIGN_OR_RETURN(std::string sign_bytes,
                       common::SignBytes(kReservationKind, env_.genesis.chain_id(), shard.id(),
                                         CanonicalBytes(statement)));
-  auto recovered = env_.sig_cache->RecoverAddress(common::Sha256(sign_bytes), r.signature());
-  if (!recovered.ok() || *recovered != r.host()) {
+  auto recovered = env_.sig_cache->Recover(common::Sha256(sign_bytes), r.signature());
+  if (!recovered.ok() || recovered->address != r.host()) {
     return absl::UnauthenticatedError(
         Cat("reservation.signature: does not verify for host ", r.host()));
   }
+  // A recovered key is a point, so this cannot fail; the settlement verifies against it.
+  TS_ASSIGN_OR_RETURN(std::string member_key, UncompressMemberKey(recovered->public_key));
   TS_ASSIGN_OR_RETURN(auto existing, GetMember(shard.id(), r.host()));
   if (existing.has_value()) {
     return absl::AlreadyExistsError(
@@ -932,6 +970,7 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   stored.set_frozen_weight(weight);
   stored.set_reserved_height(height_);
   kv_->Set(keys::Member(shard.id(), r.host()), CanonicalBytes(stored));
+  kv_->Set(keys::MemberKey(shard.id(), r.host()), std::move(member_key));
   members += 1;
   kv_->Set(keys::MemberCount(shard.id()), Be64(members));
   TS_ASSIGN_OR_RETURN(uint64_t total,
@@ -967,10 +1006,10 @@ absl::Status Keeper::Assemble(const pb::MsgAssembleTrainshard& msg) {
   return StartShard(&shard, members);
 }
 
-absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
-  TS_RETURN_IF_ERROR(ValidateAddress("submitter", msg.submitter()));
-  if (!msg.has_settlement()) return Invalid("settlement", "missing");
-  const pb::Settlement& s = msg.settlement();
+absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
+  TS_RETURN_IF_ERROR(ValidateAddress("submitter", msg->submitter()));
+  if (!msg->has_settlement()) return Invalid("settlement", "missing");
+  const pb::Settlement& s = msg->settlement();
   const std::string& chain_id = env_.genesis.chain_id();
   if (s.chain_id() != chain_id) {
     return absl::InvalidArgumentError(Cat("settlement.chain_id: '", s.chain_id().substr(0, 80),
@@ -1000,33 +1039,57 @@ absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
   uint64_t share_max = static_cast<uint64_t>(
       u128{escrow} * shard.spec().reward_policy().max_host_share_bps() / kBps);
 
+  // Every host the settlement names, read from the state once: payouts and signatures of the
+  // same host share the record. The map only answers lookups (never iterated).
+  struct Named {
+    uint64_t frozen_weight = 0;
+    bool paid = false;
+    bool counted = false;
+  };
+  absl::flat_hash_map<absl::string_view, Named> named;
+  named.reserve(static_cast<size_t>(s.payouts_size()) + 1);
+  pb::Reservation member;  // parsed into again and again: its strings keep their buffers
+  std::string member_key = keys::Member(shard.id(), "");
+  const size_t member_prefix = member_key.size();
+  // The host's entry, or nullptr when the host is not a member.
+  auto lookup = [&](const std::string& host) -> absl::StatusOr<Named*> {
+    auto it = named.find(host);
+    if (it != named.end()) return &it->second;
+    member_key.resize(member_prefix);
+    member_key.append(host);
+    const std::string* bytes = kv_->Find(member_key);
+    if (bytes == nullptr) return nullptr;
+    if (!member.ParseFromString(*bytes)) {
+      return absl::DataLossError(Cat("state key ", KeyName(member_key), " does not hold a valid ",
+                                     pb::Reservation::descriptor()->full_name()));
+    }
+    return &named.emplace(host, Named{member.frozen_weight()}).first->second;
+  };
+
   // Payouts: members only, once each, within the per-host share, adding up to the escrow.
-  std::set<std::string_view> payees;
-  // Frozen weights of the members looked up so far, so the signature pass reads each once.
-  std::map<std::string_view, uint64_t> member_weights;
   std::vector<uint64_t> amounts;
+  amounts.reserve(static_cast<size_t>(s.payouts_size()));
   u128 paid = 0;
   for (int i = 0; i < s.payouts_size(); ++i) {
     const auto& payout = s.payouts(i);
-    std::string field = Cat("settlement.payouts[", i, "]");
-    TS_ASSIGN_OR_RETURN(auto member, GetMember(shard.id(), payout.host()));
-    if (!member.has_value()) {
-      return Invalid(Cat(field, ".host"), "'", payout.host().substr(0, 128),
+    // Field names are only built for an error.
+    auto field = [i] { return Cat("settlement.payouts[", i, "]"); };
+    TS_ASSIGN_OR_RETURN(Named * payee, lookup(payout.host()));
+    if (payee == nullptr) {
+      return Invalid(Cat(field(), ".host"), "'", payout.host().substr(0, 128),
                      "' is not a member of shard ", shard.id());
     }
-    member_weights.emplace(payout.host(), member->frozen_weight());
-    if (!payees.insert(payout.host()).second) {
-      return Invalid(Cat(field, ".host"), payout.host(), " is paid twice");
-    }
-    TS_ASSIGN_OR_RETURN(uint64_t amount,
-                        common::ParseAmount(Cat(field, ".amount"), payout.amount()));
-    if (amount > share_max) {
-      return Invalid(Cat(field, ".amount"), amount, " exceeds the host share ", share_max,
+    if (payee->paid) return Invalid(Cat(field(), ".host"), payout.host(), " is paid twice");
+    payee->paid = true;
+    auto amount = common::ParseAmount("amount", payout.amount());
+    if (!amount.ok()) return common::ParseAmount(Cat(field(), ".amount"), payout.amount()).status();
+    if (*amount > share_max) {
+      return Invalid(Cat(field(), ".amount"), *amount, " exceeds the host share ", share_max,
                      " (max_host_share_bps ", shard.spec().reward_policy().max_host_share_bps(),
                      " of escrow ", escrow, ")");
     }
-    amounts.push_back(amount);
-    paid += amount;
+    amounts.push_back(*amount);
+    paid += *amount;
   }
   TS_ASSIGN_OR_RETURN(uint64_t refund, common::ParseAmount("settlement.refund", s.refund()));
   u128 total = paid + refund;
@@ -1041,55 +1104,73 @@ absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
 
   // Signatures: distinct members whose frozen weight adds up to more than 2/3.
   TS_ASSIGN_OR_RETURN(uint64_t members, MemberCount(shard.id()));
-  if (static_cast<uint64_t>(msg.signatures_size()) > members) {
-    return Invalid("signatures", msg.signatures_size(), " signatures for ", members,
+  if (static_cast<uint64_t>(msg->signatures_size()) > members) {
+    return Invalid("signatures", msg->signatures_size(), " signatures for ", members,
                    " members of shard ", shard.id());
   }
+  // The sign bytes are built and hashed once for all signatures.
   TS_ASSIGN_OR_RETURN(std::string sign_bytes,
                       common::SignBytes(kSettlementKind, chain_id, shard.id(), CanonicalBytes(s)));
-  std::string digest = common::Sha256(sign_bytes);
-  std::set<std::string_view> counted;
+  const std::string digest = common::Sha256(sign_bytes);
+  std::string key_name = keys::MemberKey(shard.id(), "");  // + host, per signature
+  const size_t key_prefix = key_name.size();
   u128 signed_weight = 0;
-  for (int i = 0; i < msg.signatures_size(); ++i) {
-    const auto& sig = msg.signatures(i);
-    auto known = member_weights.find(sig.host());
-    uint64_t weight = 0;
-    if (known != member_weights.end()) {
-      weight = known->second;
-    } else {
-      TS_ASSIGN_OR_RETURN(auto member, GetMember(shard.id(), sig.host()));
-      if (!member.has_value()) {
-        return absl::PermissionDeniedError(
-            Cat("signer ", sig.host().substr(0, 128), " is not a member of shard ", shard.id()));
-      }
-      weight = member->frozen_weight();
+  for (int i = 0; i < msg->signatures_size(); ++i) {
+    const auto& sig = msg->signatures(i);
+    TS_ASSIGN_OR_RETURN(Named * signer, lookup(sig.host()));
+    if (signer == nullptr) {
+      return absl::PermissionDeniedError(
+          Cat("signer ", sig.host().substr(0, 128), " is not a member of shard ", shard.id()));
     }
-    if (!counted.insert(sig.host()).second) {
+    if (signer->counted) {
       return Invalid(Cat("signatures[", i, "]"), "host ", sig.host(), " counted twice");
     }
+    signer->counted = true;
     if (sig.signature().size() != common::kRecoverableSignatureSize) {
       return Invalid(Cat("signatures[", i, "].signature"), sig.signature().size(), " bytes, want ",
                      common::kRecoverableSignatureSize);
     }
-    auto recovered = env_.sig_cache->RecoverAddress(digest, sig.signature());
-    if (!recovered.ok() || *recovered != sig.host()) {
+    key_name.resize(key_prefix);
+    key_name.append(sig.host());
+    TS_ASSIGN_OR_RETURN(bool valid, SignedByMember(key_name, sig.host(), digest, sig.signature()));
+    if (!valid) {
       return absl::UnauthenticatedError(Cat("signature of ", sig.host(), " does not verify"));
     }
-    signed_weight += weight;
+    signed_weight += signer->frozen_weight;
   }
   if (signed_weight * 3 <= u128{shard.total_weight()} * 2) {
     return absl::FailedPreconditionError(Cat("signed weight ", U128ToString(signed_weight),
                                              " is not more than 2/3 of ", shard.total_weight()));
   }
 
+  // The payouts are Transfers from the escrow account, with the escrow's balance read and
+  // written once instead of once per payout: same events, errors and final balances.
+  const std::string shard_id = Cat(shard.id());
+  const std::string& escrow_address = env_.escrow_address;
+  const std::string escrow_key = keys::Balance(escrow_address);
+  TS_ASSIGN_OR_RETURN(uint64_t escrow_balance, BalanceAt(escrow_key));
   for (int i = 0; i < s.payouts_size(); ++i) {
     const auto& payout = s.payouts(i);
     uint64_t amount = amounts[static_cast<size_t>(i)];
-    TS_RETURN_IF_ERROR(Transfer(env_.escrow_address, payout.host(), amount));
+    const std::string amount_text = Cat(amount);
+    if (amount > 0) {
+      if (escrow_balance < amount) {
+        return absl::FailedPreconditionError(Cat("insufficient funds: ", escrow_address, " holds ",
+                                                 escrow_balance, " ngonka, needs ", amount));
+      }
+      // A transfer to the sender itself moves nothing (but is still reported).
+      if (payout.host() != escrow_address) {
+        escrow_balance -= amount;
+        TS_RETURN_IF_ERROR(Credit(payout.host(), amount));
+      }
+      Emit("bank.transfer",
+           {{"from", escrow_address}, {"to", payout.host()}, {"amount", amount_text}});
+    }
     Emit("trainshard.payout",
-         {{"shard_id", Cat(shard.id())}, {"host", payout.host()}, {"amount", Cat(amount)}});
+         {{"shard_id", shard_id}, {"host", payout.host()}, {"amount", amount_text}});
   }
-  TS_RETURN_IF_ERROR(Transfer(env_.escrow_address, shard.creator(), refund));
+  SetBalanceAt(escrow_key, escrow_balance);
+  TS_RETURN_IF_ERROR(Transfer(escrow_address, shard.creator(), refund));
   shard.set_escrow_held("0");
   shard.set_status(pb::SHARD_STATUS_SETTLED);
   shard.set_close_reason(pb::CLOSE_REASON_SETTLED);
@@ -1097,26 +1178,44 @@ absl::Status Keeper::Settle(const pb::MsgSettleTrainshard& msg) {
   kv_->Delete(keys::Deadline(shard.deadline_height(), shard.id()));
   PutShard(shard);
 
+  // Nothing can fail from here on: the settlement and its signatures move into the record
+  // instead of being copied.
   pb::SettlementRecord record;
-  *record.mutable_settlement() = s;
-  *record.mutable_signatures() = msg.signatures();
+  record.set_allocated_settlement(msg->release_settlement());
+  record.mutable_signatures()->Swap(msg->mutable_signatures());
   record.set_signed_weight(static_cast<uint64_t>(signed_weight));
   record.set_height(height_);
-  record.set_submitter(msg.submitter());
+  record.set_submitter(msg->submitter());
   kv_->Set(keys::Settlement(shard.id()), CanonicalBytes(record));
   Emit("trainshard.shard_settled",
-       {{"shard_id", Cat(shard.id())},
-        {"final_checkpoint_root", common::HexEncode(s.final_checkpoint_root())},
+       {{"shard_id", shard_id},
+        {"final_checkpoint_root", common::HexEncode(record.settlement().final_checkpoint_root())},
         {"signed_weight", U128ToString(signed_weight)},
         {"total_weight", Cat(shard.total_weight())},
         {"refund", Cat(refund)}});
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Keeper::SignedByMember(std::string_view key_name, std::string_view host,
+                                            std::string_view digest, std::string_view signature) {
+  const std::string* member_key = kv_->Find(key_name);
+  if (member_key != nullptr) {
+    if (member_key->size() != kMemberKeySize) {
+      return absl::DataLossError(Cat("state key ", KeyName(key_name), ": ", member_key->size(),
+                                     " bytes, want ", kMemberKeySize));
+    }
+    return env_.sig_cache->Verify(*member_key, digest, signature);
+  }
+  // A member recorded before keys were stored: its key is only known through recovery.
+  auto recovered = env_.sig_cache->Recover(digest, signature);
+  return recovered.ok() && recovered->address == host;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dispatch and end of block
 
-absl::Status Keeper::Execute(const TxMsg& msg) {
+absl::Status Keeper::Execute(TxMsg* msg_ptr) {
+  const TxMsg& msg = *msg_ptr;
   switch (msg.kind) {
     case MsgKind::kSend:
       return Send(static_cast<const cosmos::bank::v1beta1::MsgSend&>(*msg.msg));
@@ -1133,7 +1232,7 @@ absl::Status Keeper::Execute(const TxMsg& msg) {
     case MsgKind::kAssemble:
       return Assemble(static_cast<const pb::MsgAssembleTrainshard&>(*msg.msg));
     case MsgKind::kSettle:
-      return Settle(static_cast<const pb::MsgSettleTrainshard&>(*msg.msg));
+      return Settle(static_cast<pb::MsgSettleTrainshard*>(msg_ptr->msg.get()));
   }
   return absl::InternalError("unknown message kind");
 }
@@ -1177,13 +1276,15 @@ absl::Status Keeper::EndBlock() {
   return absl::OkStatus();
 }
 
-void Keeper::Emit(std::string type, std::vector<std::pair<std::string, std::string>> attributes) {
+void Keeper::Emit(std::string_view type,
+                  std::initializer_list<std::pair<std::string_view, std::string_view>> attributes) {
   tendermint::abci::Event& event = events_->emplace_back();
-  event.set_type(std::move(type));
-  for (auto& [key, value] : attributes) {
+  event.set_type(std::string(type));
+  event.mutable_attributes()->Reserve(static_cast<int>(attributes.size()));
+  for (const auto& [key, value] : attributes) {
     auto* attribute = event.add_attributes();
-    attribute->set_key(std::move(key));
-    attribute->set_value(std::move(value));
+    attribute->set_key(std::string(key));
+    attribute->set_value(std::string(value));
     attribute->set_index(true);
   }
 }

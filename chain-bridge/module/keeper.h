@@ -9,6 +9,7 @@
 #define TS_CHAIN_BRIDGE_MODULE_KEEPER_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "chain-bridge/module/kv_overlay.h"
@@ -77,6 +80,7 @@ inline constexpr std::string_view kVotingEndPrefix = "gov/voting_end/";
 inline constexpr std::string_view kNextShardId = "ts/next_shard_id";
 inline constexpr std::string_view kShardPrefix = "ts/shard/";
 inline constexpr std::string_view kMemberPrefix = "ts/member/";
+inline constexpr std::string_view kMemberKeyPrefix = "ts/member_key/";
 inline constexpr std::string_view kMemberCountPrefix = "ts/member_count/";
 inline constexpr std::string_view kReservationDeadlinePrefix = "ts/reservation_deadline/";
 inline constexpr std::string_view kDeadlinePrefix = "ts/deadline/";
@@ -92,27 +96,40 @@ std::string Deposit(uint64_t proposal_id, std::string_view depositor);
 std::string VotingEnd(int64_t height, uint64_t proposal_id);
 std::string Shard(uint64_t id);
 std::string Member(uint64_t shard_id, std::string_view host);
+std::string MemberKey(uint64_t shard_id, std::string_view host);
 std::string MemberCount(uint64_t shard_id);
 std::string ReservationDeadline(int64_t height, uint64_t shard_id);
 std::string Deadline(int64_t height, uint64_t shard_id);
 std::string Settlement(uint64_t shard_id);
 }  // namespace keys
 
-// Memoised public-key recovery of 65-byte statement signatures. Recovery is a pure function of
-// (digest, signature), so remembering it cannot change any result; it lets a settlement whose
-// signatures were checked at CheckTx be applied at FinalizeBlock without recovering them again
-// (as Bitcoin Core's signature cache does between mempool and block). Bounded: cleared when
-// full.
+// Memoised checks of 65-byte statement signatures. Recovery is a pure function of (digest,
+// signature) and verification of (member key, digest, signature), so remembering them cannot
+// change any result; it lets a settlement whose signatures were checked at CheckTx be applied
+// at FinalizeBlock without checking them again (as Bitcoin Core's signature cache does between
+// mempool and block). Bounded: each table is cleared when it reaches kEntriesMax.
 class SigCache {
  public:
   static constexpr size_t kEntriesMax = 1 << 16;
-  // The bech32 address of the key that produced `signature` over the 32-byte `digest`. Errors
-  // as common::RecoverPublicKey (failures are not remembered).
-  absl::StatusOr<std::string> RecoverAddress(std::string_view digest, std::string_view signature);
-  size_t size() const { return entries_.size(); }
+
+  struct Recovered {
+    std::string public_key;  // 33 bytes, compressed
+    std::string address;     // its bech32 address
+  };
+  // The key that produced `signature` over the 32-byte `digest`. Errors as
+  // common::RecoverPublicKey (failures are not remembered).
+  absl::StatusOr<Recovered> Recover(std::string_view digest, std::string_view signature);
+  // VerifyWithMemberKey (member_key.h); successes are remembered.
+  bool Verify(std::string_view member_key, std::string_view digest, std::string_view signature);
+
+  size_t recovered_size() const { return recovered_.size(); }
+  size_t verified_size() const { return verified_.size(); }
 
  private:
-  std::map<std::string, std::string, std::less<>> entries_;
+  absl::flat_hash_map<std::string, Recovered> recovered_;
+  absl::flat_hash_set<std::string> verified_;
+  // The lookup key is assembled here, so a hit allocates nothing.
+  std::string scratch_;
 };
 
 // Chain constants derived once from the genesis.
@@ -170,6 +187,9 @@ class Keeper {
   // Moves `amount` and emits bank.transfer; the recipient's account is created if new.
   // FAILED_PRECONDITION "insufficient funds" if `from` holds less.
   absl::Status Transfer(std::string_view from, std::string_view to, uint64_t amount);
+  // The credit half of a Transfer (no event): adds `amount` to `to`, creating its account if
+  // new. INTERNAL if the balance would overflow (impossible below the total supply).
+  absl::Status Credit(std::string_view to, uint64_t amount);
 
   // --- poc
   absl::StatusOr<uint64_t> LatestEpoch() const;
@@ -189,8 +209,9 @@ class Keeper {
   absl::StatusOr<pb::SettlementRecord> GetSettlement(uint64_t shard_id) const;
 
   // Executes one message of a tx signed by `signer` (already checked against the message's
-  // signer field). Errors are the message's rejection: see docs/chain-module.md.
-  absl::Status Execute(const TxMsg& msg);
+  // signer field). Errors are the message's rejection: see docs/chain-module.md. A message
+  // that succeeds may have parts moved out of it (a settlement moves into its record).
+  absl::Status Execute(TxMsg* msg);
 
   // End of block: tallies at voting_end_height, shard reservation deadlines and deadlines.
   // An error means the state is inconsistent (DATA_LOSS or INTERNAL).
@@ -204,7 +225,12 @@ class Keeper {
   absl::Status SubmitPocWeights(const pb::MsgSubmitPocWeights& msg);
   absl::Status Reserve(const pb::MsgReserveTrainshard& msg);
   absl::Status Assemble(const pb::MsgAssembleTrainshard& msg);
-  absl::Status Settle(const pb::MsgSettleTrainshard& msg);
+  absl::Status Settle(pb::MsgSettleTrainshard* msg);
+  // Whether `signature` over `digest` is by `host`, a member whose key would be stored under
+  // `key_name` (keys::MemberKey): verified against that key, or, for a member recorded without
+  // one, recovered to the host's address. DATA_LOSS for a stored key of the wrong size.
+  absl::StatusOr<bool> SignedByMember(std::string_view key_name, std::string_view host,
+                                      std::string_view digest, std::string_view signature);
 
   absl::Status Tally(uint64_t proposal_id);
   absl::Status ExecuteProposal(const pb::Proposal& proposal);
@@ -221,12 +247,16 @@ class Keeper {
   absl::StatusOr<uint64_t> NextId(std::string_view key);
   absl::Status EnsureAccount(std::string_view address);
   void SetBalance(std::string_view address, uint64_t amount);
+  // Balance and SetBalance by the balance key (keys::Balance), built once by the caller.
+  absl::StatusOr<uint64_t> BalanceAt(std::string_view key) const;
+  void SetBalanceAt(std::string_view key, uint64_t amount);
   // OPEN -> RUNNING: drops the reservation deadline and emits shard_running.
   absl::Status StartShard(pb::Shard* shard, uint64_t members);
   // Ends an OPEN or RUNNING shard: refunds what it holds, drops its deadlines.
   absl::Status ExpireShard(pb::Shard* shard, pb::CloseReason reason);
 
-  void Emit(std::string type, std::vector<std::pair<std::string, std::string>> attributes);
+  void Emit(std::string_view type,
+            std::initializer_list<std::pair<std::string_view, std::string_view>> attributes);
 
   const pb::Params& params() const { return env_.genesis.params(); }
 

@@ -4,30 +4,69 @@
 
 namespace ts::bridge {
 
+void KvState::Assign(Map map) {
+  index_.clear();
+  map_ = std::move(map);
+  index_.reserve(map_.size());
+  for (auto& [key, value] : map_) index_.emplace(absl::string_view(key), &value);
+}
+
+const std::string* KvState::Find(std::string_view key) const {
+  auto it = index_.find(absl::string_view(key.data(), key.size()));
+  return it == index_.end() ? nullptr : it->second;
+}
+
+bool KvState::Apply(const std::string& key, const std::optional<std::string>& value) {
+  auto it = index_.find(absl::string_view(key));
+  if (!value.has_value()) {
+    if (it == index_.end()) return false;
+    // The index entry goes first: its key is a view of the node's key.
+    index_.erase(it);
+    map_.erase(key);
+    return true;
+  }
+  if (it != index_.end()) {
+    if (*it->second == *value) return false;
+    *it->second = *value;
+    return true;
+  }
+  auto node = map_.emplace(key, *value).first;
+  index_.emplace(absl::string_view(node->first), &node->second);
+  return true;
+}
+
 std::optional<std::string> KvOverlay::Get(std::string_view key) const {
-  auto it = writes_.find(key);
-  if (it != writes_.end()) return it->second;
-  if (parent_ != nullptr) return parent_->Get(key);
-  auto base_it = base_->find(std::string(key));
-  if (base_it == base_->end()) return std::nullopt;
-  return base_it->second;
+  const std::string* value = Find(key);
+  if (value == nullptr) return std::nullopt;
+  return *value;
+}
+
+const std::string* KvOverlay::Find(std::string_view key) const {
+  const KvOverlay* layer = this;
+  for (;;) {
+    auto it = layer->writes_.find(key);
+    if (it != layer->writes_.end()) return it->second.has_value() ? &*it->second : nullptr;
+    if (layer->parent_ == nullptr) break;
+    layer = layer->parent_;
+  }
+  return layer->base_->Find(key);
 }
 
 void KvOverlay::Set(std::string_view key, std::string value) {
-  auto it = writes_.find(key);
-  if (it != writes_.end()) {
+  auto it = writes_.lower_bound(key);
+  if (it != writes_.end() && it->first == key) {
     it->second = std::move(value);
   } else {
-    writes_.emplace(std::string(key), std::move(value));
+    writes_.emplace_hint(it, std::string(key), std::move(value));
   }
 }
 
 void KvOverlay::Delete(std::string_view key) {
-  auto it = writes_.find(key);
-  if (it != writes_.end()) {
+  auto it = writes_.lower_bound(key);
+  if (it != writes_.end() && it->first == key) {
     it->second = std::nullopt;
   } else {
-    writes_.emplace(std::string(key), std::nullopt);
+    writes_.emplace_hint(it, std::string(key), std::nullopt);
   }
 }
 
@@ -48,7 +87,8 @@ std::vector<std::pair<std::string, std::string>> KvOverlay::Scan(std::string_vie
   if (parent_ != nullptr) {
     below = parent_->Scan(prefix, from, want);
   } else {
-    for (auto it = base_->lower_bound(from); it != base_->end() && in_range(it->first); ++it) {
+    const KvState::Map& base = base_->map();
+    for (auto it = base.lower_bound(from); it != base.end() && in_range(it->first); ++it) {
       if (below.size() >= want) break;
       below.emplace_back(it->first, it->second);
     }
@@ -74,15 +114,22 @@ std::vector<std::pair<std::string, std::string>> KvOverlay::Scan(std::string_vie
 
 void KvOverlay::Commit() {
   TS_CHECK(parent_ != nullptr);
-  for (auto& [key, value] : writes_) {
-    auto it = parent_->writes_.find(key);
-    if (it != parent_->writes_.end()) {
-      it->second = std::move(value);
+  Writes& into = parent_->writes_;
+  if (into.empty()) {
+    into.swap(writes_);
+    return;
+  }
+  // Node handles carry key and value over without copying either; a key the parent already
+  // holds takes the new value.
+  while (!writes_.empty()) {
+    auto node = writes_.extract(writes_.begin());
+    auto it = into.lower_bound(node.key());
+    if (it != into.end() && it->first == node.key()) {
+      it->second = std::move(node.mapped());
     } else {
-      parent_->writes_.emplace(key, std::move(value));
+      into.insert(it, std::move(node));
     }
   }
-  writes_.clear();
 }
 
 }  // namespace ts::bridge

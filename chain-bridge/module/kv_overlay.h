@@ -1,9 +1,10 @@
 // A copy-on-write view of the chain's ordered key-value state: reads fall through to a parent
-// (another overlay or the finalized map), writes stay in the overlay until Commit() folds them
+// (another overlay or the finalized state), writes stay in the overlay until Commit() folds them
 // into the parent. This is how a tx runs in a branch that is dropped when it fails, and how a
 // block's change set is collected. Internal to the module.
 //
-// Thread-safety: not thread-safe; an overlay and its parents have one owner thread.
+// Thread-safety: not thread-safe; an overlay, its parents and the KvState under them have one
+// owner thread.
 #ifndef TS_CHAIN_BRIDGE_MODULE_KV_OVERLAY_H_
 #define TS_CHAIN_BRIDGE_MODULE_KV_OVERLAY_H_
 
@@ -17,14 +18,42 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+
 namespace ts::bridge {
+
+// The finalized state an overlay chain ends in: the ordered map (what scans, the app hash and
+// App::state() walk) and a hash index of its entries for point lookups, which the ordered map
+// would answer by comparing long shared key prefixes (module prefix, id, "gonka1") at every
+// level of the tree. Neither copyable nor movable: the index points into the map's nodes.
+class KvState {
+ public:
+  using Map = std::map<std::string, std::string>;
+
+  KvState() = default;
+  KvState(const KvState&) = delete;
+  KvState& operator=(const KvState&) = delete;
+
+  // Replaces the whole state.
+  void Assign(Map map);
+  const Map& map() const { return map_; }
+  const std::string* Find(std::string_view key) const;
+  // Sets `key` to `value`, or deletes it for nullopt. False when that changes nothing (the same
+  // value, or deleting an absent key).
+  bool Apply(const std::string& key, const std::optional<std::string>& value);
+
+ private:
+  Map map_;
+  absl::flat_hash_map<absl::string_view, std::string*> index_;
+};
 
 class KvOverlay {
  public:
   using Writes = std::map<std::string, std::optional<std::string>, std::less<>>;
 
-  // A view over a finalized map, which must outlive the overlay and not change under it.
-  explicit KvOverlay(const std::map<std::string, std::string>* base) : base_(base) {}
+  // A view over the finalized state, which must outlive the overlay and not change under it.
+  explicit KvOverlay(const KvState* base) : base_(base) {}
   // A branch of `parent`, which must outlive the overlay.
   explicit KvOverlay(KvOverlay* parent) : parent_(parent) {}
 
@@ -32,6 +61,10 @@ class KvOverlay {
   KvOverlay& operator=(const KvOverlay&) = delete;
 
   std::optional<std::string> Get(std::string_view key) const;
+  // The value of `key` in the merged view without copying it, or nullptr when absent. The
+  // pointer is valid until the next write to this overlay or any of its parents.
+  const std::string* Find(std::string_view key) const;
+  bool Contains(std::string_view key) const { return Find(key) != nullptr; }
   void Set(std::string_view key, std::string value);
   void Delete(std::string_view key);
 
@@ -41,15 +74,18 @@ class KvOverlay {
                                                         std::string_view start = "",
                                                         size_t limit = SIZE_MAX) const;
 
-  // Folds this overlay's writes into its parent overlay and clears them. Programmer error on
-  // an overlay over a finalized map (those are applied by their owner through writes()).
+  // Folds this overlay's writes into its parent overlay and clears them (values are moved, not
+  // copied). Programmer error on an overlay over the finalized state (those are applied by
+  // their owner through writes() or TakeWrites()).
   void Commit();
 
   const Writes& writes() const { return writes_; }
+  // Moves the writes out, leaving the overlay empty.
+  Writes TakeWrites() { return std::exchange(writes_, Writes()); }
   void Clear() { writes_.clear(); }
 
  private:
-  const std::map<std::string, std::string>* base_ = nullptr;
+  const KvState* base_ = nullptr;
   KvOverlay* parent_ = nullptr;
   Writes writes_;
 };

@@ -12,6 +12,8 @@ namespace ts::bridge {
 namespace {
 
 // Returns the full name of the first message (depth-first) that holds unknown fields, or "".
+// Walks the descriptor's message-typed fields rather than listing the set fields, so a leaf
+// message (most of a large tx) costs one check and no allocation.
 std::string FindUnknownFields(const google::protobuf::Message& msg, int depth) {
   const google::protobuf::Reflection* reflection = msg.GetReflection();
   if (!reflection->GetUnknownFields(msg).empty()) {
@@ -20,9 +22,9 @@ std::string FindUnknownFields(const google::protobuf::Message& msg, int depth) {
                msg.GetDescriptor()->full_name());
   }
   if (depth > 64) return Cat("nesting deeper than 64 in ", msg.GetDescriptor()->full_name());
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  reflection->ListFields(msg, &fields);
-  for (const auto* field : fields) {
+  const google::protobuf::Descriptor* descriptor = msg.GetDescriptor();
+  for (int f = 0; f < descriptor->field_count(); ++f) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(f);
     if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
     if (field->is_repeated()) {
       int n = reflection->FieldSize(msg, field);
@@ -31,7 +33,7 @@ std::string FindUnknownFields(const google::protobuf::Message& msg, int depth) {
             FindUnknownFields(reflection->GetRepeatedMessage(msg, field, i), depth + 1);
         if (!found.empty()) return found;
       }
-    } else {
+    } else if (reflection->HasField(msg, field)) {
       std::string found = FindUnknownFields(reflection->GetMessage(msg, field), depth + 1);
       if (!found.empty()) return found;
     }
