@@ -303,7 +303,7 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   std::vector<std::string> init = {
       "devnet",          "init",      "--home",          home,
       "--chain-id",      "cli-e2e-1", "--poc-authority", addr["authority"],
-      "--voting-period", "20",        "--epoch-length",  "1000000"};
+      "--voting-period", "100",       "--epoch-length",  "1000000"};
   for (const char* name : {"authority", "creator", "host1", "host2", "host3"}) {
     init.insert(init.end(), {"--account", addr[name] + "=1000000000"});
   }
@@ -337,7 +337,7 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   EXPECT_EQ(params["params"]["poc_authority"], addr["authority"]);
   EXPECT_EQ(params["params"]["quorum_ppm"], 334000);
   EXPECT_EQ(params["params"]["max_weights_per_submission"], 10000);
-  EXPECT_EQ(params["params"]["voting_period_blocks"], "20");
+  EXPECT_EQ(params["params"]["voting_period_blocks"], "100");
 
   // Transfers: one accepted, one refused (exit 1, the TxResponse still on stdout).
   Json sent = JsonTool(
@@ -397,6 +397,7 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   ASSERT_FALSE(shard_id.empty()) << proposed;
   EXPECT_EQ(JsonTool(OnChain({"shard", "status", "--id", shard_id}))["status"],
             "SHARD_STATUS_PROPOSED");
+  // The voting period (100 blocks of 100 ms) leaves room for slow (sanitizer) builds to vote.
   for (const char* voter : {"host1", "host2", "host3"}) {
     Json vote = JsonTool(
         Signed(voter, {"proposal", "vote", "--id", proposal_id, "--option", "yes", "--wait"}));
@@ -407,7 +408,7 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
         return JsonTool(OnChain({"shard", "status", "--id", shard_id}))["status"] ==
                "SHARD_STATUS_OPEN";
       },
-      30000));
+      60000));
   Json proposal = JsonTool(OnChain({"proposal", "show", "--id", proposal_id}));
   EXPECT_EQ(proposal["status"], "PROPOSAL_STATUS_PASSED");
   EXPECT_EQ(proposal["title"], "e2e shard");
