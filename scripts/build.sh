@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Configures and builds one flavour of the project.
-#   scripts/build.sh [release|asan|fuzz] [ninja targets...]
-# Build directories: build/ (release), build-asan/ (ASan+UBSan), build-fuzz/ (clang libFuzzer).
+#   scripts/build.sh [release|asan] [ninja targets...]
+# Build directories: build/ (release, GCC), build-asan/ (clang 14 with ASan+UBSan and
+# -Wthread-safety; it also builds the libFuzzer targets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flavour="${1:-release}"
@@ -9,9 +10,9 @@ shift || true
 jobs="${TS_JOBS:-$(nproc)}"
 case "$flavour" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
-  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug -DTS_SANITIZE=ON) ;;
-  fuzz) dir=build-fuzz; flags=(-DTS_FUZZ=ON -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14) ;;
-  *) echo "build.sh: unknown flavour '$flavour' (release|asan|fuzz)" >&2; exit 2 ;;
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug -DTS_SANITIZE=ON
+                               -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14) ;;
+  *) echo "build.sh: unknown flavour '$flavour' (release|asan)" >&2; exit 2 ;;
 esac
 if [ ! -f "$dir/build.ninja" ]; then
   cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null

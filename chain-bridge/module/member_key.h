@@ -6,7 +6,7 @@
 // and accepts exactly the signatures recovery would, except that V is only range-checked.
 // Internal to the module.
 //
-// Pure functions over libsecp256k1's read-only static context; thread-safe.
+// Pure functions over common/crypto; thread-safe.
 #ifndef TS_CHAIN_BRIDGE_MODULE_MEMBER_KEY_H_
 #define TS_CHAIN_BRIDGE_MODULE_MEMBER_KEY_H_
 
@@ -15,11 +15,12 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/crypto/secp256k1.h"
 
 namespace ts::bridge {
 
 // 0x04 || X || Y.
-inline constexpr size_t kMemberKeySize = 65;
+inline constexpr size_t kMemberKeySize = common::kUncompressedPublicKeySize;
 
 // The uncompressed form of a 33-byte compressed public key. INVALID_ARGUMENT for a wrong size
 // or bytes that are not a point on secp256k1.

@@ -103,11 +103,31 @@ std::string PrivateKey::SignRecoverable(std::string_view digest) const {
   return out;
 }
 
+absl::StatusOr<std::string> UncompressPublicKey(std::string_view compressed) {
+  if (compressed.size() != kPublicKeySize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("public key: ", compressed.size(), " bytes, want ", kPublicKeySize));
+  }
+  secp256k1_pubkey pub;
+  if (secp256k1_ec_pubkey_parse(Context(), &pub, Bytes(compressed), compressed.size()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("public key: ", HexEncode(compressed), " is not a point on secp256k1"));
+  }
+  std::string out(kUncompressedPublicKeySize, '\0');
+  size_t size = out.size();
+  TS_CHECK(secp256k1_ec_pubkey_serialize(Context(), reinterpret_cast<unsigned char*>(out.data()),
+                                         &size, &pub, SECP256K1_EC_UNCOMPRESSED) == 1 &&
+           size == kUncompressedPublicKeySize);
+  return out;
+}
+
 absl::Status VerifyCompact(std::string_view public_key, std::string_view digest,
                            std::string_view signature) {
-  if (public_key.size() != kPublicKeySize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("public key: ", public_key.size(), " bytes, want ", kPublicKeySize));
+  bool uncompressed = public_key.size() == kUncompressedPublicKeySize && public_key[0] == 0x04;
+  if (public_key.size() != kPublicKeySize && !uncompressed) {
+    return absl::InvalidArgumentError(absl::StrCat("public key: ", public_key.size(),
+                                                   " bytes, want ", kPublicKeySize,
+                                                   " (or 65 starting with 0x04)"));
   }
   if (digest.size() != kDigestSize) {
     return absl::InvalidArgumentError(
@@ -117,8 +137,8 @@ absl::Status VerifyCompact(std::string_view public_key, std::string_view digest,
     return absl::InvalidArgumentError(
         absl::StrCat("signature: ", signature.size(), " bytes, want ", kCompactSignatureSize));
   }
-  // Only the compressed form is accepted: Cosmos secp256k1 keys are always 33 bytes, and the
-  // size check above already excludes the 65-byte forms.
+  // Keys on the wire are compressed (Cosmos); the uncompressed form is only what a verifier
+  // keeps for keys it checks often. Hybrid encodings (0x06/0x07) are excluded above.
   secp256k1_pubkey pub;
   if (secp256k1_ec_pubkey_parse(Context(), &pub, Bytes(public_key), public_key.size()) != 1) {
     return absl::InvalidArgumentError(

@@ -14,6 +14,7 @@
 namespace ts::common {
 
 inline constexpr size_t kPublicKeySize = 33;
+inline constexpr size_t kUncompressedPublicKeySize = 65;
 inline constexpr size_t kCompactSignatureSize = 64;
 inline constexpr size_t kRecoverableSignatureSize = 65;
 
@@ -38,11 +39,17 @@ class PrivateKey {
   std::string public_key_;
 };
 
-// OK if `signature` (64 bytes, low S) is valid for `public_key` (33 bytes compressed) over the
-// 32-byte `digest`. INVALID_ARGUMENT for malformed inputs (wrong sizes, unparsable key, high S),
-// UNAUTHENTICATED for a well-formed signature that does not verify.
+// OK if `signature` (64 bytes, low S) is valid for `public_key` (33 bytes compressed, or 65
+// bytes uncompressed as UncompressPublicKey returns) over the 32-byte `digest`. INVALID_ARGUMENT
+// for malformed inputs (wrong sizes, unparsable key, high S), UNAUTHENTICATED for a well-formed
+// signature that does not verify.
 absl::Status VerifyCompact(std::string_view public_key, std::string_view digest,
                            std::string_view signature);
+
+// The SEC1 uncompressed form (0x04 || X || Y, 65 bytes) of a 33-byte compressed key. A verifier
+// that checks many signatures of one key keeps this form: parsing it needs no square root.
+// INVALID_ARGUMENT for a wrong size or bytes that are not a point on secp256k1.
+absl::StatusOr<std::string> UncompressPublicKey(std::string_view compressed);
 
 // Recovers the 33-byte compressed public key from a 65-byte recoverable signature over the
 // 32-byte digest. INVALID_ARGUMENT for wrong sizes, V > 3 or high S; UNAUTHENTICATED if no key

@@ -183,6 +183,27 @@ TEST(VerifyTest, HighSIsRejectedAsMalformed) {
   }
 }
 
+TEST(VerifyTest, UncompressedKeyVerifiesTheSameSignatures) {
+  const PrivateKey key = PrivateKey::Generate();
+  const PrivateKey other = PrivateKey::Generate();
+  const std::string digest = Sha256("uncompressed");
+  const std::string sig = key.SignCompact(digest);
+  absl::StatusOr<std::string> full = UncompressPublicKey(key.public_key());
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_EQ(full->size(), kUncompressedPublicKeySize);
+  EXPECT_EQ((*full)[0], 0x04);
+  EXPECT_EQ(full->substr(1, 32), key.public_key().substr(1, 32));  // same X
+  EXPECT_TRUE(VerifyCompact(*full, digest, sig).ok());
+  EXPECT_EQ(VerifyCompact(*UncompressPublicKey(other.public_key()), digest, sig).code(),
+            absl::StatusCode::kUnauthenticated);
+  std::string hybrid = *full;
+  hybrid[0] = 0x06;  // hybrid encodings are not accepted
+  EXPECT_EQ(VerifyCompact(hybrid, digest, sig).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UncompressPublicKey(*full).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UncompressPublicKey(std::string(33, '\x05')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(VerifyTest, WrongSizesAreInvalidArgument) {
   PrivateKey key = KeyFromHex(Rfc6979Vectors()[0].secret);
   const std::string digest = Sha256("x");

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (build-fuzz/, clang 14, ASan+UBSan) and runs each one for a fixed
+# Builds the libFuzzer targets (in build-asan/: clang 14, ASan+UBSan) and runs each one for a fixed
 # time on a scratch copy of its committed seed corpus, so the corpus in the tree never changes.
 #   tests/fuzz/run.sh [seconds_per_target]     (default 20)
 # Prints one line per target ("fuzz_x: N runs, C crashes") and exits non-zero if the build fails
 # or any target crashes, times out or runs out of memory. Inputs that did are kept under
-# build-fuzz/artifacts/<target>/; replay one with build-fuzz/tests/fuzz/<target> <file>.
+# build-asan/artifacts/<target>/; replay one with build-asan/tests/fuzz/<target> <file>.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -13,8 +13,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   echo "run.sh: seconds_per_target must be a positive integer, got '$seconds'" >&2
   exit 2
 fi
-build=build-fuzz
-jobs="${TS_JOBS:-2}"
+build=build-asan
 targets=(fuzz_tx_decode fuzz_sign_bytes fuzz_address)
 
 # Longest input each target is given: a few times the largest real input, so time goes into
@@ -27,11 +26,7 @@ max_len_of() {
   esac
 }
 
-if [ ! -f "$build/build.ninja" ]; then
-  cmake -S . -B "$build" -G Ninja -DTS_FUZZ=ON -DCMAKE_C_COMPILER=clang-14 \
-    -DCMAKE_CXX_COMPILER=clang++-14 >/dev/null
-fi
-ninja -C "$build" -j "$jobs" "${targets[@]}"
+scripts/build.sh asan "${targets[@]}"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
