@@ -25,6 +25,7 @@
 #include "common/crypto/hash.h"
 #include "common/crypto/signing.h"
 #include "common/hex.h"
+#include "common/key_file.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gonka/trainshard/v1/host.grpc.pb.h"
@@ -32,7 +33,6 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "sidecar/cli/key_file.h"
 
 #ifndef TS_TRAINSHARD_BINARY
 #error "TS_TRAINSHARD_BINARY must name the trainshard executable"
@@ -422,7 +422,9 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   EXPECT_EQ(open["shards"][0]["escrow_held"], "300000");
 
   // Two hosts reserve through their sidecars; the creator assembles.
-  auto key_of = [&](const std::string& name) { return ReadKeyFile(keys_.at(name)).value(); };
+  auto key_of = [&](const std::string& name) {
+    return common::ReadKeyFile(keys_.at(name)).value();
+  };
   MemberSidecar member1(key_of("host1"), chain_);
   MemberSidecar member2(key_of("host2"), chain_);
   for (MemberSidecar* member : {&member1, &member2}) {

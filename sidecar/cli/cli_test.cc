@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/crypto/bech32.h"
 #include "common/hex.h"
+#include "common/key_file.h"
 #include "common/status.h"
 #include "cosmos/tx/v1beta1/tx.pb.h"
 #include "gmock/gmock.h"
@@ -21,7 +22,6 @@
 #include "nlohmann/json.hpp"
 #include "sidecar/cli/cli.h"
 #include "sidecar/cli/context.h"
-#include "sidecar/cli/key_file.h"
 #include "sidecar/cli/output.h"
 #include "sidecar/cli/parse.h"
 
@@ -309,28 +309,28 @@ TEST(KeysTest, BadKeyFilesAreRefusedWithoutEchoingTheirContent) {
 TEST(KeyFileTest, RoundTripAndCodes) {
   TempDir dir;
   common::PrivateKey key = common::PrivateKey::Generate();
-  ASSERT_TRUE(WriteNewKeyFile(dir.File("k"), key).ok());
-  auto read = ReadKeyFile(dir.File("k"));
+  ASSERT_TRUE(common::WriteNewKeyFile(dir.File("k"), key).ok());
+  auto read = common::ReadKeyFile(dir.File("k"));
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->secret(), key.secret());
-  EXPECT_TRUE(absl::IsAlreadyExists(WriteNewKeyFile(dir.File("k"), key)));
-  EXPECT_TRUE(absl::IsNotFound(ReadKeyFile(dir.File("nope")).status()));
+  EXPECT_TRUE(absl::IsAlreadyExists(common::WriteNewKeyFile(dir.File("k"), key)));
+  EXPECT_TRUE(absl::IsNotFound(common::ReadKeyFile(dir.File("nope")).status()));
   ::chmod(dir.File("k").c_str(), 0660);
-  EXPECT_TRUE(absl::IsPermissionDenied(ReadKeyFile(dir.File("k")).status()));
+  EXPECT_TRUE(absl::IsPermissionDenied(common::ReadKeyFile(dir.File("k")).status()));
   // Surrounding whitespace is tolerated (editors add it).
   WriteFile(dir.File("ws"), "  " + common::HexEncode(key.secret()) + " \r\n\n", 0600);
-  auto spaced = ReadKeyFile(dir.File("ws"));
+  auto spaced = common::ReadKeyFile(dir.File("ws"));
   ASSERT_TRUE(spaced.ok()) << spaced.status();
   EXPECT_EQ(spaced->public_key(), key.public_key());
   WriteFile(dir.File("big"), std::string(5000, 'a'), 0600);
-  EXPECT_TRUE(absl::IsFailedPrecondition(ReadKeyFile(dir.File("big")).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(common::ReadKeyFile(dir.File("big")).status()));
 }
 
 TEST(KeyFileTest, WriteThroughADanglingSymlinkIsRefused) {
   TempDir dir;
   std::filesystem::create_symlink(dir.File("target"), dir.File("link"));
-  EXPECT_TRUE(
-      absl::IsAlreadyExists(WriteNewKeyFile(dir.File("link"), common::PrivateKey::Generate())));
+  EXPECT_TRUE(absl::IsAlreadyExists(
+      common::WriteNewKeyFile(dir.File("link"), common::PrivateKey::Generate())));
   EXPECT_FALSE(std::filesystem::exists(dir.File("target")));
 }
 

@@ -1,7 +1,7 @@
 #include "sidecar/cli/context.h"
 
 #include "absl/strings/str_cat.h"
-#include "sidecar/cli/key_file.h"
+#include "common/key_file.h"
 #include "sidecar/cli/output.h"
 
 namespace ts::sidecar {
@@ -21,7 +21,7 @@ absl::StatusOr<common::PrivateKey> Context::LoadKey(std::string_view command) {
     return absl::InvalidArgumentError(
         absl::StrCat("--key: required by '", std::string(command), "' (a key file to sign with)"));
   }
-  auto key = ReadKeyFile(options_.key_file);
+  auto key = common::ReadKeyFile(options_.key_file);
   if (!key.ok()) {
     return absl::Status(key.status().code(),
                         absl::StrCat("--key: ", std::string(key.status().message())));

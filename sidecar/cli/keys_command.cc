@@ -3,8 +3,8 @@
 
 #include "common/crypto/bech32.h"
 #include "common/hex.h"
+#include "common/key_file.h"
 #include "sidecar/cli/commands.h"
-#include "sidecar/cli/key_file.h"
 #include "sidecar/cli/output.h"
 
 namespace ts::sidecar {
@@ -23,7 +23,7 @@ int PrintKey(Context& ctx, const common::PrivateKey& key) {
 
 int RunNew(Context& ctx, const std::string& out_path) {
   common::PrivateKey key = common::PrivateKey::Generate();
-  absl::Status written = WriteNewKeyFile(out_path, key);
+  absl::Status written = common::WriteNewKeyFile(out_path, key);
   if (!written.ok()) {
     return ctx.BadInput(absl::Status(written.code(), "--out: " + std::string(written.message())));
   }

@@ -17,11 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/client/chain_client.h"
 #include "common/clock.h"
+#include "common/key_file.h"
 #include "common/log.h"
 #include "sidecar/host/config.h"
 #include "sidecar/host/host_core.h"
 #include "sidecar/host/host_daemon.h"
-#include "sidecar/host/key_file.h"
 #include "sidecar/host/operator_service.h"
 
 namespace ts::sidecar {
@@ -131,7 +131,7 @@ int Main(int argc, char** argv) {
   common::LogLevel level = common::LogLevel::kInfo;
   common::ParseLogLevel(config.log_level, &level);
   common::SetLogLevel(level);
-  auto key = LoadKeyFile(config.key_file);
+  auto key = common::ReadKeyFile(config.key_file);
   if (!key.ok()) {
     LogError("bad key file", key.status());
     return kExitBadConfig;

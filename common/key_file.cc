@@ -1,4 +1,4 @@
-#include "sidecar/cli/key_file.h"
+#include "common/key_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/hex.h"
 
-namespace ts::sidecar {
+namespace ts::common {
 namespace {
 
 // Larger files are refused before reading: a key file is 65 bytes.
@@ -61,7 +61,7 @@ std::string DirectoryOf(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<common::PrivateKey> ReadKeyFile(const std::string& path) {
+absl::StatusOr<PrivateKey> ReadKeyFile(const std::string& path) {
   // Open first and check the open file, so the checks and the read see the same file.
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   if (fd.get() < 0) return IoError("open key file", path, errno);
@@ -103,12 +103,12 @@ absl::StatusOr<common::PrivateKey> ReadKeyFile(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         "key file ", path, ": expected 64 hex characters of a secret, found ", hex.size()));
   }
-  auto secret = common::HexDecode(hex);
+  auto secret = HexDecode(hex);
   if (!secret.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("key file ", path, ": content is not hexadecimal"));
   }
-  auto key = common::PrivateKey::FromBytes(*secret);
+  auto key = PrivateKey::FromBytes(*secret);
   if (!key.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("key file ", path, ": not a valid secp256k1 secret"));
@@ -116,7 +116,7 @@ absl::StatusOr<common::PrivateKey> ReadKeyFile(const std::string& path) {
   return std::move(key).value();
 }
 
-absl::Status WriteNewKeyFile(const std::string& path, const common::PrivateKey& key) {
+absl::Status WriteNewKeyFile(const std::string& path, const PrivateKey& key) {
   if (path.empty()) return absl::InvalidArgumentError("key file path is empty");
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
@@ -139,7 +139,7 @@ absl::Status WriteNewKeyFile(const std::string& path, const common::PrivateKey& 
   };
   // The umask may only remove bits; set the mode exactly in case the file system added some.
   if (::fchmod(fd.get(), 0600) != 0) return fail("chmod key file", errno);
-  std::string content = common::HexEncode(key.secret()) + "\n";
+  std::string content = HexEncode(key.secret()) + "\n";
   size_t done = 0;
   while (done < content.size()) {
     ssize_t n = ::write(fd.get(), content.data() + done, content.size() - done);
@@ -166,4 +166,4 @@ absl::Status WriteNewKeyFile(const std::string& path, const common::PrivateKey& 
   return absl::OkStatus();
 }
 
-}  // namespace ts::sidecar
+}  // namespace ts::common

@@ -1,4 +1,4 @@
-#include "sidecar/host/key_file.h"
+#include "common/key_file.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 
 #include "common/hex.h"
 
-namespace ts::sidecar {
+namespace ts::common {
 namespace {
 
 class KeyFileTest : public ::testing::Test {
@@ -41,18 +41,18 @@ const std::string kSecretHex(64, '1');  // 0x1111...11, a valid scalar
 TEST_F(KeyFileTest, LoadsOwnerOnlyFile) {
   for (mode_t mode : {0600, 0400}) {
     std::string path = Write("k" + std::to_string(mode), kSecretHex + "\n", mode);
-    auto key = LoadKeyFile(path);
+    auto key = ReadKeyFile(path);
     ASSERT_TRUE(key.ok()) << key.status();
-    EXPECT_EQ(common::HexEncode(key->secret()), kSecretHex);
+    EXPECT_EQ(HexEncode(key->secret()), kSecretHex);
   }
   // No trailing newline is fine too.
-  EXPECT_TRUE(LoadKeyFile(Write("nonl", kSecretHex, 0600)).ok());
+  EXPECT_TRUE(ReadKeyFile(Write("nonl", kSecretHex, 0600)).ok());
 }
 
 TEST_F(KeyFileTest, RefusesGroupOrOtherAccessNamingFileAndMode) {
   for (mode_t mode : {0640, 0604, 0660, 0644, 0610}) {
     std::string path = Write("open", kSecretHex + "\n", mode);
-    auto key = LoadKeyFile(path);
+    auto key = ReadKeyFile(path);
     ASSERT_FALSE(key.ok()) << std::oct << mode;
     EXPECT_EQ(key.status().code(), absl::StatusCode::kPermissionDenied);
     char mode_text[8];
@@ -66,19 +66,19 @@ TEST_F(KeyFileTest, RefusesGroupOrOtherAccessNamingFileAndMode) {
 TEST_F(KeyFileTest, RefusesMalformedContent) {
   for (const std::string& content :
        {std::string(""), std::string(63, 'a'), std::string(66, 'a'), std::string(64, 'g'),
-        std::string(64, '0'), kSecretHex + "\n\n", std::string(1000, 'a')}) {
-    auto key = LoadKeyFile(Write("bad", content, 0600));
+        std::string(64, '0'), kSecretHex + "x", std::string(1000, 'a')}) {
+    auto key = ReadKeyFile(Write("bad", content, 0600));
     ASSERT_FALSE(key.ok()) << content;
     EXPECT_EQ(key.status().code(), absl::StatusCode::kInvalidArgument) << content;
   }
 }
 
 TEST_F(KeyFileTest, MissingAndDirectory) {
-  EXPECT_EQ(LoadKeyFile(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadKeyFile(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
   std::string sub = dir_ + "/sub";
   mkdir(sub.c_str(), 0700);
-  EXPECT_EQ(LoadKeyFile(sub).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadKeyFile(sub).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
-}  // namespace ts::sidecar
+}  // namespace ts::common
