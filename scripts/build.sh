@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 flavour="${1:-release}"
 shift || true
 jobs="${TS_JOBS:-$(nproc)}"
+# ccache (when present) keys on paths relative to the checkout, so clones in other folders (CI)
+# reuse what an earlier build compiled. The build is the same without it.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
+export CCACHE_NOHASHDIR=1
 case "$flavour" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
   asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug -DTS_SANITIZE=ON
