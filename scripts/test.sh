@@ -4,7 +4,6 @@
 # libFuzzer targets briefly, and the format check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
 step "dependencies"
@@ -21,16 +20,26 @@ fi
 step "release build"
 scripts/build.sh release
 
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+
 step "tests (release)"
-(cd build && ctest --output-on-failure --timeout 900 -j 2)
+(cd build && ctest --output-on-failure --timeout 900 -j 2) | tee "$logs/release.log"
 
 step "ASan+UBSan build"
 scripts/build.sh asan
 
 step "unit tests (ASan+UBSan)"
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -L unit -j 2)
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -L unit -j 2) |
+  tee "$logs/asan.log"
 
 step "fuzz (brief)"
-tests/fuzz/run.sh "${TS_FUZZ_SECONDS:-15}"
+tests/fuzz/run.sh "${TS_FUZZ_SECONDS:-15}" | tee "$logs/fuzz.log"
 
+# One closing line over every suite: ctest's counts of both runs plus one per fuzz target.
+count() { cat "$logs"/*.log | grep -oE "$1" | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}'; }
+total=$(count 'out of [0-9]+')
+failed=$(count '[0-9]+ tests failed')
+fuzz=$(grep -c ' 0 crashes$' "$logs/fuzz.log" || true)
 step "done"
+echo "tests: $((total - failed + fuzz)) passed, $failed failed"
