@@ -141,7 +141,11 @@ INSTANTIATE_TEST_SUITE_P(
                   {"--listen", "nowhere"}},
         UsageCase{{"proposal", "vote", "--id", "1", "--option", "maybe"}, {"--option", "maybe"}},
         UsageCase{{"proposal", "submit", "--spec", "/nonexistent-ts/spec.json", "--deposit", "5"},
-                  {"--spec", "/nonexistent-ts/spec.json"}}));
+                  {"--spec", "/nonexistent-ts/spec.json"}}),
+    // Stable names (the index), so test discovery and runs agree whatever the addresses.
+    [](const ::testing::TestParamInfo<UsageCase>& info) {
+      return "case" + std::to_string(info.index);
+    });
 
 TEST(UsageTest, SignedCommandsNeedAKey) {
   CliResult r = Cli({"bank", "send", "--to", kGoodAddress, "--amount", "5"});
