@@ -5,6 +5,7 @@ chain data, logs) in place and prints where it is.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -79,8 +80,11 @@ def main():
         print(f"  total supply: {now} (unchanged: {now == supply})")
         net.stop()
         r = net.replay()
-        print(f"  replay from genesis: {r.stdout.strip()}")
-        return 0 if now == supply and r.returncode == 0 else 1
+        report = json.loads(r.stdout) if r.stdout.strip() else {}
+        replay_ok = r.returncode == 0 and report.get("ok") is True
+        print(f"  replay from genesis: {report.get('blocks', '?')} blocks, every app hash "
+              f"{'reproduced' if replay_ok else 'NOT reproduced: ' + r.stdout + r.stderr}")
+        return 0 if now == supply and replay_ok else 1
     finally:
         if args.keep:
             net.stop()
