@@ -212,58 +212,51 @@ std::string ShardStatusName(pb::ShardStatus status) {
 // ---------------------------------------------------------------------------------------------
 // Message parsing
 
+namespace {
+
+// Parses `any` as a Msg, refusing unknown fields, and fills `out` with it and its signer.
+template <typename Msg, typename SignerOf>
+absl::Status ParseInto(std::string_view field, const google::protobuf::Any& any, MsgKind kind,
+                       SignerOf signer_of, TxMsg* out) {
+  auto msg = std::make_unique<Msg>();
+  TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
+  out->signer = signer_of(*msg);
+  out->kind = kind;
+  out->msg = std::move(msg);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TxMsg> ParseTxMsg(std::string_view field, const google::protobuf::Any& any) {
   TxMsg out;
   out.type_url = any.type_url();
   const std::string& url = any.type_url();
+  absl::Status parsed;
   if (url == kMsgSendType) {
-    auto msg = std::make_unique<cosmos::bank::v1beta1::MsgSend>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->from_address();
-    out.kind = MsgKind::kSend;
-    out.msg = std::move(msg);
+    parsed = ParseInto<cosmos::bank::v1beta1::MsgSend>(
+        field, any, MsgKind::kSend, [](const auto& m) { return m.from_address(); }, &out);
   } else if (url == kMsgSubmitProposalType) {
-    auto msg = std::make_unique<cosmos::gov::v1::MsgSubmitProposal>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->proposer();
-    out.kind = MsgKind::kSubmitProposal;
-    out.msg = std::move(msg);
+    parsed = ParseInto<cosmos::gov::v1::MsgSubmitProposal>(
+        field, any, MsgKind::kSubmitProposal, [](const auto& m) { return m.proposer(); }, &out);
   } else if (url == kMsgVoteType) {
-    auto msg = std::make_unique<cosmos::gov::v1::MsgVote>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->voter();
-    out.kind = MsgKind::kVote;
-    out.msg = std::move(msg);
+    parsed = ParseInto<cosmos::gov::v1::MsgVote>(
+        field, any, MsgKind::kVote, [](const auto& m) { return m.voter(); }, &out);
   } else if (url == kMsgDepositType) {
-    auto msg = std::make_unique<cosmos::gov::v1::MsgDeposit>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->depositor();
-    out.kind = MsgKind::kDeposit;
-    out.msg = std::move(msg);
+    parsed = ParseInto<cosmos::gov::v1::MsgDeposit>(
+        field, any, MsgKind::kDeposit, [](const auto& m) { return m.depositor(); }, &out);
   } else if (url == kMsgSubmitPocWeightsType) {
-    auto msg = std::make_unique<pb::MsgSubmitPocWeights>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->authority();
-    out.kind = MsgKind::kSubmitPocWeights;
-    out.msg = std::move(msg);
+    parsed = ParseInto<pb::MsgSubmitPocWeights>(
+        field, any, MsgKind::kSubmitPocWeights, [](const auto& m) { return m.authority(); }, &out);
   } else if (url == kMsgReserveType) {
-    auto msg = std::make_unique<pb::MsgReserveTrainshard>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->reservation().host();
-    out.kind = MsgKind::kReserve;
-    out.msg = std::move(msg);
+    parsed = ParseInto<pb::MsgReserveTrainshard>(
+        field, any, MsgKind::kReserve, [](const auto& m) { return m.reservation().host(); }, &out);
   } else if (url == kMsgAssembleType) {
-    auto msg = std::make_unique<pb::MsgAssembleTrainshard>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->creator();
-    out.kind = MsgKind::kAssemble;
-    out.msg = std::move(msg);
+    parsed = ParseInto<pb::MsgAssembleTrainshard>(
+        field, any, MsgKind::kAssemble, [](const auto& m) { return m.creator(); }, &out);
   } else if (url == kMsgSettleType) {
-    auto msg = std::make_unique<pb::MsgSettleTrainshard>();
-    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), msg.get()));
-    out.signer = msg->submitter();
-    out.kind = MsgKind::kSettle;
-    out.msg = std::move(msg);
+    parsed = ParseInto<pb::MsgSettleTrainshard>(
+        field, any, MsgKind::kSettle, [](const auto& m) { return m.submitter(); }, &out);
   } else if (url == kMsgCreateTrainshardProposalType) {
     return Invalid(field, kMsgCreateTrainshardProposalType,
                    " is executed by governance only: submit it inside a MsgSubmitProposal");
@@ -271,6 +264,7 @@ absl::StatusOr<TxMsg> ParseTxMsg(std::string_view field, const google::protobuf:
     return Invalid(Cat(field, ".type_url"), "'", url.substr(0, 128),
                    "' is not a message this chain accepts");
   }
+  TS_RETURN_IF_ERROR(parsed);
   return out;
 }
 
