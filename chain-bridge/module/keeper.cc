@@ -271,6 +271,31 @@ absl::StatusOr<TxMsg> ParseTxMsg(std::string_view field, const google::protobuf:
 // ---------------------------------------------------------------------------------------------
 // Genesis
 
+namespace {
+
+// Checks a list of host weights (valid distinct addresses, positive weights, no overflow),
+// copies it into `weights` and returns the total. Errors name `list`[i] and the value.
+absl::StatusOr<uint64_t> CheckWeights(std::string_view list,
+                                      const google::protobuf::RepeatedPtrField<pb::HostWeight>& in,
+                                      std::vector<pb::HostWeight>* weights) {
+  std::set<std::string_view> hosts;
+  uint64_t total = 0;
+  for (int i = 0; i < in.size(); ++i) {
+    const auto& weight = in[i];
+    std::string field = Cat(list, "[", i, "]");
+    TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".host"), weight.host()));
+    if (!hosts.insert(weight.host()).second) {
+      return Invalid(Cat(field, ".host"), weight.host(), " appears twice");
+    }
+    if (weight.weight() == 0) return Invalid(Cat(field, ".weight"), "0 must be positive");
+    TS_ASSIGN_OR_RETURN(total, common::CheckedAdd(Cat(list, ": total"), total, weight.weight()));
+    weights->push_back(weight);
+  }
+  return total;
+}
+
+}  // namespace
+
 absl::Status Keeper::InitGenesis() {
   const pb::Genesis& genesis = env_.genesis;
   TS_RETURN_IF_ERROR(ValidateChainId(genesis.chain_id()));
@@ -304,20 +329,8 @@ absl::Status Keeper::InitGenesis() {
   TS_RETURN_IF_ERROR(EnsureAccount(env_.community_pool_address));
   kv_->Set(keys::kSupply, Be64(supply));
 
-  std::set<std::string> hosts;
-  uint64_t total = 0;
   std::vector<pb::HostWeight> weights;
-  for (int i = 0; i < genesis.poc_weights_size(); ++i) {
-    const auto& weight = genesis.poc_weights(i);
-    std::string field = Cat("poc_weights[", i, "]");
-    TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".host"), weight.host()));
-    if (!hosts.insert(weight.host()).second) {
-      return Invalid(Cat(field, ".host"), weight.host(), " appears twice");
-    }
-    if (weight.weight() == 0) return Invalid(Cat(field, ".weight"), "0 must be positive");
-    TS_ASSIGN_OR_RETURN(total, common::CheckedAdd("poc_weights: total", total, weight.weight()));
-    weights.push_back(weight);
-  }
+  TS_RETURN_IF_ERROR(CheckWeights("poc_weights", genesis.poc_weights(), &weights).status());
   kv_->Set(keys::kLatestEpoch, Be64(0));
   return RecordEpoch(0, weights);
 }
@@ -492,20 +505,8 @@ absl::Status Keeper::SubmitPocWeights(const pb::MsgSubmitPocWeights& msg) {
     return Invalid("weights", msg.weights_size(), " entries exceed max_weights_per_submission ",
                    params().max_weights_per_submission());
   }
-  std::set<std::string_view> hosts;
   std::vector<pb::HostWeight> weights;
-  uint64_t total = 0;
-  for (int i = 0; i < msg.weights_size(); ++i) {
-    const auto& weight = msg.weights(i);
-    std::string field = Cat("weights[", i, "]");
-    TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".host"), weight.host()));
-    if (!hosts.insert(weight.host()).second) {
-      return Invalid(Cat(field, ".host"), weight.host(), " appears twice");
-    }
-    if (weight.weight() == 0) return Invalid(Cat(field, ".weight"), "0 must be positive");
-    TS_ASSIGN_OR_RETURN(total, common::CheckedAdd("weights: total", total, weight.weight()));
-    weights.push_back(weight);
-  }
+  TS_ASSIGN_OR_RETURN(uint64_t total, CheckWeights("weights", msg.weights(), &weights));
   TS_RETURN_IF_ERROR(RecordEpoch(msg.epoch(), weights));
   Emit("poc.weights_submitted",
        {{"epoch", Cat(msg.epoch())}, {"hosts", Cat(weights.size())}, {"total_weight", Cat(total)}});
