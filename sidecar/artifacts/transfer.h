@@ -1,0 +1,142 @@
+// Artifact transfer between shard hosts: the ArtifactTransfer gRPC service a host serves to its
+// peers, and the multi-peer fetcher a host runs to get an artifact from them.
+//
+// Service: every request is authenticated (PeerRequestVerifier: signed, audience, expiry,
+// nonce) and its signer must be a member of the shard (ShardDirectory). GetChunks serves at most
+// max_chunks_per_request chunks, each named by the artifact's manifest, one message each, in
+// request order; at most max_concurrent_streams calls stream at once (RESOURCE_EXHAUSTED beyond).
+//
+// Fetcher: gets the manifest from the first peer that has it and verifies it (VerifyManifest,
+// then the publisher's membership), starts or resumes the fetch in the store (BeginFetch: quota,
+// incomplete index row), then asks for the missing chunks from all peers at once:
+// streams_per_peer GetChunks calls per peer, each for up to chunks_per_request chunks taken
+// from a shared queue, each with a deadline. Every chunk is handed to ArtifactStore::PutChunk as
+// it arrives (verified there before it is stored; nothing unverified is buffered beyond the one
+// chunk being read). A peer that sends a chunk failing verification is reported (corrupt) and
+// dropped; a peer whose call fails (unreachable, deadline, refused) is retried once and then
+// dropped; the chunks it held go back to the queue for the others. The fetch fails with
+// UNAVAILABLE naming every dropped peer and its reason when no usable peer is left, and is then
+// resumable. Channels cap received messages at kMaxChunkSize + 64 KiB (chunks) and
+// kMaxManifestBytes + 64 KiB (manifests).
+//
+// Thread-safety: the service is thread-safe (gRPC calls it from many threads). FetchArtifact
+// runs on the caller's thread plus its own stream threads; several may run at once.
+#ifndef TS_SIDECAR_ARTIFACTS_TRANSFER_H_
+#define TS_SIDECAR_ARTIFACTS_TRANSFER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/crypto/secp256k1.h"
+#include "gonka/trainshard/v1/shard.grpc.pb.h"
+#include "gonka/trainshard/v1/shard.pb.h"
+#include "sidecar/artifacts/store.h"
+#include "sidecar/peer/peer_auth.h"
+#include "sidecar/peer/shard_directory.h"
+
+namespace ts::sidecar {
+
+inline constexpr std::string_view kMethodGetManifest =
+    "/gonka.trainshard.v1.ArtifactTransfer/GetManifest";
+inline constexpr std::string_view kMethodGetChunks =
+    "/gonka.trainshard.v1.ArtifactTransfer/GetChunks";
+inline constexpr std::string_view kMethodListArtifacts =
+    "/gonka.trainshard.v1.ArtifactTransfer/ListArtifacts";
+inline constexpr size_t kMaxChunksPerRequest = 256;
+// Largest request a peer may send the transfer service (a GetChunksRequest of 256 hashes is
+// ~9 KiB); set as the server's max receive size.
+inline constexpr int kMaxTransferRequestBytes = 64 << 10;
+
+// Where the stores of each shard are. Implemented by the sidecar (opens them lazily, with the
+// shard's quota from the chain).
+class StoreRegistry {
+ public:
+  virtual ~StoreRegistry() = default;
+  // NOT_FOUND if this host holds no store for the shard and cannot open one; errors of
+  // ArtifactStore::Open.
+  virtual absl::StatusOr<ArtifactStore*> StoreFor(uint64_t shard_id) = 0;
+};
+
+struct TransferServiceOptions {
+  size_t max_chunks_per_request = kMaxChunksPerRequest;
+  size_t max_concurrent_streams = 32;
+};
+
+class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
+ public:
+  // None of the pointers is owned; all must outlive the service.
+  ArtifactTransferService(StoreRegistry* stores, ShardDirectory* directory,
+                          PeerRequestVerifier* verifier, TransferServiceOptions options = {});
+
+  grpc::Status GetManifest(grpc::ServerContext* context, const pb::GetManifestRequest* request,
+                           pb::GetManifestResponse* response) override;
+  grpc::Status GetChunks(grpc::ServerContext* context, const pb::GetChunksRequest* request,
+                         grpc::ServerWriter<pb::ChunkData>* writer) override;
+  grpc::Status ListArtifacts(grpc::ServerContext* context,
+                             const pb::ListArtifactsRequest* request,
+                             pb::ListArtifactsResponse* response) override;
+
+ private:
+  StoreRegistry* const stores_;
+  ShardDirectory* const directory_;
+  PeerRequestVerifier* const verifier_;
+  const TransferServiceOptions options_;
+  std::atomic<size_t> streams_{0};
+};
+
+struct FetchPeer {
+  std::string address;
+  std::string endpoint;  // host:port
+};
+
+struct FetcherOptions {
+  int streams_per_peer = 2;
+  int chunks_per_request = 16;
+  int64_t manifest_deadline_ms = 10000;
+  // Per GetChunks call; scaled up by nothing — keep chunks_per_request × chunk size / slowest
+  // expected rate under it.
+  int64_t chunks_deadline_ms = 120000;
+  int max_call_failures_per_peer = 2;
+  int64_t request_lifetime_ms = kDefaultPeerRequestLifetimeMs;
+};
+
+struct FetchRequest {
+  uint64_t shard_id = 0;
+  std::string artifact_id;  // 32 bytes
+  std::vector<FetchPeer> peers;
+};
+
+// What a fetch needs from its host.
+struct FetchContext {
+  const common::PrivateKey* key = nullptr;
+  std::string self_address;
+  ArtifactStore* store = nullptr;
+  ShardDirectory* directory = nullptr;
+  common::Clock* clock = nullptr;
+  ProgressFn progress;  // may be empty; called from fetcher threads, serialised
+  // Polled between chunks; true stops the fetch (CANCELLED, resumable).
+  std::function<bool()> cancelled;
+};
+
+// Fetches an artifact as described in the file comment. On success returns the final progress
+// (done = true, artifact_id, chunks_present / chunks_fetched / bytes_fetched, bytes_by_peer and
+// peer_faults — also faults of peers dropped along the way). Errors: INVALID_ARGUMENT (request),
+// NOT_FOUND (no peer has the manifest), the manifest checks of VerifyManifest, PERMISSION_DENIED
+// (publisher not a member), RESOURCE_EXHAUSTED (quota), UNAVAILABLE (every peer dropped, the
+// message naming each with its reason), CANCELLED.
+absl::StatusOr<pb::ArtifactProgress> FetchArtifact(const FetchContext& context,
+                                                   const FetchRequest& request,
+                                                   const FetcherOptions& options = {});
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_ARTIFACTS_TRANSFER_H_

@@ -1,0 +1,106 @@
+// ShardDirectory: who the members of a shard are (address, shard endpoint, frozen weight) and
+// its artifact quota, as the chain records them. Every peer-facing service asks it before
+// serving a request; every client asks it where to connect.
+//
+// ChainShardDirectory reads the chain through a ChainClient and caches each shard for ttl_ms;
+// an address not found among the members triggers one refresh (at most once per
+// min_refresh_ms per shard), so a host that just reserved is recognised without hammering the
+// chain for every request of a non-member.
+//
+// Thread-safety: implementations are thread-safe.
+#ifndef TS_SIDECAR_PEER_SHARD_DIRECTORY_H_
+#define TS_SIDECAR_PEER_SHARD_DIRECTORY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "chain-bridge/client/chain_client.h"
+#include "common/clock.h"
+#include "gonka/trainshard/v1/chain.pb.h"
+
+namespace ts::sidecar {
+
+namespace pb = ::gonka::trainshard::v1;
+
+struct ShardMember {
+  std::string address;
+  std::string endpoint;  // host:port of its shard services
+  uint64_t weight = 0;
+};
+
+struct ShardView {
+  uint64_t shard_id = 0;
+  pb::ShardStatus status = pb::SHARD_STATUS_UNSPECIFIED;
+  std::vector<ShardMember> members;  // in reservation order
+  uint64_t quota_bytes_max = 0;
+  uint64_t quota_files_max = 0;
+
+  // Nullptr if `address` holds no reservation.
+  const ShardMember* Find(std::string_view address) const;
+};
+
+class ShardDirectory {
+ public:
+  virtual ~ShardDirectory() = default;
+  // NOT_FOUND if the chain has no such shard; UNAVAILABLE if the chain cannot be reached and
+  // nothing is cached.
+  virtual absl::StatusOr<ShardView> Get(uint64_t shard_id) = 0;
+  // OK if `address` is a member of the shard, refreshing once as described above.
+  // PERMISSION_DENIED "host <address> is not a member of shard <id>"; FAILED_PRECONDITION if
+  // the shard is not running or open (proposed, rejected); errors of Get.
+  virtual absl::Status CheckMember(uint64_t shard_id, std::string_view address) = 0;
+};
+
+struct ChainShardDirectoryOptions {
+  int64_t ttl_ms = 5000;
+  int64_t min_refresh_ms = 1000;
+};
+
+class ChainShardDirectory final : public ShardDirectory {
+ public:
+  // `chain` and `clock` are not owned; `chain` is used under this object's lock only.
+  ChainShardDirectory(bridge::ChainClient* chain, common::Clock* clock,
+                      ChainShardDirectoryOptions options = {});
+  absl::StatusOr<ShardView> Get(uint64_t shard_id) override;
+  absl::Status CheckMember(uint64_t shard_id, std::string_view address) override;
+
+ private:
+  struct Entry {
+    ShardView view;
+    int64_t fetched_ms = 0;
+  };
+  absl::StatusOr<ShardView> Fetch(uint64_t shard_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  bridge::ChainClient* const chain_;
+  common::Clock* const clock_;
+  const ChainShardDirectoryOptions options_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Entry> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+// A fixed directory, for unit tests and tools.
+class StaticShardDirectory final : public ShardDirectory {
+ public:
+  void Set(ShardView view);
+  absl::StatusOr<ShardView> Get(uint64_t shard_id) override;
+  absl::Status CheckMember(uint64_t shard_id, std::string_view address) override;
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, ShardView> views_ ABSL_GUARDED_BY(mu_);
+};
+
+// Builds a view from a chain shard record.
+ShardView ShardViewFromChain(const pb::Shard& shard);
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_PEER_SHARD_DIRECTORY_H_
