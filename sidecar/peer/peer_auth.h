@@ -88,6 +88,9 @@ class PeerRequestVerifier {
   absl::Mutex mu_;
   // signer || nonce -> expires_unix_ms
   absl::flat_hash_map<std::string, int64_t> nonces_ ABSL_GUARDED_BY(mu_);
+  // When nonces_ is next pruned of expired entries: a pass over the map every quarter of the
+  // maximum lifetime keeps its cost per request constant, also while the map is full.
+  int64_t next_prune_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ts::sidecar
