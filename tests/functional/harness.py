@@ -2,7 +2,12 @@
 
 Every process is a real binary from the build directory, on 127.0.0.1 with ephemeral ports
 (each process writes its bound address to a file); every key is a real secp256k1 key made by
-`trainshard keys new`. Used by the functional, crash and determinism suites and by the demo.
+`trainshard keys new`. Used by the functional, crash, determinism and artifact suites, the demo
+and the artifact benchmark.
+
+A host may run inside a network namespace (netns.Topology): its trainshardd is started through
+`ip netns exec`, every listener binds the namespace's own address, and the devnet listens on the
+bridge address (Network(listen_ip=...)), so the CLI in the root namespace reaches everything.
 """
 
 import base64
@@ -12,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -51,6 +57,52 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tree_sha256(root):
+    """{relative name: (size, SHA-256 hex)} of every regular file under root, hashed here with
+    hashlib (independently of the project's code). Anything but directories and regular files
+    (links, FIFOs, devices, sockets) raises ValueError."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{path}: not a regular file (mode {oct(st.st_mode)})")
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while True:
+                    block = f.read(1 << 20)
+                    if not block:
+                        break
+                    h.update(block)
+            out[os.path.relpath(path, root)] = (st.st_size, h.hexdigest())
+    return out
+
+
+def write_random_files(root, sizes):
+    """Writes {relative name: size} files of random bytes under root; returns {name: bytes}."""
+    files = {}
+    for name, size in sizes.items():
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = os.urandom(size)
+        with open(path, "wb") as f:
+            f.write(data)
+        files[name] = data
+    return files
+
+
+def chunk_hashes(files, chunk_size):
+    """Distinct SHA-256 hex of the fixed-size chunks of {name: bytes} (the store's file names)."""
+    out = set()
+    for data in files.values():
+        for off in range(0, len(data), chunk_size):
+            out.add(hashlib.sha256(data[off:off + chunk_size]).hexdigest())
+    return out
 
 
 def read_addr_file(path):
@@ -104,7 +156,12 @@ class Process:
 class Host:
     """One host: a key, a trainshardd with its data dir, and its operator address."""
 
-    def __init__(self, net, name, address, key_file, profile="cpu-small", auto_reserve=True):
+    def __init__(self, net, name, address, key_file, profile="cpu-small", auto_reserve=True,
+                 ip="127.0.0.1", exec_prefix=(), extra_config=None, shard_listen=False):
+        """ip: the address every listener of this host binds (its namespace's address when
+        exec_prefix enters one). extra_config: top-level config lines, {key: TOML value}.
+        shard_listen: write shard_listen = shard_endpoint (else the daemon's default, every
+        address on the endpoint's port)."""
         self.net = net
         self.name = name
         self.address = address
@@ -116,17 +173,27 @@ class Host:
         self.auto_reserve = auto_reserve
         self.process = None
         self.operator = None
+        self.ip = ip
+        self.exec_prefix = list(exec_prefix)
+        self.extra_config = dict(extra_config or {})
+        # Chosen once, so a restarted host keeps the endpoint its reservations advertise.
+        self.shard_port = free_port()
+        self.shard_endpoint = f"{ip}:{self.shard_port}"
+        if shard_listen:
+            self.extra_config.setdefault("shard_listen", f'"{self.shard_endpoint}"')
 
     def write_config(self):
         os.makedirs(self.dir, exist_ok=True)
         with open(self.config, "w") as f:
             f.write(f'chain_endpoint = "{self.net.chain}"\n'
-                    f'listen = "127.0.0.1:0"\n'
+                    f'listen = "{self.ip}:0"\n'
                     f'key_file = "{self.key_file}"\n'
                     f'data_dir = "{self.data_dir}"\n'
-                    f'shard_endpoint = "127.0.0.1:{7000 + len(self.name)}"\n'
-                    f'poll_interval_ms = 100\n'
-                    f'[policy]\n'
+                    f'shard_endpoint = "{self.shard_endpoint}"\n'
+                    f'poll_interval_ms = 100\n')
+            for key, value in self.extra_config.items():
+                f.write(f'{key} = {value}\n')
+            f.write(f'[policy]\n'
                     f'auto_reserve = {"true" if self.auto_reserve else "false"}\n'
                     f'hardware_profiles = ["{self.profile}"]\n'
                     f'max_shards = 100\n'
@@ -135,9 +202,11 @@ class Host:
     def start(self):
         self.write_config()
         addr_file = os.path.join(self.data_dir, "operator.addr")
-        if os.path.exists(addr_file):
-            os.unlink(addr_file)
-        self.process = Process(self.name, [DAEMON, "--config", self.config],
+        for stale in (addr_file, self.shard_addr_file()):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        self.process = Process(self.name,
+                               self.exec_prefix + [DAEMON, "--config", self.config],
                                os.path.join(self.dir, "trainshardd.log"))
         self.process.start()
         self.operator = wait_for(lambda: self._addr(addr_file), 30, f"{self.name} to listen")
@@ -146,6 +215,37 @@ class Host:
         if not self.process.alive():
             raise RuntimeError(f"{self.name} exited:\n{self.process.log_tail()}")
         return read_addr_file(addr_file) if os.path.exists(addr_file) else None
+
+    def shard_addr_file(self):
+        return os.path.join(self.data_dir, "shard.addr")
+
+    def wait_shard_listen(self, timeout_s=30):
+        """The bound peer-facing (shard_listen) address, once the daemon has written it."""
+        path = self.shard_addr_file()
+        return wait_for(lambda: self._addr(path), timeout_s, f"{self.name} to serve peers")
+
+    def store_dir(self, shard_id):
+        """The host's artifact store of a shard (default artifacts_dir)."""
+        return os.path.join(self.data_dir, "artifacts", str(shard_id))
+
+    def chunk_files(self, shard_id):
+        """Paths of the chunk files in the shard's store (chunks/<2 hex>/<64 hex>)."""
+        root = os.path.join(self.store_dir(shard_id), "chunks")
+        found = []
+        try:
+            subdirs = os.listdir(root)
+        except FileNotFoundError:
+            return found
+        for sub in subdirs:
+            path = os.path.join(root, sub)
+            # A planted symlink is not descended into: it is not part of the store.
+            if os.path.islink(path) or not os.path.isdir(path):
+                continue
+            try:
+                found += [os.path.join(path, n) for n in os.listdir(path)]
+            except FileNotFoundError:
+                pass
+        return found
 
     def status(self):
         return self.net.cli("host", "status", "--host", self.operator)
@@ -161,7 +261,8 @@ class Network:
     """A devnet chain plus hosts under one temporary directory."""
 
     def __init__(self, root=None, chain_id="trainshard-devnet-1", block_interval_ms=200,
-                 voting_period=20, host_weights=(100, 80, 60), keep=False):
+                 voting_period=20, host_weights=(100, 80, 60), keep=False,
+                 listen_ip="127.0.0.1"):
         self.root = root or tempfile.mkdtemp(prefix="ts-net-")
         self.keep = keep
         self.chain_id = chain_id
@@ -173,6 +274,7 @@ class Network:
         self.hosts = []
         self.host_weights = host_weights
         self.keys = {}
+        self.listen_ip = listen_ip
         self.devnet_port = free_port()
         # While nodes are being killed, a CLI call that cannot reach them (exit 3) is retried
         # for this long.
@@ -201,6 +303,18 @@ class Network:
         if not check:
             return r
         return json.loads(r.stdout) if r.stdout.strip() else {}
+
+    def artifact(self, host, command, *args, check=True, timeout=120):
+        """`trainshard artifact <command> --host <host's operator> args` with --json."""
+        return self.cli("artifact", command, "--host", host.operator, *args, check=check,
+                        timeout=timeout)
+
+    def artifact_popen(self, host, command, *args):
+        """The same, started in the background (stdout and stderr to pipes)."""
+        cmd = [CLI, "--chain", self.chain, "--json", "artifact", command, "--host",
+               host.operator, *args]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL)
 
     def new_key(self, name):
         path = os.path.join(self.root, "keys", f"{name}.key")
@@ -234,7 +348,7 @@ class Network:
         if os.path.exists(addr_file):
             os.unlink(addr_file)
         self.devnet = Process("devnet", [CLI, "devnet", "start", "--home", self.home,
-                                         "--listen", f"127.0.0.1:{self.devnet_port}", "--block-interval-ms",
+                                         "--listen", f"{self.listen_ip}:{self.devnet_port}", "--block-interval-ms",
                                          str(self.block_interval_ms)],
                               os.path.join(self.root, "devnet.log"))
         self.devnet.start()
@@ -253,6 +367,15 @@ class Network:
             self.hosts.append(host)
             host.start()
         return self.hosts
+
+    def add_host(self, name, key_name=None, start=True, **kwargs):
+        """One host named `name` with key `key_name` (default `name`); kwargs go to Host."""
+        key_name = key_name or name
+        host = Host(self, name, self.address(key_name), self.keys[key_name]["file"], **kwargs)
+        self.hosts.append(host)
+        if start:
+            host.start()
+        return host
 
     def replay(self):
         """Re-executes the stored blocks from genesis (the node must be stopped)."""
@@ -291,7 +414,8 @@ class Network:
         return self.cli("chain", "events", "--from", str(from_h), "--to", str(to_h))["events"]
 
     def write_spec(self, name, *, min_nodes=2, max_nodes=3, escrow=300000, min_host_weight=10,
-                   max_duration=400, window=100, profile="cpu-small", bps=5000):
+                   max_duration=400, window=100, profile="cpu-small", bps=5000,
+                   quota_bytes=1 << 30, quota_files=10000):
         spec = {
             "run_spec_hash": base64.b64encode(hashlib.sha256(name.encode()).digest()).decode(),
             "hardware_profile": profile,
@@ -300,7 +424,7 @@ class Network:
             "min_host_weight": str(min_host_weight),
             "max_duration_blocks": str(max_duration),
             "escrow": {"denom": "ngonka", "amount": str(escrow)},
-            "artifact_quota": {"bytes_max": str(1 << 30), "files_max": "10000"},
+            "artifact_quota": {"bytes_max": str(quota_bytes), "files_max": str(quota_files)},
             "reward_policy": {"kind": "KIND_VERIFIED_WORK", "max_host_share_bps": bps},
             "reservation_window_blocks": str(window),
         }
