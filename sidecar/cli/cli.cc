@@ -15,8 +15,9 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   const char* env_chain = std::getenv(std::string(kChainEnv).c_str());
   options.chain = env_chain != nullptr && env_chain[0] != '\0' ? env_chain : kDefaultChain;
 
-  CLI::App app("trainshard: keys, devnet, chain queries, proposals, shards and host sidecars",
-               "trainshard");
+  CLI::App app(
+      "trainshard: keys, devnet, chain queries, proposals, shards, host sidecars and artifacts",
+      "trainshard");
   // Subcommands inherit fallthrough, so the global options may follow any subcommand.
   app.fallthrough();
   app.require_subcommand(1);
@@ -38,6 +39,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   AddProposalCommands(app, table);
   AddShardCommands(app, table);
   AddHostCommands(app, table);
+  AddArtifactCommands(app, table);
 
   // CLI11 reports parse errors by throwing; this is the one place they are caught.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

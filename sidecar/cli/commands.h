@@ -51,6 +51,7 @@ void AddWeightsCommands(CLI::App& root, CommandTable& table);
 void AddProposalCommands(CLI::App& root, CommandTable& table);
 void AddShardCommands(CLI::App& root, CommandTable& table);
 void AddHostCommands(CLI::App& root, CommandTable& table);
+void AddArtifactCommands(CLI::App& root, CommandTable& table);
 
 }  // namespace ts::sidecar
 

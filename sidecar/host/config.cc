@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -188,6 +189,10 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
       TS_ASSIGN_OR_RETURN(config.data_dir, GetString(key, node));
     } else if (key == "shard_endpoint") {
       TS_ASSIGN_OR_RETURN(config.shard_endpoint, GetString(key, node));
+    } else if (key == "shard_listen") {
+      TS_ASSIGN_OR_RETURN(config.shard_listen, GetString(key, node));
+    } else if (key == "artifacts_dir") {
+      TS_ASSIGN_OR_RETURN(config.artifacts_dir, GetString(key, node));
     } else if (key == "tls_cert_sha256") {
       TS_ASSIGN_OR_RETURN(std::string hex, GetString(key, node));
       auto bytes = common::HexDecode(hex);
@@ -265,12 +270,37 @@ absl::Status ValidateHostConfig(const HostConfig& config) {
   TS_RETURN_IF_ERROR(required("data_dir", config.data_dir));
   TS_RETURN_IF_ERROR(required("shard_endpoint", config.shard_endpoint));
   TS_RETURN_IF_ERROR(CheckHostPort("shard_endpoint", config.shard_endpoint, 1));
+  if (!config.shard_listen.empty()) {
+    TS_RETURN_IF_ERROR(CheckHostPort("shard_listen", config.shard_listen, 0));
+  }
+  if (!config.artifacts_dir.empty()) {
+    const std::string& dir = config.artifacts_dir;
+    if (dir.front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("artifacts_dir: \"", dir.substr(0, 200), "\" is not absolute"));
+    }
+    if (dir.size() > 4000 || dir.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("artifacts_dir: \"", dir.substr(0, 200), "...\" is not a usable path"));
+    }
+  }
   common::LogLevel level;
   if (!common::ParseLogLevel(config.log_level, &level)) {
     return absl::InvalidArgumentError(absl::StrCat("log_level: \"", config.log_level.substr(0, 40),
                                                    "\" is not one of debug, info, warn, error"));
   }
   return absl::OkStatus();
+}
+
+std::string ShardListenAddress(const HostConfig& config) {
+  if (!config.shard_listen.empty()) return config.shard_listen;
+  const std::string& endpoint = config.shard_endpoint;
+  return "0.0.0.0" + endpoint.substr(std::min(endpoint.rfind(':'), endpoint.size()));
+}
+
+std::string ArtifactsDir(const HostConfig& config) {
+  if (!config.artifacts_dir.empty()) return config.artifacts_dir;
+  return config.data_dir + "/artifacts";
 }
 
 }  // namespace ts::sidecar

@@ -42,6 +42,12 @@ struct HostConfig {
   std::string key_file;
   std::string data_dir;
   std::string shard_endpoint;  // host:port advertised in reservations
+  // host:port the peer-facing shard services (ArtifactTransfer) bind. Empty: the default,
+  // "0.0.0.0:<port of shard_endpoint>" (ShardListenAddress).
+  std::string shard_listen;
+  // Absolute directory of the shards' artifact stores. Empty: the default, <data_dir>/artifacts
+  // (ArtifactsDir).
+  std::string artifacts_dir;
   // 32 raw bytes when set in the file; empty means "use the placeholder" (SHA-256 of the host
   // address) until the shard sidecar serves TLS.
   std::string tls_cert_sha256;
@@ -72,8 +78,14 @@ absl::StatusOr<HostConfig> LoadHostConfigFile(const std::string& path);
 void ApplyOverrides(const HostConfigOverrides& overrides, HostConfig* config);
 
 // INVALID_ARGUMENT naming the key and value for a missing required key (chain_endpoint,
-// key_file, data_dir, shard_endpoint), a malformed host:port or an unknown log level.
+// key_file, data_dir, shard_endpoint), a malformed host:port (shard_listen may use port 0), a
+// relative artifacts_dir or an unknown log level.
 absl::Status ValidateHostConfig(const HostConfig& config);
+
+// shard_listen, or its default "0.0.0.0:<port of shard_endpoint>". For a validated config.
+std::string ShardListenAddress(const HostConfig& config);
+// artifacts_dir, or its default <data_dir>/artifacts (relative if data_dir is).
+std::string ArtifactsDir(const HostConfig& config);
 
 // Splits "host:port" ("[v6]:port" too). INVALID_ARGUMENT naming `key` unless the host is
 // non-empty and the port is a number in [min_port, 65535].

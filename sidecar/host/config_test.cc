@@ -47,12 +47,18 @@ TEST(ConfigTest, Defaults) {
   EXPECT_TRUE(c.policy.hardware_profiles.empty());
   EXPECT_EQ(c.policy.max_shards, 4u);
   EXPECT_EQ(c.policy.min_escrow_per_node, 0u);
+  EXPECT_TRUE(c.shard_listen.empty());
+  EXPECT_TRUE(c.artifacts_dir.empty());
+  EXPECT_EQ(ShardListenAddress(c), "0.0.0.0:7000");
+  EXPECT_EQ(ArtifactsDir(c), "/tmp/d/artifacts");
   EXPECT_TRUE(ValidateHostConfig(c).ok());
 }
 
 TEST(ConfigTest, EveryKey) {
   HostConfig c = MustParse(std::string(kMinimal) + R"(
 listen = "0.0.0.0:9100"
+shard_listen = "10.0.0.1:7100"
+artifacts_dir = "/srv/artifacts"
 tls_cert_sha256 = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF"
 poll_interval_ms = 50
 log_level = "debug"
@@ -63,6 +69,10 @@ max_shards = 7
 min_escrow_per_node = "123456789"
 )");
   EXPECT_EQ(c.listen, "0.0.0.0:9100");
+  EXPECT_EQ(c.shard_listen, "10.0.0.1:7100");
+  EXPECT_EQ(ShardListenAddress(c), "10.0.0.1:7100");
+  EXPECT_EQ(c.artifacts_dir, "/srv/artifacts");
+  EXPECT_EQ(ArtifactsDir(c), "/srv/artifacts");
   ASSERT_EQ(c.tls_cert_sha256.size(), 32u);
   EXPECT_EQ(static_cast<unsigned char>(c.tls_cert_sha256[31]), 0xffu);
   EXPECT_EQ(c.poll_interval_ms, 50);
@@ -94,6 +104,8 @@ TEST(ConfigTest, BadValuesNameTheKeyAndValue) {
             {"policy.min_escrow_per_node", "string", "100"});
   ExpectBad("[policy]\nspeed = 1\n", {"policy.speed", "unknown key"});
   ExpectBad("policy = 3\n", {"policy", "table"});
+  ExpectBad("shard_listen = 7000\n", {"shard_listen", "string", "7000"});
+  ExpectBad("artifacts_dir = [\"/a\"]\n", {"artifacts_dir", "string"});
 }
 
 TEST(ConfigTest, SyntaxErrorNamesFileAndLine) {
@@ -128,6 +140,30 @@ TEST(ConfigTest, ValidateRequiredAndAddresses) {
     auto s = ValidateHostConfig(bad);
     EXPECT_NE(s.message().find("shard_endpoint: \"10.0.0.1:0\""), absl::string_view::npos)
         << s.message();
+  }
+  {
+    HostConfig bad = c;
+    bad.shard_listen = "0.0.0.0";
+    auto s = ValidateHostConfig(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("shard_listen: \"0.0.0.0\""), absl::string_view::npos)
+        << s.message();
+    bad.shard_listen = "127.0.0.1:0";  // any free port: allowed, the bound one is in shard.addr
+    EXPECT_TRUE(ValidateHostConfig(bad).ok());
+  }
+  {
+    HostConfig bad = c;
+    bad.artifacts_dir = "rel/artifacts";
+    auto s = ValidateHostConfig(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("artifacts_dir: \"rel/artifacts\" is not absolute"),
+              absl::string_view::npos)
+        << s.message();
+  }
+  {
+    HostConfig v6 = c;
+    v6.shard_endpoint = "[2001:db8::1]:7443";
+    EXPECT_EQ(ShardListenAddress(v6), "0.0.0.0:7443");
   }
   {
     HostConfig bad = c;

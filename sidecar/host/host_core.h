@@ -124,6 +124,9 @@ class HostCore {
 
   HostStatusSnapshot Snapshot() const;
   const HostStore& store() const { return *store_; }
+  // The records' database, shared with components that keep tables of their own in it (the
+  // artifact stores' index, kTableArtifacts), which HostCore never touches. Thread-safe.
+  state::Db* shared_db() { return &store_->db(); }
   const std::string& address() const { return address_; }
 
  private:

@@ -4,6 +4,7 @@
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "sidecar/artifacts/store.h"
 
 namespace ts::sidecar {
 namespace {
@@ -43,13 +44,13 @@ std::string EventKey(int64_t height, uint32_t index) {
 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Open(const std::string& path) {
   state::DbOptions options;
-  options.tables = {std::string(kTableShards),
-                    std::string(kTableReservations),
-                    std::string(kTableWeights),
-                    std::string(kTablePendingTxs),
-                    std::string(kTableSettlementDrafts),
-                    std::string(kTableEvents),
-                    std::string(kTableMeta)};
+  options.tables = {std::string(kTableShards), std::string(kTableReservations),
+                    std::string(kTableWeights), std::string(kTablePendingTxs),
+                    std::string(kTableSettlementDrafts), std::string(kTableEvents),
+                    std::string(kTableMeta),
+                    // Written by the shards' artifact stores (sidecar/artifacts), not by HostCore.
+                    // Adding it keeps older data dirs opening: state::Db creates a missing table.
+                    std::string(kTableArtifacts)};
   options.schema_version = kHostSchemaVersion;
   TS_ASSIGN_OR_RETURN(auto db, state::Db::Open(path, options));
   return std::unique_ptr<HostStore>(new HostStore(std::move(db)));

@@ -9,9 +9,11 @@
 //   events             be64(height) be32(index)  -> FollowedEvent
 //   meta               "cursor_height" be64, "address", "chain_id", "events_processed" be64,
 //                      "schema_version" "1"
+//   artifacts          be64(shard_id) artifact id -> StoredArtifact (sidecar/artifacts/store.h)
 //
 // Writes are done by HostCore through state::WriteBatch (one synced batch per decision); this
-// class only reads, and builds batch entries.
+// class only reads, and builds batch entries. The artifacts table is the shards' artifact
+// stores' own: HostCore never reads or writes it.
 //
 // Thread-safety: thread-safe (state::Db is); reads may run on any thread while the owner
 // thread writes, and see either all of a batch or none of it.

@@ -1,7 +1,8 @@
 // trainshardd: the host sidecar daemon. Reads its TOML config (flags override it), loads the
-// host key, opens its records, follows the chain and serves the operator and settlement query
-// APIs until SIGTERM or SIGINT. Exit codes: 0 after a clean shutdown, 2 for a bad config, flag
-// or key file (nothing is written then), 1 for any other failure to start.
+// host key, opens its records, follows the chain and serves the operator, settlement query and
+// artifact operator APIs on `listen` and the peer-facing artifact transfer service on
+// `shard_listen`, until SIGTERM or SIGINT. Exit codes: 0 after a clean shutdown, 2 for a bad
+// config, flag or key file (nothing is written then), 1 for any other failure to start.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -10,7 +11,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -19,10 +23,13 @@
 #include "common/clock.h"
 #include "common/key_file.h"
 #include "common/log.h"
+#include "sidecar/artifacts/operator_service.h"
 #include "sidecar/host/config.h"
 #include "sidecar/host/host_core.h"
 #include "sidecar/host/host_daemon.h"
 #include "sidecar/host/operator_service.h"
+#include "sidecar/host/shard_server.h"
+#include "sidecar/peer/shard_directory.h"
 
 namespace ts::sidecar {
 namespace {
@@ -90,6 +97,15 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
     ::close(dfd);
   }
   return absl::OkStatus();
+}
+
+// `path` as an absolute path: relative ones are taken from the working directory at start, so a
+// later chdir (there is none) or a relative data_dir cannot move the stores.
+std::string AbsolutePath(const std::string& path) {
+  if (!path.empty() && path.front() == '/') return path;
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+  return absl::StrCat(cwd, "/", path);
 }
 
 int Main(int argc, char** argv) {
@@ -161,37 +177,89 @@ int Main(int argc, char** argv) {
     LogError("cannot open the host records", core.status());
     return kExitFailure;
   }
+  const std::string& address = (*core)->address();
+
+  // Artifacts: each shard's store under artifacts_dir, its index in the host's database, the
+  // shard's members and quota from the chain (through a client of its own, so the follower's
+  // calls and the peer checks never wait on each other).
+  std::string artifacts_dir = AbsolutePath(ArtifactsDir(config));
+  std::unique_ptr<bridge::ChainClient> directory_chain =
+      bridge::NewGrpcChainClient(config.chain_endpoint);
+  ChainShardDirectory directory(directory_chain.get(), &common::SystemClock());
+  // Peer requests are signed over the chain id: known from the records after the first contact
+  // with the chain, else the shard services wait for it (below).
+  std::string chain_id;
+  if (auto stored = (*core)->store().MetaString(kMetaChainId); stored.ok()) chain_id = *stored;
+  ShardStoreRegistryOptions registry_options;
+  registry_options.artifacts_dir = artifacts_dir;
+  registry_options.self_address = address;
+  registry_options.chain_id = chain_id;
+  ShardStoreRegistry registry((*core)->shared_db(), &directory, &common::SystemClock(),
+                              registry_options);
+  ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock());
+  auto shard_server = ShardServer::Start(ShardListenAddress(config), &registry, &directory, address,
+                                         &common::SystemClock());
+  if (!shard_server.ok()) {
+    LogError("cannot serve the shard services", shard_server.status());
+    return kExitFailure;
+  }
+  if (!chain_id.empty()) (*shard_server)->Activate(chain_id);
+
   HostDaemon daemon(core->get(), config.poll_interval_ms);
-  auto server = StartOperatorServer(config.listen, core->get(), &daemon, kVersion);
+  auto server =
+      StartOperatorServer(config.listen, core->get(), &daemon, kVersion, {&artifact_operator});
   if (!server.ok()) {
     LogError("cannot serve the operator API", server.status());
     return kExitFailure;
   }
   daemon.Start();
-  if (absl::Status written =
-          WriteFileAtomically(config.data_dir, "operator.addr", server->address + "\n");
-      !written.ok()) {
-    LogError("cannot write operator.addr", written);
-    server->server->Shutdown();
-    daemon.Stop();
-    return kExitFailure;
+  const std::vector<std::pair<std::string, std::string>> addr_files = {
+      {"operator.addr", server->address}, {"shard.addr", (*shard_server)->address()}};
+  for (const auto& [name, bound] : addr_files) {
+    if (absl::Status written = WriteFileAtomically(config.data_dir, name, bound + "\n");
+        !written.ok()) {
+      LogError("cannot write " + name, written);
+      server->server->Shutdown();
+      daemon.Stop();
+      return kExitFailure;
+    }
   }
   common::Log(common::LogLevel::kInfo, kComponent, "started",
               {{"version", kVersion},
-               {"address", (*core)->address()},
+               {"address", address},
                {"operator", server->address},
+               {"shard_listen", (*shard_server)->address()},
+               {"artifacts_dir", artifacts_dir},
                {"chain", config.chain_endpoint},
                {"data_dir", config.data_dir}});
 
   int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
+  while (true) {
+    // Wakes up now and then to start the shard services once the follower has learnt the chain
+    // id; afterwards only a signal ends the wait.
+    timespec wait = {0, 200 * 1000 * 1000};
+    if (!(*shard_server)->active()) {
+      auto stored = (*core)->store().MetaString(kMetaChainId);
+      if (stored.ok() && !stored->empty()) {
+        registry.SetChainId(*stored);
+        (*shard_server)->Activate(*stored);
+        common::Log(common::LogLevel::kInfo, kComponent, "shard services active",
+                    {{"chain_id", *stored}});
+      }
+    }
+    sig = (*shard_server)->active() ? sigwaitinfo(&signals, nullptr)
+                                    : sigtimedwait(&signals, nullptr, &wait);
+    if (sig == SIGTERM || sig == SIGINT) break;
   }
   common::Log(common::LogLevel::kInfo, kComponent, "shutting down",
               {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
   // In-flight RPCs get a moment to finish (gRPC also waits this long for idle client
-  // connections to go); the owner thread then stops after its current command or step, each of
-  // which leaves the records consistent, as a SIGKILL would.
-  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // connections to go); a fetch in flight stops between chunks and stays resumable. The owner
+  // thread then stops after its current command or step, each of which leaves the records
+  // consistent, as a SIGKILL would.
+  auto grace = std::chrono::system_clock::now() + std::chrono::seconds(1);
+  (*shard_server)->Shutdown(grace);
+  server->server->Shutdown(grace);
   daemon.Stop();
   common::Log(common::LogLevel::kInfo, kComponent, "stopped");
   return 0;

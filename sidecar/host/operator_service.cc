@@ -140,8 +140,9 @@ grpc::Status SettlementQueryService::GetSettlement(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-absl::StatusOr<OperatorServer> StartOperatorServer(const std::string& listen, HostCore* core,
-                                                   HostDaemon* daemon, std::string version) {
+absl::StatusOr<OperatorServer> StartOperatorServer(
+    const std::string& listen, HostCore* core, HostDaemon* daemon, std::string version,
+    const std::vector<grpc::Service*>& extra_services) {
   OperatorServer out;
   out.operator_service = std::make_unique<HostOperatorService>(core, daemon, std::move(version));
   out.settlement_service = std::make_unique<SettlementQueryService>(core);
@@ -151,6 +152,7 @@ absl::StatusOr<OperatorServer> StartOperatorServer(const std::string& listen, Ho
   builder.SetMaxReceiveMessageSize(kMaxOperatorMessageBytes);
   builder.RegisterService(out.operator_service.get());
   builder.RegisterService(out.settlement_service.get());
+  for (grpc::Service* service : extra_services) builder.RegisterService(service);
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("listen: cannot bind ", listen));

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/server.h>
 
@@ -79,10 +80,12 @@ struct OperatorServer {
   std::string address;
 };
 
-// Binds `listen` ("host:port", port 0 = any free port) and starts both services.
-// UNAVAILABLE naming the address if it cannot be bound.
-absl::StatusOr<OperatorServer> StartOperatorServer(const std::string& listen, HostCore* core,
-                                                   HostDaemon* daemon, std::string version);
+// Binds `listen` ("host:port", port 0 = any free port) and starts both services, and
+// `extra_services` next to them (e.g. the artifact operator API; not owned, they must outlive
+// the server). UNAVAILABLE naming the address if it cannot be bound.
+absl::StatusOr<OperatorServer> StartOperatorServer(
+    const std::string& listen, HostCore* core, HostDaemon* daemon, std::string version,
+    const std::vector<grpc::Service*>& extra_services = {});
 
 }  // namespace ts::sidecar
 

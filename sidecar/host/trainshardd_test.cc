@@ -1,5 +1,5 @@
 // Runs the real trainshardd binary: exit codes for bad configs and key files (nothing written),
-// and a start, a Status call over gRPC and a clean SIGTERM shutdown.
+// a start, Status and artifact calls over gRPC on both listeners, and a clean SIGTERM shutdown.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -22,6 +22,7 @@
 #include "common/crypto/secp256k1.h"
 #include "common/hex.h"
 #include "gonka/trainshard/v1/host.grpc.pb.h"
+#include "gonka/trainshard/v1/shard.grpc.pb.h"
 
 namespace ts::sidecar {
 namespace {
@@ -66,13 +67,17 @@ class TrainsharddTest : public ::testing::Test {
   std::string Config(const std::string& extra = "") {
     std::string path = dir_ + "/trainshardd.toml";
     // Nothing listens on port 1: the chain is unreachable, which the daemon must survive.
-    WriteFile(path,
-              "chain_endpoint = \"127.0.0.1:1\"\n"
-              "listen = \"127.0.0.1:0\"\n"
-              "key_file = \"" +
-                  key_file_ + "\"\ndata_dir = \"" + data_dir_ +
-                  "\"\nshard_endpoint = \"127.0.0.1:7000\"\npoll_interval_ms = 50\n" + extra,
-              0644);
+    WriteFile(
+        path,
+        "chain_endpoint = \"127.0.0.1:1\"\n"
+        "listen = \"127.0.0.1:0\"\n"
+        "key_file = \"" +
+            key_file_ + "\"\ndata_dir = \"" + data_dir_ +
+            "\"\nshard_endpoint = \"127.0.0.1:7000\"\npoll_interval_ms = 50\n" +
+            (extra.find("shard_listen") == std::string::npos ? "shard_listen = \"127.0.0.1:0\"\n"
+                                                             : "") +
+            extra,
+        0644);
     return path;
   }
 
@@ -110,6 +115,17 @@ class TrainsharddTest : public ::testing::Test {
   int Run(const std::vector<std::string>& args) {
     Start(args);
     return Wait();
+  }
+  // Waits for the daemon to write <data_dir>/<name>; returns the address without the newline.
+  std::string WaitAddr(const std::string& name) {
+    std::string addr;
+    for (int i = 0; i < 2000 && addr.empty(); ++i) {
+      addr = ReadFile(data_dir_ + "/" + name);
+      if (addr.empty()) usleep(10000);
+    }
+    if (addr.empty() || addr.back() != '\n') return "";
+    addr.pop_back();
+    return addr;
   }
   bool DataDirExists() {
     struct stat st {};
@@ -175,9 +191,94 @@ TEST_F(TrainsharddTest, ServesStatusAndStopsOnSigterm) {
   EXPECT_EQ(status.address(), common::AddressFromPublicKey(key->public_key()));
   EXPECT_EQ(status.cursor_height(), 0);
 
+  // The artifact operator API is served next to HostOperator; with the chain unreachable the
+  // host does not know its chain id, so stores cannot be opened yet.
+  auto artifacts =
+      pb::ArtifactOperator::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext list_context;
+    list_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::ListLocalArtifactsRequest list;
+    list.set_shard_id(1);
+    pb::ListArtifactsResponse listed;
+    grpc::Status refused = artifacts->List(&list_context, list, &listed);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr("chain id"));
+  }
+  {
+    grpc::ClientContext bad_context;
+    bad_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::VerifyArtifactsRequest verify;  // shard_id 0
+    pb::VerifyArtifactsResponse verified;
+    grpc::Status bad = artifacts->Verify(&bad_context, verify, &verified);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(bad.error_message(), HasSubstr("shard_id: 0"));
+  }
+
+  // The peer-facing listener is bound (shard_listen port 0 here) and says why it cannot serve.
+  std::string shard_addr = WaitAddr("shard.addr");
+  ASSERT_THAT(shard_addr, ::testing::StartsWith("127.0.0.1:")) << ReadFile(log_);
+  EXPECT_NE(shard_addr, "127.0.0.1:0");
+  auto transfer = pb::ArtifactTransfer::NewStub(
+      grpc::CreateChannel(shard_addr, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext peer_context;
+    peer_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::ListArtifactsRequest peer_list;
+    peer_list.set_shard_id(1);
+    pb::ListArtifactsResponse peer_listed;
+    grpc::Status waiting = transfer->ListArtifacts(&peer_context, peer_list, &peer_listed);
+    EXPECT_EQ(waiting.error_code(), grpc::StatusCode::UNAVAILABLE) << waiting.error_message();
+  }
+
   kill(pid_, SIGTERM);
   EXPECT_EQ(Wait(), 0) << ReadFile(log_);
   EXPECT_THAT(ReadFile(log_), HasSubstr("shutting down"));
+}
+
+TEST_F(TrainsharddTest, ShardListenPortTakenExitsOneNamingIt) {
+  Start({"--config", Config()});
+  std::string shard_addr = WaitAddr("shard.addr");
+  ASSERT_FALSE(shard_addr.empty()) << ReadFile(log_);
+  pid_t first = pid_;
+  std::string first_log = log_;
+
+  // A second host on the same peer port must not start (and must not share the port).
+  std::string second_dir = dir_ + "/second";
+  std::string saved_data_dir = data_dir_;
+  data_dir_ = second_dir;
+  std::string config = Config("shard_listen = \"" + shard_addr + "\"\n");
+  data_dir_ = saved_data_dir;
+  log_ = dir_ + "/second.log";
+  pid_ = fork();
+  ASSERT_GE(pid_, 0);
+  if (pid_ == 0) {
+    int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::string binary = TS_TRAINSHARDD;
+    std::string flag = "--config";
+    char* argv[] = {binary.data(), flag.data(), config.data(), nullptr};
+    execv(binary.c_str(), argv);
+    _exit(127);
+  }
+  EXPECT_EQ(Wait(), 1) << ReadFile(log_);
+  EXPECT_THAT(ReadFile(log_), HasSubstr("shard_listen: cannot bind " + shard_addr));
+
+  pid_ = first;
+  log_ = first_log;
+  kill(pid_, SIGTERM);
+  EXPECT_EQ(Wait(), 0) << ReadFile(log_);
+}
+
+TEST_F(TrainsharddTest, BadShardListenOrArtifactsDirExitsTwo) {
+  EXPECT_EQ(Run({"--config", Config("shard_listen = \"nowhere\"\n")}), 2);
+  EXPECT_THAT(ReadFile(log_), HasSubstr("shard_listen"));
+  EXPECT_THAT(ReadFile(log_), HasSubstr("nowhere"));
+  EXPECT_EQ(Run({"--config", Config("artifacts_dir = \"relative/dir\"\n")}), 2);
+  EXPECT_THAT(ReadFile(log_), HasSubstr("artifacts_dir"));
+  EXPECT_THAT(ReadFile(log_), HasSubstr("relative/dir"));
+  EXPECT_FALSE(DataDirExists());
 }
 
 }  // namespace
