@@ -16,6 +16,8 @@
 #include "cosmos/bank/v1beta1/tx.pb.h"
 #include "cosmos/crypto/secp256k1/keys.pb.h"
 #include "gonka/trainshard/v1/chain.pb.h"
+#include "gonka/trainshard/v1/shard.pb.h"
+#include "sidecar/artifacts/manifest.h"
 #include "tests/fuzz/sign_bytes_input.h"
 
 namespace {
@@ -140,6 +142,55 @@ void WriteAddressSeeds(const fs::path& dir) {
   Write(dir, "bip173_bad_checksum", "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t5");
 }
 
+// Manifests signed by a fixed key, each checked to pass VerifyManifestBytes, and file names
+// (the target checks every input as both).
+void WriteManifestSeeds(const fs::path& dir) {
+  const ts::common::PrivateKey key = FixedKey('\x04');
+  struct File {
+    std::string name;
+    std::string data;
+  };
+  auto body_of = [](const std::vector<File>& files, std::string kind, uint64_t round,
+                    std::string parent) {
+    gonka::trainshard::v1::ManifestBody body;
+    body.set_chain_id("gonka-devnet");
+    body.set_shard_id(1);
+    body.set_round(round);
+    body.set_parent(std::move(parent));
+    body.set_kind(std::move(kind));
+    body.set_chunk_size(ts::sidecar::kMinChunkSize);
+    for (const File& f : files) {
+      auto* file = body.add_files();
+      file->set_name(f.name);
+      file->set_size(f.data.size());
+      for (size_t off = 0; off < f.data.size(); off += ts::sidecar::kMinChunkSize) {
+        file->add_chunks(ts::common::Sha256(f.data.substr(off, ts::sidecar::kMinChunkSize)));
+      }
+    }
+    return body;
+  };
+  auto write_manifest = [&](const std::string& name,
+                            const gonka::trainshard::v1::ManifestBody& body) {
+    auto manifest = ts::sidecar::SignManifest(key, body);
+    TS_CHECK(manifest.ok());
+    const std::string bytes = manifest->SerializeAsString();
+    TS_CHECK(ts::sidecar::VerifyManifestBytes(bytes, "gonka-devnet", 1, "").ok());
+    Write(dir, name, bytes);
+  };
+  write_manifest(
+      "manifest_checkpoint",
+      body_of({{"config.json", "{\"layers\": 2}"},
+               {"weights/layer0.bin", std::string(2 * ts::sidecar::kMinChunkSize + 7, 'w')}},
+              "checkpoint", 2, ts::common::Sha256("parent")));
+  write_manifest("manifest_empty_artifact", body_of({}, "data", 0, ""));
+  write_manifest(
+      "manifest_nested",
+      body_of({{".hidden", ""}, {"a-b/c", "x"}, {"a/b/c/d.bin", "y"}, {"z", "z"}}, "eval", 9, ""));
+  Write(dir, "name_valid", "weights/layer-0/shard_1+v=2@x,y.bin");
+  Write(dir, "name_traversal", "a/../../etc/passwd");
+  Write(dir, "name_encoded", "a%2f..%2fb");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,5 +202,6 @@ int main(int argc, char** argv) {
   WriteTxSeeds(root / "fuzz_tx_decode");
   WriteSignBytesSeeds(root / "fuzz_sign_bytes");
   WriteAddressSeeds(root / "fuzz_address");
+  WriteManifestSeeds(root / "fuzz_manifest");
   return 0;
 }
