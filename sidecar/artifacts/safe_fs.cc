@@ -191,20 +191,22 @@ absl::Status RandomHex(size_t bytes, std::string* out) {
   return absl::OkStatus();
 }
 
-// Reads the entry names of a directory descriptor (without consuming its offset: works on a
-// duplicate). Skips "." and "..".
+// Reads the entry names of a directory descriptor, skipping "." and "..". It reads through a
+// new open file description of the same directory (openat "."), not a dup: a dup would share
+// the read offset, and another thread listing the same SafeDir would see half the entries.
 absl::Status ReadDirNames(int dirfd, const std::string& what, size_t names_max,
                           std::vector<std::string>* names) {
-  const int dup_fd = ::fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
-  if (dup_fd < 0) return absl::InternalError(absl::StrCat("dup ", what, ": ", Errno(errno)));
-  DIR* dir = ::fdopendir(dup_fd);
+  int own_fd;
+  do {
+    own_fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  } while (own_fd < 0 && errno == EINTR);
+  if (own_fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", what));
+  DIR* dir = ::fdopendir(own_fd);
   if (dir == nullptr) {
     const int err = errno;
-    ::close(dup_fd);
+    ::close(own_fd);
     return absl::InternalError(absl::StrCat("fdopendir ", what, ": ", Errno(err)));
   }
-  // The duplicate shares the file offset with `dirfd`: start from the beginning.
-  ::rewinddir(dir);
   absl::Status status;
   while (true) {
     errno = 0;

@@ -473,6 +473,30 @@ TEST(SafeDirListTest, RefusesEverythingButRegularFilesAndDirectories) {
   }
 }
 
+TEST(SafeDirListTest, ConcurrentListingsEachSeeEveryFile) {
+  TempDir tmp;
+  // Enough entries (about 80 KiB of dirents) that a listing takes several getdents calls, so
+  // listings sharing one read offset would interleave.
+  constexpr int kFiles = 1000;
+  for (int i = 0; i < kFiles; ++i) {
+    WriteRaw(tmp.path() / (std::string(60, 'f') + std::to_string(i)), "");
+  }
+  SafeDir root = OpenOrDie(tmp.str());
+  std::vector<std::future<bool>> results;
+  for (int t = 0; t < 4; ++t) {
+    results.push_back(std::async(std::launch::async, [&root] {
+      for (int round = 0; round < 10; ++round) {
+        auto files = root.ListFiles(true, SafeListLimits{});
+        if (!files.ok() || files->size() != kFiles) return false;
+        auto empty = root.Empty();
+        if (!empty.ok() || *empty) return false;
+      }
+      return true;
+    }));
+  }
+  for (auto& r : results) EXPECT_TRUE(r.get());
+}
+
 TEST(SafeDirListTest, HardlinksAllowedWhenNotRefused) {
   TempDir tmp;
   WriteRaw(tmp.path() / "a", "x");
