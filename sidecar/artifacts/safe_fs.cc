@@ -143,8 +143,8 @@ absl::Status DescribeDirFailure(int dirfd, const std::string& comp, int err,
 }
 
 // Walks `dirs` from `base_fd` without following links; creates missing components (0700, each
-// creation made durable by an fsync of its parent) when `create`. `context` names the whole
-// name in errors.
+// creation made durable by an fsync of its parent) when `create`. `full_name` (the validated
+// name being resolved) and `dir_path` name the file in errors.
 absl::StatusOr<UniqueFd> WalkDirs(int base_fd, const std::vector<std::string_view>& dirs,
                                   bool create, const std::string& dir_path,
                                   std::string_view full_name) {
@@ -421,7 +421,8 @@ absl::StatusOr<UniqueFd> SafeDir::OpenRead(std::string_view name, bool refuse_ha
   }
   int raw;
   do {
-    raw = ::openat(dir.get(), base.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    raw = ::openat(dir.get(), base.c_str(),
+                   O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   } while (raw < 0 && errno == EINTR);
   if (raw < 0) {
     if (errno == ELOOP) {
