@@ -1,1 +1,748 @@
-// Placeholder: being written.
+#include "sidecar/artifacts/transfer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "chain-bridge/client/grpc_status.h"
+#include "common/crypto/hash.h"
+#include "common/hex.h"
+#include "common/status.h"
+
+namespace ts::sidecar {
+namespace {
+
+absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Room for the protobuf framing around the largest chunk (or manifest) a peer may send.
+constexpr int kReceiveSlackBytes = 64 << 10;
+constexpr int kMaxChunkMessageBytes = static_cast<int>(kMaxChunkSize) + kReceiveSlackBytes;
+constexpr int kMaxManifestMessageBytes = static_cast<int>(kMaxManifestBytes) + kReceiveSlackBytes;
+// Bounds on what one fetch may start: its threads are peers × streams_per_peer.
+constexpr size_t kMaxFetchPeers = 256;
+constexpr int kMaxStreamsPerPeer = 16;
+constexpr size_t kMaxFetchStreams = 512;
+// Progress callbacks at most this often (a final one comes regardless).
+constexpr int64_t kProgressIntervalMs = 100;
+// How often the caller's thread polls FetchContext::cancelled.
+constexpr int64_t kCancelPollMs = 20;
+// Pause before retrying a peer whose call failed, per failure so far.
+constexpr int64_t kRetryBackoffMs = 100;
+
+std::string Hex(std::string_view bytes) { return common::HexEncode(bytes); }
+
+absl::Status CheckArtifactId(std::string_view field, std::string_view id) {
+  if (id.size() != common::kSha256Size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(A(field), ": ", id.size(), " bytes, want ", common::kSha256Size));
+  }
+  return absl::OkStatus();
+}
+
+// Runs a handler body, mapping its status and any exception (the RPC edge catches) to gRPC.
+template <typename Fn>
+grpc::Status Serve(Fn&& fn) {
+  try {
+    return bridge::ToGrpcStatus(fn());
+  } catch (const std::exception& e) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("internal error: ", e.what()));
+  }
+}
+
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+std::string CallFailure(const grpc::Status& status) {
+  std::string name = CodeName(status.error_code());
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](char c) { return c == '_' ? ' ' : static_cast<char>(std::tolower(c)); });
+  return absl::StrCat(name, ": ", status.error_message());
+}
+
+std::chrono::system_clock::time_point DeadlineAfter(int64_t ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ArtifactTransferService
+
+ArtifactTransferService::ArtifactTransferService(StoreRegistry* stores, ShardDirectory* directory,
+                                                 PeerRequestVerifier* verifier,
+                                                 TransferServiceOptions options)
+    : stores_(stores), directory_(directory), verifier_(verifier), options_(options) {}
+
+grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
+                                                  const pb::GetManifestRequest* request,
+                                                  pb::GetManifestResponse* response) {
+  return Serve([&]() -> absl::Status {
+    TS_ASSIGN_OR_RETURN(std::string signer, verifier_->VerifyRequest(*request, kMethodGetManifest,
+                                                                     request->shard_id()));
+    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
+    TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request->artifact_id()));
+    TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
+    TS_ASSIGN_OR_RETURN(VerifiedManifest manifest,
+                        store->GetManifest(request->artifact_id(), /*complete_only=*/true));
+    *response->mutable_manifest() = std::move(manifest.manifest);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ArtifactTransferService::GetChunks(grpc::ServerContext* context,
+                                                const pb::GetChunksRequest* request,
+                                                grpc::ServerWriter<pb::ChunkData>* writer) {
+  return Serve([&]() -> absl::Status {
+    TS_ASSIGN_OR_RETURN(std::string signer,
+                        verifier_->VerifyRequest(*request, kMethodGetChunks, request->shard_id()));
+    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
+    TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request->artifact_id()));
+    const size_t count = static_cast<size_t>(request->chunks_size());
+    if (count == 0) return absl::InvalidArgumentError("chunks: empty");
+    if (count > options_.max_chunks_per_request) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks: ", count, " hashes, at most ", options_.max_chunks_per_request, " per request"));
+    }
+    absl::flat_hash_set<std::string_view> wanted;
+    for (size_t i = 0; i < count; ++i) {
+      const std::string& hash = request->chunks(static_cast<int>(i));
+      if (hash.size() != common::kSha256Size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunks[", i, "]: ", hash.size(), " bytes, want ", common::kSha256Size));
+      }
+      wanted.insert(hash);
+    }
+
+    // The stream slot is taken only once the request is known to be worth serving, so
+    // refused requests cannot crowd out members' transfers.
+    if (streams_.fetch_add(1) >= options_.max_concurrent_streams) {
+      streams_.fetch_sub(1);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "GetChunks: ", options_.max_concurrent_streams, " streams already running here"));
+    }
+    struct Slot {
+      std::atomic<size_t>* streams;
+      ~Slot() { streams->fetch_sub(1); }
+    } slot{&streams_};
+
+    TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
+    TS_ASSIGN_OR_RETURN(VerifiedManifest manifest,
+                        store->GetManifest(request->artifact_id(), /*complete_only=*/true));
+    // One pass over the manifest against the (at most a few hundred) wanted hashes, rather than
+    // a set of every chunk of a possibly large manifest per call.
+    absl::flat_hash_set<std::string_view> named;
+    for (const pb::ManifestFile& file : manifest.body.files()) {
+      for (const std::string& hash : file.chunks()) {
+        if (wanted.contains(hash)) named.insert(hash);
+      }
+      if (named.size() == wanted.size()) break;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const std::string& hash = request->chunks(static_cast<int>(i));
+      if (!named.contains(hash)) {
+        return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "]: ", Hex(hash),
+                                                       " is not named by the manifest of ",
+                                                       Hex(request->artifact_id())));
+      }
+    }
+
+    pb::ChunkData message;
+    for (size_t i = 0; i < count; ++i) {
+      if (context->IsCancelled()) return absl::CancelledError("GetChunks: cancelled by the peer");
+      const std::string& hash = request->chunks(static_cast<int>(i));
+      // The receiver hashes every chunk before storing it, so serving skips a second hash; a
+      // chunk file modified on this disk shows up as this host being reported corrupt, and in
+      // its own Verify.
+      TS_ASSIGN_OR_RETURN(std::string data, store->ReadChunk(hash));
+      message.set_hash(hash);
+      message.set_data(std::move(data));
+      if (!writer->Write(message)) {
+        return absl::CancelledError(
+            absl::StrCat("GetChunks: the peer went away after ", i, " of ", count, " chunks"));
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ArtifactTransferService::ListArtifacts(grpc::ServerContext* context,
+                                                    const pb::ListArtifactsRequest* request,
+                                                    pb::ListArtifactsResponse* response) {
+  return Serve([&]() -> absl::Status {
+    TS_ASSIGN_OR_RETURN(std::string signer, verifier_->VerifyRequest(*request, kMethodListArtifacts,
+                                                                     request->shard_id()));
+    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
+    TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
+    TS_ASSIGN_OR_RETURN(std::vector<pb::ArtifactSummary> list,
+                        store->List(/*include_incomplete=*/false));
+    for (pb::ArtifactSummary& summary : list) *response->add_artifacts() = std::move(summary);
+    return absl::OkStatus();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// FetchArtifact
+
+namespace {
+
+std::shared_ptr<grpc::Channel> PeerChannel(const std::string& endpoint) {
+  grpc::ChannelArguments args;
+  // The channel-wide cap fits a manifest; the per-method config narrows chunk streams to one
+  // chunk (gRPC applies the smaller of the two), so one channel per peer serves both.
+  args.SetMaxReceiveMessageSize(kMaxManifestMessageBytes);
+  args.SetMaxSendMessageSize(kMaxTransferRequestBytes);
+  args.SetServiceConfigJSON(absl::StrCat(
+      R"({"methodConfig":[{"name":[{"service":"gonka.trainshard.v1.ArtifactTransfer",)",
+      R"("method":"GetChunks"}],"maxResponseMessageBytes":)", kMaxChunkMessageBytes, "}]}"));
+  return grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+}
+
+class Fetcher {
+ public:
+  Fetcher(const FetchContext& context, const FetchRequest& request, const FetcherOptions& options)
+      : context_(context), request_(request), options_(options) {}
+
+  absl::StatusOr<pb::ArtifactProgress> Run();
+
+ private:
+  struct Peer {
+    FetchPeer peer;
+    std::unique_ptr<pb::ArtifactTransfer::Stub> stub;
+    // The rest is guarded by mu_.
+    bool dropped = false;
+    int failures = 0;  // consecutive failed calls
+    uint64_t bytes = 0;
+    std::vector<grpc::ClientContext*> calls;  // in flight; cancelled when the peer is dropped
+  };
+  enum class Outcome { kOk, kFailed, kCorrupt };
+
+  absl::Status Validate() const;
+  bool Cancelled() const { return context_.cancelled && context_.cancelled(); }
+  absl::StatusOr<VerifiedManifest> CheckedManifest(const pb::Manifest& manifest) const;
+  absl::StatusOr<VerifiedManifest> ManifestFromPeer(size_t index, Outcome* outcome);
+  absl::StatusOr<VerifiedManifest> FindManifest();
+  absl::StatusOr<pb::ArtifactProgress> FetchChunks();
+
+  void StreamLoop(size_t index);
+  void StreamLoopGuarded(size_t index);
+  // One GetChunks call for plan_.missing[k], k in batch: stores what arrives, puts the rest
+  // back in the queue and judges the peer.
+  void Call(size_t index, const std::vector<size_t>& batch);
+
+  bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyPeerLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Drop(size_t index, std::string reason, bool corrupt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  pb::ArtifactProgress Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Progress(bool force) ABSL_LOCKS_EXCLUDED(mu_, progress_mu_);
+  std::string PeerName(size_t index) const;
+  std::string NoPeerLeftMessage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const FetchContext& context_;
+  const FetchRequest& request_;
+  const FetcherOptions& options_;
+  std::vector<Peer> peers_;  // the vector itself is fixed once the stream threads start
+
+  // Set before the stream threads start, read-only afterwards.
+  FetchPlan plan_;
+  uint64_t bytes_total_ = 0;  // distinct chunks
+
+  mutable absl::Mutex mu_;
+  std::deque<size_t> queue_ ABSL_GUARDED_BY(mu_);  // indices into plan_.missing
+  size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;    // taken by a call, not yet stored
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);
+  uint32_t chunks_fetched_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_fetched_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<pb::PeerFault> faults_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex progress_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  int64_t last_progress_ms_ ABSL_GUARDED_BY(progress_mu_) = 0;
+  bool progress_started_ ABSL_GUARDED_BY(progress_mu_) = false;
+};
+
+absl::Status Fetcher::Validate() const {
+  TS_CHECK(context_.key != nullptr && context_.store != nullptr && context_.directory != nullptr &&
+           context_.clock != nullptr);
+  TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request_.artifact_id));
+  if (request_.shard_id != context_.store->shard_id()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard_id: ", request_.shard_id, " is not the store's shard ", context_.store->shard_id()));
+  }
+  if (request_.peers.empty()) return absl::InvalidArgumentError("peers: empty");
+  if (request_.peers.size() > kMaxFetchPeers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peers: ", request_.peers.size(), " entries, at most ", kMaxFetchPeers));
+  }
+  absl::flat_hash_set<std::string_view> seen;
+  for (size_t i = 0; i < request_.peers.size(); ++i) {
+    const FetchPeer& peer = request_.peers[i];
+    if (peer.address.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("peers[", i, "].address: empty"));
+    }
+    if (peer.endpoint.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peers[", i, "].endpoint: empty (", peer.address, ")"));
+    }
+    if (peer.address == context_.self_address) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peers[", i, "].address: ", peer.address, " is this host"));
+    }
+    if (!seen.insert(peer.address).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peers[", i, "].address: ", peer.address, " is listed twice"));
+    }
+  }
+  if (options_.streams_per_peer < 1 || options_.streams_per_peer > kMaxStreamsPerPeer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.streams_per_peer: ", options_.streams_per_peer, " is outside 1..",
+                     kMaxStreamsPerPeer));
+  }
+  if (request_.peers.size() * static_cast<size_t>(options_.streams_per_peer) > kMaxFetchStreams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peers: ", request_.peers.size(), " peers with ", options_.streams_per_peer,
+                     " streams_per_peer make ",
+                     request_.peers.size() * static_cast<size_t>(options_.streams_per_peer),
+                     " streams, at most ", kMaxFetchStreams));
+  }
+  if (options_.chunks_per_request < 1 ||
+      static_cast<size_t>(options_.chunks_per_request) > kMaxChunksPerRequest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.chunks_per_request: ", options_.chunks_per_request, " is outside 1..",
+                     kMaxChunksPerRequest));
+  }
+  if (options_.manifest_deadline_ms <= 0 || options_.chunks_deadline_ms <= 0) {
+    return absl::InvalidArgumentError("options: deadlines must be positive");
+  }
+  if (options_.max_call_failures_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.max_call_failures_per_peer: ", options_.max_call_failures_per_peer,
+                     " is below 1"));
+  }
+  if (options_.request_lifetime_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.request_lifetime_ms: ", options_.request_lifetime_ms, " is not positive"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Fetcher::PeerName(size_t index) const {
+  const FetchPeer& peer = peers_[index].peer;
+  return absl::StrCat(peer.address, " (", peer.endpoint, ")");
+}
+
+absl::StatusOr<VerifiedManifest> Fetcher::CheckedManifest(const pb::Manifest& manifest) const {
+  ArtifactStore* store = context_.store;
+  return VerifyManifest(manifest, store->chain_id(), store->shard_id(), request_.artifact_id);
+}
+
+absl::StatusOr<VerifiedManifest> Fetcher::ManifestFromPeer(size_t index, Outcome* outcome) {
+  *outcome = Outcome::kFailed;
+  Peer& peer = peers_[index];
+  pb::GetManifestRequest request;
+  request.set_shard_id(request_.shard_id);
+  request.set_artifact_id(request_.artifact_id);
+  TS_ASSIGN_OR_RETURN(*request.mutable_auth(),
+                      SignPeerRequest(*context_.key, context_.store->chain_id(), request_.shard_id,
+                                      kMethodGetManifest, peer.peer.address, request,
+                                      context_.clock->NowUnixMs(), options_.request_lifetime_ms));
+  grpc::ClientContext call;
+  call.set_deadline(DeadlineAfter(options_.manifest_deadline_ms));
+  pb::GetManifestResponse response;
+  grpc::Status status = peer.stub->GetManifest(&call, request, &response);
+  if (!status.ok()) return bridge::FromGrpcStatus(status);
+  absl::StatusOr<VerifiedManifest> manifest = CheckedManifest(response.manifest());
+  if (!manifest.ok()) {
+    *outcome = Outcome::kCorrupt;
+    return manifest.status();
+  }
+  *outcome = Outcome::kOk;
+  return manifest;
+}
+
+absl::StatusOr<VerifiedManifest> Fetcher::FindManifest() {
+  // An interrupted fetch left its manifest in the store: resuming needs no peer for it (it is
+  // checked again, as anything read back from the disk).
+  absl::StatusOr<VerifiedManifest> local =
+      context_.store->GetManifest(request_.artifact_id, /*complete_only=*/false);
+  if (local.ok()) return CheckedManifest(local->manifest);
+  if (!absl::IsNotFound(local.status())) return local.status();
+
+  std::vector<std::string> reasons;
+  absl::Status verification;  // the first manifest a peer sent that failed the checks
+  bool all_not_found = true;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (Cancelled()) return absl::CancelledError("fetch cancelled while asking for the manifest");
+    Outcome outcome;
+    absl::StatusOr<VerifiedManifest> manifest = ManifestFromPeer(i, &outcome);
+    if (manifest.ok()) return manifest;
+    const absl::Status& s = manifest.status();
+    std::string reason;
+    absl::MutexLock lock(&mu_);
+    if (outcome == Outcome::kCorrupt) {
+      if (verification.ok()) verification = s;
+      reason = absl::StrCat("sent a bad manifest: ", s.ToString());
+      Drop(i, reason, /*corrupt=*/true);
+      all_not_found = false;
+    } else if (absl::IsNotFound(s)) {
+      reason = absl::StrCat("does not have it: ", s.message());
+      Drop(i, reason, /*corrupt=*/false);
+    } else {
+      reason = s.ToString();
+      all_not_found = false;
+      if (++peers_[i].failures >= options_.max_call_failures_per_peer) {
+        Drop(i, reason, /*corrupt=*/false);
+      }
+    }
+    reasons.push_back(absl::StrCat(PeerName(i), ": ", reason));
+  }
+  const std::string message = absl::StrCat("manifest of artifact ", Hex(request_.artifact_id), ": ",
+                                           absl::StrJoin(reasons, "; "));
+  if (!verification.ok()) return absl::Status(verification.code(), message);
+  if (all_not_found) return absl::NotFoundError(message);
+  return absl::UnavailableError(message);
+}
+
+bool Fetcher::AnyPeerLeft() const {
+  for (const Peer& peer : peers_) {
+    if (!peer.dropped) return true;
+  }
+  return false;
+}
+
+bool Fetcher::Finished() const {
+  if (stop_) return true;
+  if (outstanding_ > 0) return false;
+  return queue_.empty() || !AnyPeerLeft();
+}
+
+void Fetcher::Drop(size_t index, std::string reason, bool corrupt) {
+  Peer& peer = peers_[index];
+  if (peer.dropped) return;
+  peer.dropped = true;
+  pb::PeerFault& fault = faults_.emplace_back();
+  fault.set_peer(peer.peer.address);
+  fault.set_reason(std::move(reason));
+  fault.set_corrupt(corrupt);
+  for (grpc::ClientContext* call : peer.calls) call->TryCancel();
+}
+
+void Fetcher::StopLocked() {
+  stop_ = true;
+  for (Peer& peer : peers_) {
+    for (grpc::ClientContext* call : peer.calls) call->TryCancel();
+  }
+}
+
+void Fetcher::Fail(absl::Status status) {
+  if (fatal_.ok()) fatal_ = std::move(status);
+  StopLocked();
+}
+
+pb::ArtifactProgress Fetcher::Snapshot() const {
+  pb::ArtifactProgress progress;
+  progress.set_phase("fetching");
+  progress.set_bytes_total(bytes_total_);
+  progress.set_bytes_done(bytes_total_ - plan_.missing_bytes + bytes_fetched_);
+  const uint32_t total = plan_.present + static_cast<uint32_t>(plan_.missing.size());
+  progress.set_chunks_total(total);
+  progress.set_chunks_done(plan_.present + chunks_fetched_);
+  progress.set_chunks_present(plan_.present);
+  progress.set_chunks_fetched(chunks_fetched_);
+  progress.set_bytes_fetched(bytes_fetched_);
+  for (const pb::PeerFault& fault : faults_) *progress.add_peer_faults() = fault;
+  for (const Peer& peer : peers_)
+    (*progress.mutable_bytes_by_peer())[peer.peer.address] = peer.bytes;
+  return progress;
+}
+
+void Fetcher::Progress(bool force) {
+  if (!context_.progress) return;
+  absl::MutexLock progress_lock(&progress_mu_);
+  const int64_t now = context_.clock->MonotonicMs();
+  if (!force && progress_started_ && now - last_progress_ms_ < kProgressIntervalMs) return;
+  progress_started_ = true;
+  last_progress_ms_ = now;
+  pb::ArtifactProgress progress;
+  {
+    absl::MutexLock lock(&mu_);
+    progress = Snapshot();
+  }
+  // Under progress_mu_ only: callbacks are serialised and in order, the fetch goes on.
+  context_.progress(progress);
+}
+
+void Fetcher::StreamLoopGuarded(size_t index) {
+  try {
+    StreamLoop(index);
+  } catch (const std::exception& e) {
+    absl::MutexLock lock(&mu_);
+    Fail(absl::InternalError(absl::StrCat("fetch stream to ", PeerName(index), ": ", e.what())));
+  }
+}
+
+void Fetcher::StreamLoop(size_t index) {
+  Peer& peer = peers_[index];
+  const size_t per_call = static_cast<size_t>(options_.chunks_per_request);
+  while (true) {
+    std::vector<size_t> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      // Work to take, or a reason to leave. With the queue empty but chunks outstanding on
+      // other calls, this thread waits: a failing call puts its chunks back.
+      auto ready = [this, &peer]() {
+        mu_.AssertHeld();
+        return stop_ || peer.dropped || !queue_.empty() || outstanding_ == 0;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_ || peer.dropped || queue_.empty()) return;
+      while (!queue_.empty() && batch.size() < per_call) {
+        batch.push_back(queue_.front());
+        queue_.pop_front();
+      }
+      outstanding_ += batch.size();
+    }
+    Call(index, batch);
+    absl::MutexLock lock(&mu_);
+    if (peer.failures > 0 && !peer.dropped && !stop_) {
+      // Interruptible pause before the retry, longer after each failure.
+      auto woken = [this, &peer]() {
+        mu_.AssertHeld();
+        return stop_ || peer.dropped;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&woken),
+                           absl::Milliseconds(kRetryBackoffMs * peer.failures));
+    }
+  }
+}
+
+void Fetcher::Call(size_t index, const std::vector<size_t>& batch) {
+  Peer& peer = peers_[index];
+  ArtifactStore* store = context_.store;
+  pb::GetChunksRequest request;
+  request.set_shard_id(request_.shard_id);
+  request.set_artifact_id(request_.artifact_id);
+  for (size_t k : batch) request.add_chunks(plan_.missing[k]);
+
+  size_t delivered = 0;
+  std::string corrupt;  // why the peer's data was refused
+  absl::Status fatal;   // a failure of this host, not of the peer
+  grpc::Status status;
+  absl::StatusOr<pb::PeerRequestAuth> auth = SignPeerRequest(
+      *context_.key, store->chain_id(), request_.shard_id, kMethodGetChunks, peer.peer.address,
+      request, context_.clock->NowUnixMs(), options_.request_lifetime_ms);
+  if (!auth.ok()) {
+    fatal = auth.status();
+  } else {
+    *request.mutable_auth() = *std::move(auth);
+    grpc::ClientContext call;
+    call.set_deadline(DeadlineAfter(options_.chunks_deadline_ms));
+    bool started = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stop_ && !peer.dropped) {
+        peer.calls.push_back(&call);
+        started = true;
+      }
+    }
+    if (started) {
+      std::unique_ptr<grpc::ClientReader<pb::ChunkData>> reader =
+          peer.stub->GetChunks(&call, request);
+      pb::ChunkData chunk;
+      while (reader->Read(&chunk)) {
+        if (delivered == batch.size()) {
+          corrupt = absl::StrCat("sent more than the ", batch.size(), " chunks asked for");
+          break;
+        }
+        const std::string& want = plan_.missing[batch[delivered]];
+        if (chunk.hash() != want) {
+          corrupt = absl::StrCat("sent chunk ", Hex(chunk.hash()), " where ", Hex(want),
+                                 " was asked for (out of order or not requested)");
+          break;
+        }
+        absl::Status put = store->PutChunk(request_.artifact_id, want, chunk.data());
+        if (absl::IsDataLoss(put) || absl::IsInvalidArgument(put)) {
+          corrupt = absl::StrCat("chunk ", Hex(want), " failed verification: ", put.message());
+          break;
+        }
+        if (!put.ok()) {
+          fatal = put;
+          break;
+        }
+        const uint64_t size = chunk.data().size();
+        ++delivered;
+        {
+          absl::MutexLock lock(&mu_);
+          --outstanding_;
+          ++chunks_fetched_;
+          bytes_fetched_ += size;
+          peer.bytes += size;
+        }
+        Progress(/*force=*/false);
+      }
+      if (!corrupt.empty() || !fatal.ok()) call.TryCancel();
+      status = reader->Finish();
+      absl::MutexLock lock(&mu_);
+      peer.calls.erase(std::find(peer.calls.begin(), peer.calls.end(), &call));
+    }
+  }
+
+  absl::MutexLock lock(&mu_);
+  // Whatever was not stored goes back for any peer to take.
+  for (size_t k = delivered; k < batch.size(); ++k) queue_.push_back(batch[k]);
+  outstanding_ -= batch.size() - delivered;
+  if (!fatal.ok()) {
+    Fail(std::move(fatal));
+  } else if (!corrupt.empty()) {
+    Drop(index, std::move(corrupt), /*corrupt=*/true);
+  } else if (stop_ || peer.dropped) {
+    // Cancelled by this fetch; not the peer's failure.
+  } else if (status.error_code() == grpc::StatusCode::DATA_LOSS) {
+    Drop(index, CallFailure(status), /*corrupt=*/true);
+  } else if (!status.ok() || delivered < batch.size()) {
+    std::string reason = !status.ok() ? CallFailure(status)
+                                      : absl::StrCat("stream ended after ", delivered, " of ",
+                                                     batch.size(), " chunks");
+    if (++peer.failures >= options_.max_call_failures_per_peer) {
+      Drop(index, std::move(reason), /*corrupt=*/false);
+    }
+  } else {
+    peer.failures = 0;
+  }
+}
+
+std::string Fetcher::NoPeerLeftMessage() const {
+  std::vector<std::string> reasons;
+  for (const pb::PeerFault& fault : faults_) {
+    reasons.push_back(
+        absl::StrCat(fault.peer(), fault.corrupt() ? " (corrupt)" : "", ": ", fault.reason()));
+  }
+  return absl::StrCat("fetch of artifact ", Hex(request_.artifact_id), ": no peer left with ",
+                      queue_.size(), " of ", plan_.present + plan_.missing.size(),
+                      " chunks missing; dropped: ", absl::StrJoin(reasons, "; "));
+}
+
+absl::StatusOr<pb::ArtifactProgress> Fetcher::FetchChunks() {
+  // Sizes of the missing chunks (for progress); the store checks them on arrival.
+  absl::flat_hash_map<std::string_view, uint32_t> sizes;
+  const pb::ManifestBody& body = plan_.manifest.body;
+  for (const pb::ManifestFile& file : body.files()) {
+    uint64_t left = file.size();
+    for (const std::string& hash : file.chunks()) {
+      const uint32_t size = static_cast<uint32_t>(std::min<uint64_t>(left, body.chunk_size()));
+      left -= size;
+      if (sizes.emplace(hash, size).second) bytes_total_ += size;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t k = 0; k < plan_.missing.size(); ++k) queue_.push_back(k);
+  }
+
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (peers_[i].dropped) continue;
+      for (int s = 0; s < options_.streams_per_peer; ++s) {
+        threads.emplace_back(&Fetcher::StreamLoopGuarded, this, i);
+      }
+    }
+  }
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(this, &Fetcher::Finished),
+                               absl::Milliseconds(kCancelPollMs))) {
+        break;
+      }
+    }
+    if (Cancelled()) {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      StopLocked();
+    }
+  }
+  {
+    // The stream threads leave when there is no more work for them.
+    absl::MutexLock lock(&mu_);
+    StopLocked();
+  }
+  for (std::thread& thread : threads) thread.join();
+
+  absl::MutexLock lock(&mu_);
+  if (!fatal_.ok()) return fatal_;
+  if (cancelled_) {
+    return absl::CancelledError(absl::StrCat(
+        "fetch of artifact ", Hex(request_.artifact_id), " cancelled with ", queue_.size(), " of ",
+        plan_.present + plan_.missing.size(), " chunks missing (resumable)"));
+  }
+  if (!queue_.empty()) return absl::UnavailableError(NoPeerLeftMessage());
+  return Snapshot();
+}
+
+absl::StatusOr<pb::ArtifactProgress> Fetcher::Run() {
+  TS_RETURN_IF_ERROR(Validate());
+  peers_.reserve(request_.peers.size());
+  for (const FetchPeer& peer : request_.peers) {
+    Peer& p = peers_.emplace_back();
+    p.peer = peer;
+    p.stub = pb::ArtifactTransfer::NewStub(PeerChannel(peer.endpoint));
+  }
+  if (context_.progress) {
+    pb::ArtifactProgress progress;
+    progress.set_phase("manifest");
+    context_.progress(progress);
+  }
+  TS_ASSIGN_OR_RETURN(VerifiedManifest manifest, FindManifest());
+  // A manifest signed by a host outside the shard is refused however well-formed it is.
+  TS_RETURN_IF_ERROR(context_.directory->CheckMember(request_.shard_id, manifest.body.publisher()));
+  if (Cancelled()) {
+    return absl::CancelledError(
+        absl::StrCat("fetch of artifact ", Hex(request_.artifact_id), " cancelled"));
+  }
+  TS_ASSIGN_OR_RETURN(plan_, context_.store->BeginFetch(manifest));
+
+  absl::StatusOr<pb::ArtifactProgress> result = FetchChunks();
+  if (result.ok()) {
+    absl::Status complete = context_.store->CompleteFetch(request_.artifact_id);
+    if (!complete.ok()) result = complete;
+  }
+  if (!result.ok()) {
+    // The incomplete row stays: the next fetch of this id resumes.
+    context_.store->AbandonFetch(request_.artifact_id);
+    return result;
+  }
+  Progress(/*force=*/true);
+  result->set_phase("done");
+  result->set_done(true);
+  result->set_artifact_id(request_.artifact_id);
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<pb::ArtifactProgress> FetchArtifact(const FetchContext& context,
+                                                   const FetchRequest& request,
+                                                   const FetcherOptions& options) {
+  Fetcher fetcher(context, request, options);
+  return fetcher.Run();
+}
+
+}  // namespace ts::sidecar

@@ -1,1 +1,1102 @@
-// Placeholder: being written.
+#include "sidecar/artifacts/transfer.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "chain-bridge/client/grpc_status.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/hex.h"
+#include "common/status.h"
+#include "state/db.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kChain[] = "transfer-test-1";
+constexpr uint64_t kShard = 1;
+constexpr uint32_t kChunk = kMinChunkSize;  // 4 KiB: many chunks from small files
+
+common::Clock* Clock() { return &common::SystemClock(); }
+
+std::string Hex(std::string_view bytes) { return common::HexEncode(bytes); }
+
+common::PrivateKey KeyOf(char byte) {
+  auto key = common::PrivateKey::FromBytes(std::string(32, byte));
+  TS_CHECK(key.ok());
+  return *key;
+}
+
+std::string AddressOf(const common::PrivateKey& key) {
+  return common::AddressFromPublicKey(key.public_key());
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "ts_transfer_XXXXXX").string();
+    char* made = ::mkdtemp(tmpl.data());
+    TS_CHECK(made != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string RandomBytes(std::mt19937_64& rng, size_t n) {
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+void WriteFile(const fs::path& path, const std::string& bytes) {
+  fs::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  TS_CHECK(out.good());
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Every regular file under `dir`, by relative name.
+std::map<std::string, std::string> Tree(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) {
+      out[fs::relative(entry.path(), dir).string()] = ReadFile(entry.path());
+    }
+  }
+  return out;
+}
+
+// The files of a test artifact: several files over many 4 KiB chunks, an empty file, and two
+// identical files (chunks shared within the artifact).
+void MakeSource(const fs::path& dir, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  WriteFile(dir / "model" / "weights.bin", RandomBytes(rng, 300 * 1024 + 17));
+  WriteFile(dir / "config.json", R"({"layers": 2})");
+  WriteFile(dir / "data" / "part-0", RandomBytes(rng, 150 * 1024));
+  WriteFile(dir / "EMPTY", "");
+  const std::string same = RandomBytes(rng, 3 * kChunk);
+  WriteFile(dir / "dup" / "a", same);
+  WriteFile(dir / "dup" / "b", same);
+}
+
+class OneStore final : public StoreRegistry {
+ public:
+  explicit OneStore(ArtifactStore* store) : store_(store) {}
+  absl::StatusOr<ArtifactStore*> StoreFor(uint64_t shard_id) override {
+    if (shard_id != store_->shard_id()) {
+      return absl::NotFoundError(absl::StrCat("no store for shard ", shard_id));
+    }
+    return store_;
+  }
+
+ private:
+  ArtifactStore* store_;
+};
+
+struct Server {
+  std::unique_ptr<grpc::Server> server;
+  std::string endpoint;
+};
+
+Server StartServer(grpc::Service* service) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxTransferRequestBytes);
+  builder.RegisterService(service);
+  Server s;
+  s.server = builder.BuildAndStart();
+  TS_CHECK(s.server != nullptr && port > 0);
+  s.endpoint = absl::StrCat("127.0.0.1:", port);
+  return s;
+}
+
+// An endpoint where nothing listens (a server started and stopped).
+std::string DeadEndpoint() {
+  pb::ArtifactTransfer::Service none;
+  Server s = StartServer(&none);
+  s.server->Shutdown();
+  s.server->Wait();
+  return s.endpoint;
+}
+
+// A shard host: its key, RocksDB, artifact store, and (when serving) the real transfer
+// service on a loopback port.
+struct Host {
+  Host(const fs::path& root, std::string name, char key_byte, StoreQuota quota)
+      : key(KeyOf(key_byte)), address(AddressOf(key)), dir(root / name) {
+    fs::create_directories(dir);
+    state::DbOptions options;
+    options.tables = {std::string(kTableArtifacts)};
+    auto opened = state::Db::Open((dir / "db").string(), options);
+    TS_CHECK(opened.ok());
+    db = *std::move(opened);
+    auto s =
+        ArtifactStore::Open((dir / "store").string(), db.get(), kChain, kShard, quota, Clock());
+    TS_CHECK(s.ok());
+    store = *std::move(s);
+    registry = std::make_unique<OneStore>(store.get());
+  }
+  ~Host() { Stop(); }
+
+  void Serve(ShardDirectory* directory, TransferServiceOptions options = {}) {
+    verifier = std::make_unique<PeerRequestVerifier>(address, kChain, Clock());
+    service = std::make_unique<ArtifactTransferService>(registry.get(), directory, verifier.get(),
+                                                        options);
+    server = StartServer(service.get());
+  }
+  void Stop() {
+    if (server.server) {
+      server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      server.server->Wait();
+      server.server.reset();
+    }
+  }
+  FetchPeer AsPeer() const { return FetchPeer{address, server.endpoint}; }
+
+  common::PrivateKey key;
+  std::string address;
+  fs::path dir;
+  std::unique_ptr<state::Db> db;
+  std::unique_ptr<ArtifactStore> store;
+  std::unique_ptr<OneStore> registry;
+  std::unique_ptr<PeerRequestVerifier> verifier;
+  std::unique_ptr<ArtifactTransferService> service;
+  Server server;
+};
+
+// A peer that misbehaves in one chosen way, serving from a real store, without checking who
+// asks (the fetcher's side is what its tests exercise).
+class ScriptedPeer final : public pb::ArtifactTransfer::Service {
+ public:
+  enum class Mode {
+    kHonest,
+    kWrongManifest,     // the manifest of another artifact
+    kOversizeManifest,  // above the channel's manifest cap
+    kJunkManifest,      // 5 MiB of garbage: passes the channel, fails the checks
+    kReverse,           // chunks in reverse order
+    kUnrequested,       // a chunk of the artifact that was not asked for
+    kExtra,             // every chunk asked for, then one more
+    kOversizeChunk,     // one message above the channel's chunk cap
+    kDataLoss,          // refuses with DATA_LOSS
+    kShort,             // one chunk per call, then ends the stream with OK
+  };
+  ScriptedPeer(ArtifactStore* store, Mode mode) : store_(store), mode_(mode) {}
+
+  void set_delay_ms(int64_t ms) { delay_ms_ = ms; }
+  void set_other_artifact(std::string id) { other_id_ = std::move(id); }
+  int chunks_served() const { return chunks_served_.load(); }
+  int calls() const { return calls_.load(); }
+
+  grpc::Status GetManifest(grpc::ServerContext*, const pb::GetManifestRequest* request,
+                           pb::GetManifestResponse* response) override {
+    std::string id = request->artifact_id();
+    if (mode_ == Mode::kOversizeManifest || mode_ == Mode::kJunkManifest) {
+      const size_t size =
+          mode_ == Mode::kOversizeManifest ? kMaxManifestBytes + (256 << 10) : 5u << 20;
+      response->mutable_manifest()->set_body(std::string(size, 'x'));
+      response->mutable_manifest()->set_signature(std::string(65, 's'));
+      return grpc::Status::OK;
+    }
+    if (mode_ == Mode::kWrongManifest) id = other_id_;
+    auto manifest = store_->GetManifest(id, /*complete_only=*/true);
+    if (!manifest.ok()) return bridge::ToGrpcStatus(manifest.status());
+    *response->mutable_manifest() = manifest->manifest;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetChunks(grpc::ServerContext* context, const pb::GetChunksRequest* request,
+                         grpc::ServerWriter<pb::ChunkData>* writer) override {
+    ++calls_;
+    if (mode_ == Mode::kDataLoss) {
+      return grpc::Status(grpc::StatusCode::DATA_LOSS, "chunk file damaged");
+    }
+    std::vector<std::string> hashes(request->chunks().begin(), request->chunks().end());
+    if (mode_ == Mode::kReverse) std::reverse(hashes.begin(), hashes.end());
+    if (mode_ == Mode::kUnrequested) {
+      auto manifest = store_->GetManifest(request->artifact_id(), true);
+      if (!manifest.ok()) return bridge::ToGrpcStatus(manifest.status());
+      for (const auto& file : manifest->body.files()) {
+        for (const std::string& h : file.chunks()) {
+          if (std::find(hashes.begin(), hashes.end(), h) == hashes.end()) {
+            hashes.insert(hashes.begin(), h);
+            break;
+          }
+        }
+        if (hashes.size() > static_cast<size_t>(request->chunks_size())) break;
+      }
+    }
+    if (mode_ == Mode::kExtra) hashes.push_back(hashes.front());
+    if (mode_ == Mode::kShort) hashes.resize(1);
+    for (const std::string& hash : hashes) {
+      if (context->IsCancelled()) return grpc::Status::CANCELLED;
+      if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+      pb::ChunkData chunk;
+      chunk.set_hash(hash);
+      if (mode_ == Mode::kOversizeChunk) {
+        chunk.set_data(std::string(5u << 20, 'x'));
+      } else {
+        auto data = store_->ReadChunk(hash);
+        if (!data.ok()) return bridge::ToGrpcStatus(data.status());
+        chunk.set_data(*std::move(data));
+      }
+      if (!writer->Write(chunk)) return grpc::Status::CANCELLED;
+      ++chunks_served_;
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  ArtifactStore* store_;
+  const Mode mode_;
+  int64_t delay_ms_ = 0;
+  std::string other_id_;
+  std::atomic<int> chunks_served_{0};
+  std::atomic<int> calls_{0};
+};
+
+class TransferTest : public ::testing::Test {
+ protected:
+  static constexpr StoreQuota kQuota{64u << 20, 100000};
+
+  void SetUp() override {
+    publisher_ = AddHost("a", 0x0a);
+    MakeSource(tmp_.path() / "source", /*seed=*/1);
+    PublishOptions options;
+    options.source_dir = (tmp_.path() / "source").string();
+    options.chunk_size = kChunk;
+    auto published = publisher_->store->Publish(options, publisher_->key, nullptr);
+    ASSERT_TRUE(published.ok()) << published.status();
+    id_ = published->id;
+    // Distinct chunks: the publisher's store holds this artifact only.
+    total_chunks_ = static_cast<uint32_t>(publisher_->store->Usage().files);
+    ASSERT_LT(total_chunks_, published->total_chunks);  // the two identical files share chunks
+    ASSERT_GT(total_chunks_, 100u);
+    publisher_->Serve(&directory_);
+    UpdateDirectory();
+  }
+
+  Host* AddHost(const std::string& name, char key_byte, bool member = true,
+                StoreQuota quota = kQuota) {
+    hosts_.push_back(std::make_unique<Host>(tmp_.path(), name, key_byte, quota));
+    if (member) {
+      members_.push_back(hosts_.back().get());
+      UpdateDirectory();
+    }
+    return hosts_.back().get();
+  }
+
+  void UpdateDirectory() {
+    ShardView view;
+    view.shard_id = kShard;
+    view.status = pb::SHARD_STATUS_RUNNING;
+    for (const Host* host : members_) {
+      view.members.push_back(ShardMember{host->address, host->server.endpoint, 10});
+    }
+    directory_.Set(view);
+  }
+
+  FetchContext ContextFor(Host* host) {
+    FetchContext context;
+    context.key = &host->key;
+    context.self_address = host->address;
+    context.store = host->store.get();
+    context.directory = &directory_;
+    context.clock = Clock();
+    return context;
+  }
+
+  FetchRequest RequestFor(std::vector<FetchPeer> peers, std::string id = "") {
+    FetchRequest request;
+    request.shard_id = kShard;
+    request.artifact_id = id.empty() ? id_ : id;
+    request.peers = std::move(peers);
+    return request;
+  }
+
+  // The fetched artifact exported equals the source, and the fetcher's store verifies clean.
+  void ExpectIdentical(Host* host, const std::string& out_name) {
+    const fs::path out = tmp_.path() / out_name;
+    absl::Status exported = host->store->Export(id_, out.string(), nullptr);
+    ASSERT_TRUE(exported.ok()) << exported;
+    EXPECT_EQ(Tree(out), Tree(tmp_.path() / "source"));
+    auto verify = host->store->Verify();
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    EXPECT_EQ(verify->modified_size(), 0);
+    EXPECT_EQ(verify->missing_size(), 0);
+    EXPECT_EQ(verify->incomplete_size(), 0);
+  }
+
+  bool HasComplete(Host* host) {
+    auto list = host->store->List(/*include_incomplete=*/false);
+    TS_CHECK(list.ok());
+    for (const auto& summary : *list) {
+      if (summary.artifact_id() == id_) return true;
+    }
+    return false;
+  }
+
+  // A host with a complete copy, fetched from the publisher, serving it.
+  Host* AddCopy(const std::string& name, char key_byte) {
+    Host* host = AddHost(name, key_byte);
+    auto fetched = FetchArtifact(ContextFor(host), RequestFor({publisher_->AsPeer()}));
+    TS_CHECK(fetched.ok());
+    host->Serve(&directory_);
+    UpdateDirectory();
+    return host;
+  }
+
+  // An artifact publisher_ also holds, other than id_.
+  std::string PublishOther() {
+    std::mt19937_64 rng(99);
+    WriteFile(tmp_.path() / "other" / "x.bin", RandomBytes(rng, 5 * kChunk));
+    PublishOptions options;
+    options.source_dir = (tmp_.path() / "other").string();
+    options.chunk_size = kChunk;
+    auto published = publisher_->store->Publish(options, publisher_->key, nullptr);
+    TS_CHECK(published.ok());
+    return published->id;
+  }
+
+  TempDir tmp_;
+  StaticShardDirectory directory_;
+  std::vector<std::unique_ptr<Host>> hosts_;
+  std::vector<Host*> members_;
+  Host* publisher_ = nullptr;
+  std::string id_;
+  uint32_t total_chunks_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Fetching
+
+TEST_F(TransferTest, FetchFromOnePeer) {
+  Host* d = AddHost("d", 0x0d);
+  std::vector<pb::ArtifactProgress> progress;
+  FetchContext context = ContextFor(d);
+  context.progress = [&](const pb::ArtifactProgress& p) { progress.push_back(p); };
+  auto result = FetchArtifact(context, RequestFor({publisher_->AsPeer()}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->done());
+  EXPECT_EQ(result->phase(), "done");
+  EXPECT_EQ(result->artifact_id(), id_);
+  EXPECT_EQ(result->chunks_present(), 0u);
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_);
+  EXPECT_EQ(result->chunks_total(), total_chunks_);
+  EXPECT_EQ(result->bytes_done(), result->bytes_total());
+  EXPECT_EQ(result->bytes_fetched(), result->bytes_total());
+  EXPECT_EQ(result->bytes_by_peer().at(publisher_->address), result->bytes_fetched());
+  EXPECT_EQ(result->peer_faults_size(), 0);
+  ASSERT_GE(progress.size(), 2u);
+  EXPECT_EQ(progress.front().phase(), "manifest");
+  EXPECT_EQ(progress.back().chunks_done(), total_chunks_);
+  for (const auto& p : progress) EXPECT_FALSE(p.done());
+  for (size_t i = 1; i < progress.size(); ++i) {
+    EXPECT_GE(progress[i].bytes_done(), progress[i - 1].bytes_done());
+  }
+  EXPECT_TRUE(HasComplete(d));
+  ExpectIdentical(d, "out");
+
+  // Again: everything is present, nothing is transferred.
+  auto again = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer()}));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->chunks_present(), total_chunks_);
+  EXPECT_EQ(again->chunks_fetched(), 0u);
+}
+
+TEST_F(TransferTest, FetchFromThreePeersUsesEach) {
+  Host* b = AddCopy("b", 0x0b);
+  Host* c = AddCopy("c", 0x0c);
+  Host* d = AddHost("d", 0x0d);
+  FetcherOptions options;
+  options.chunks_per_request = 1;
+  auto result = FetchArtifact(
+      ContextFor(d), RequestFor({publisher_->AsPeer(), b->AsPeer(), c->AsPeer()}), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_);
+  uint64_t sum = 0;
+  for (const Host* h : {static_cast<const Host*>(publisher_), static_cast<const Host*>(b),
+                        static_cast<const Host*>(c)}) {
+    ASSERT_TRUE(result->bytes_by_peer().contains(h->address));
+    EXPECT_GT(result->bytes_by_peer().at(h->address), 0u) << h->address;
+    sum += result->bytes_by_peer().at(h->address);
+  }
+  EXPECT_EQ(sum, result->bytes_fetched());
+  EXPECT_EQ(result->peer_faults_size(), 0);
+  ExpectIdentical(d, "out");
+}
+
+TEST_F(TransferTest, TamperedPeerReportedAndAvoided) {
+  Host* t = AddCopy("t", 0x0e);
+  // Flip a byte in every chunk file of t: each still has the right size, none the right hash.
+  int tampered = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(t->dir / "store" / "chunks")) {
+    if (!entry.is_regular_file()) continue;
+    fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    char byte = 0;
+    f.seekg(0);
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    f.seekp(0);
+    f.write(&byte, 1);
+    ASSERT_TRUE(f.good());
+    ++tampered;
+  }
+  ASSERT_EQ(tampered, static_cast<int>(total_chunks_));
+
+  Host* d = AddHost("d", 0x0d);
+  FetcherOptions options;
+  options.chunks_per_request = 1;
+  // The tampered peer first, so it is given chunks before the honest one can take them all.
+  auto result =
+      FetchArtifact(ContextFor(d), RequestFor({t->AsPeer(), publisher_->AsPeer()}), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->peer_faults_size(), 1);
+  EXPECT_EQ(result->peer_faults(0).peer(), t->address);
+  EXPECT_TRUE(result->peer_faults(0).corrupt());
+  EXPECT_THAT(result->peer_faults(0).reason(), HasSubstr("failed verification"));
+  EXPECT_EQ(result->bytes_by_peer().at(t->address), 0u);
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_);
+  ExpectIdentical(d, "out");
+}
+
+TEST_F(TransferTest, AllPeersDeadThenResume) {
+  Host* d = AddHost("d", 0x0d);
+  Host* e = AddHost("e", 0x1e);  // a member that never comes up
+  const FetchPeer dead_a{publisher_->address, DeadEndpoint()};
+  const FetchPeer dead_e{e->address, DeadEndpoint()};
+
+  // Nothing held yet: no manifest from anyone.
+  auto result = FetchArtifact(ContextFor(d), RequestFor({dead_a, dead_e}));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr(publisher_->address));
+  EXPECT_THAT(result.status().message(), HasSubstr(e->address));
+  EXPECT_FALSE(HasComplete(d));
+
+  // Part of it from a peer that serves one chunk per call and ends early, then is dropped.
+  ScriptedPeer partial(publisher_->store.get(), ScriptedPeer::Mode::kShort);
+  Server partial_server = StartServer(&partial);
+  FetcherOptions options;
+  options.streams_per_peer = 1;
+  options.chunks_per_request = 4;
+  result =
+      FetchArtifact(ContextFor(d),
+                    RequestFor({FetchPeer{publisher_->address, partial_server.endpoint}}), options);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr("stream ended after 1 of 4 chunks"));
+  const int held = partial.chunks_served();
+  EXPECT_EQ(held, 2);  // two calls: the first failure is retried, the second drops it
+  EXPECT_FALSE(HasComplete(d));
+  partial_server.server->Shutdown();
+
+  // Every peer down: the manifest is held locally, the chunks cannot be had.
+  result = FetchArtifact(ContextFor(d), RequestFor({dead_a, dead_e}));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr("no peer left"));
+  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat(publisher_->address, ": ")));
+  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat(e->address, ": ")));
+  EXPECT_FALSE(HasComplete(d));
+
+  // A peer comes back: only the missing chunks are asked for.
+  ScriptedPeer counting(publisher_->store.get(), ScriptedPeer::Mode::kHonest);
+  Server counting_server = StartServer(&counting);
+  result = FetchArtifact(ContextFor(d),
+                         RequestFor({FetchPeer{publisher_->address, counting_server.endpoint}}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->chunks_present(), static_cast<uint32_t>(held));
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_ - held);
+  EXPECT_EQ(counting.chunks_served(), static_cast<int>(total_chunks_) - held);
+  counting_server.server->Shutdown();
+  ExpectIdentical(d, "out");
+}
+
+TEST_F(TransferTest, CancelThenResume) {
+  ScriptedPeer slow(publisher_->store.get(), ScriptedPeer::Mode::kHonest);
+  slow.set_delay_ms(5);
+  Server slow_server = StartServer(&slow);
+  Host* d = AddHost("d", 0x0d);
+  std::atomic<uint32_t> seen{0};
+  FetchContext context = ContextFor(d);
+  context.progress = [&](const pb::ArtifactProgress& p) { seen = p.chunks_fetched(); };
+  context.cancelled = [&] { return seen.load() >= 5; };
+  FetcherOptions options;
+  options.chunks_per_request = 2;
+  auto result = FetchArtifact(
+      context, RequestFor({FetchPeer{publisher_->address, slow_server.endpoint}}), options);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(result.status().message(), HasSubstr("resumable"));
+  EXPECT_FALSE(HasComplete(d));
+  // Let the server notice the cancelled calls before counting what it sent.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int first = slow.chunks_served();
+  EXPECT_GE(first, 5);
+  EXPECT_LT(first, static_cast<int>(total_chunks_));
+
+  slow.set_delay_ms(0);
+  auto resumed = FetchArtifact(ContextFor(d),
+                               RequestFor({FetchPeer{publisher_->address, slow_server.endpoint}}));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->chunks_present() + resumed->chunks_fetched(), total_chunks_);
+  EXPECT_GT(resumed->chunks_present(), 0u);
+  // Only what was missing went over the wire again (a chunk in flight at the cancel may have
+  // been sent and not stored).
+  EXPECT_EQ(static_cast<uint32_t>(slow.chunks_served() - first), resumed->chunks_fetched());
+  EXPECT_LE(resumed->chunks_present(), static_cast<uint32_t>(first));
+  slow_server.server->Shutdown();
+  ExpectIdentical(d, "out");
+}
+
+TEST_F(TransferTest, PublisherNotAMemberRefused) {
+  Host* outsider = AddHost("x", 0x2a, /*member=*/false);
+  MakeSource(tmp_.path() / "outsider", /*seed=*/7);
+  PublishOptions options;
+  options.source_dir = (tmp_.path() / "outsider").string();
+  options.chunk_size = kChunk;
+  auto published = outsider->store->Publish(options, outsider->key, nullptr);
+  ASSERT_TRUE(published.ok()) << published.status();
+  // Served by a member (who does not check what it relays).
+  ScriptedPeer relay(outsider->store.get(), ScriptedPeer::Mode::kHonest);
+  Server relay_server = StartServer(&relay);
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchArtifact(
+      ContextFor(d),
+      RequestFor({FetchPeer{publisher_->address, relay_server.endpoint}}, published->id));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(result.status().message(),
+              HasSubstr(absl::StrCat("host ", outsider->address, " is not a member")));
+  EXPECT_EQ(relay.calls(), 0);
+  auto list = d->store->List(/*include_incomplete=*/true);
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+  relay_server.server->Shutdown();
+}
+
+TEST_F(TransferTest, OverQuotaFetchRefused) {
+  Host* small = AddHost("s", 0x1f, /*member=*/true, StoreQuota{64 << 10, 1000});
+  auto result = FetchArtifact(ContextFor(small), RequestFor({publisher_->AsPeer()}));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  auto list = small->store->List(/*include_incomplete=*/true);
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+  EXPECT_EQ(small->store->Usage().files, 0u);
+}
+
+TEST_F(TransferTest, BadRequestsRefused) {
+  Host* d = AddHost("d", 0x0d);
+  auto r = FetchArtifact(ContextFor(d), RequestFor({}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "peers: empty");
+  r = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer()}, "short"));
+  EXPECT_EQ(r.status().message(), "artifact_id: 5 bytes, want 32");
+  r = FetchArtifact(ContextFor(d), RequestFor({FetchPeer{d->address, "127.0.0.1:1"}}));
+  EXPECT_THAT(r.status().message(), HasSubstr("is this host"));
+  r = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer(), publisher_->AsPeer()}));
+  EXPECT_THAT(r.status().message(), HasSubstr("listed twice"));
+  FetchRequest other_shard = RequestFor({publisher_->AsPeer()});
+  other_shard.shard_id = 2;
+  r = FetchArtifact(ContextFor(d), other_shard);
+  EXPECT_EQ(r.status().message(), "shard_id: 2 is not the store's shard 1");
+  FetcherOptions options;
+  options.chunks_per_request = 257;
+  r = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer()}), options);
+  EXPECT_THAT(r.status().message(), HasSubstr("options.chunks_per_request: 257"));
+  // The artifact id nobody has.
+  r = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer()}, std::string(32, 'z')));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr(publisher_->address));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Misbehaving peers
+
+class MisbehavingPeerTest : public TransferTest {
+ protected:
+  // Fetches with `mode` as the only peer; returns the result.
+  absl::StatusOr<pb::ArtifactProgress> FetchFrom(ScriptedPeer::Mode mode, Host* fetcher,
+                                                 std::string other_id = "") {
+    ScriptedPeer peer(publisher_->store.get(), mode);
+    peer.set_other_artifact(std::move(other_id));
+    Server server = StartServer(&peer);
+    FetcherOptions options;
+    options.chunks_per_request = 4;
+    auto result = FetchArtifact(ContextFor(fetcher),
+                                RequestFor({FetchPeer{bad_address_, server.endpoint}}), options);
+    server.server->Shutdown();
+    return result;
+  }
+
+  // Nothing unverified was stored: whatever the fetcher holds verifies.
+  void ExpectNothingCorrupt(Host* host) {
+    auto verify = host->store->Verify();
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    EXPECT_EQ(verify->modified_size(), 0);
+    EXPECT_FALSE(HasComplete(host));
+  }
+
+  // After the bad peer, the publisher completes the fetch.
+  void ExpectHonestCompletes(Host* host) {
+    auto result = FetchArtifact(ContextFor(host), RequestFor({publisher_->AsPeer()}));
+    ASSERT_TRUE(result.ok()) << result.status();
+    ExpectIdentical(host, "out");
+  }
+
+  const std::string bad_address_ = AddressOf(KeyOf(0x3b));
+};
+
+TEST_F(MisbehavingPeerTest, WrongManifest) {
+  const std::string other = PublishOther();
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kWrongManifest, d, other);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(result.status().message(), HasSubstr(bad_address_));
+  EXPECT_THAT(result.status().message(), HasSubstr("bad manifest"));
+  auto list = d->store->List(/*include_incomplete=*/true);
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+
+  // With an honest peer beside it, the fetch goes on and the bad one is reported.
+  ScriptedPeer bad(publisher_->store.get(), ScriptedPeer::Mode::kWrongManifest);
+  bad.set_other_artifact(other);
+  Server server = StartServer(&bad);
+  auto both = FetchArtifact(
+      ContextFor(d), RequestFor({FetchPeer{bad_address_, server.endpoint}, publisher_->AsPeer()}));
+  server.server->Shutdown();
+  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_EQ(both->peer_faults_size(), 1);
+  EXPECT_EQ(both->peer_faults(0).peer(), bad_address_);
+  EXPECT_TRUE(both->peer_faults(0).corrupt());
+  EXPECT_EQ(bad.calls(), 0);  // dropped: never asked for chunks
+  ExpectIdentical(d, "out");
+}
+
+TEST_F(MisbehavingPeerTest, OversizeManifestRefusedByTheChannel) {
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kOversizeManifest, d);
+  EXPECT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr(bad_address_));
+  EXPECT_THAT(result.status().message(), HasSubstr("RESOURCE_EXHAUSTED"));
+  ExpectHonestCompletes(d);
+}
+
+TEST_F(MisbehavingPeerTest, LargeJunkManifestReachesTheChecks) {
+  // Above the chunk cap, below the manifest cap: the channel lets it through and the manifest
+  // checks refuse it.
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kJunkManifest, d);
+  EXPECT_FALSE(result.ok());
+  EXPECT_NE(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr("bad manifest"));
+  EXPECT_THAT(result.status().message(), Not(HasSubstr("larger than max")));
+}
+
+TEST_F(MisbehavingPeerTest, ChunksOutOfOrder) {
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kReverse, d);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat(bad_address_, " (corrupt)")));
+  EXPECT_THAT(result.status().message(), HasSubstr("out of order or not requested"));
+  ExpectNothingCorrupt(d);
+  ExpectHonestCompletes(d);
+}
+
+TEST_F(MisbehavingPeerTest, UnrequestedChunk) {
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kUnrequested, d);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat(bad_address_, " (corrupt)")));
+  EXPECT_THAT(result.status().message(), HasSubstr("out of order or not requested"));
+  ExpectNothingCorrupt(d);
+  auto verify = d->store->Verify();
+  ASSERT_TRUE(verify.ok());
+  EXPECT_EQ(d->store->Usage().files, 0u);  // the unrequested chunk was not stored
+  ExpectHonestCompletes(d);
+}
+
+TEST_F(MisbehavingPeerTest, ExtraChunk) {
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kExtra, d);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr("sent more than the 4 chunks asked for"));
+  ExpectNothingCorrupt(d);
+  ExpectHonestCompletes(d);
+}
+
+TEST_F(MisbehavingPeerTest, OversizeChunkRefusedByTheChannel) {
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kOversizeChunk, d);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr(bad_address_));
+  EXPECT_THAT(result.status().message(), HasSubstr("resource exhausted"));
+  EXPECT_EQ(d->store->Usage().files, 0u);
+  ExpectNothingCorrupt(d);
+  ExpectHonestCompletes(d);
+}
+
+TEST_F(MisbehavingPeerTest, DataLossStatusMarksCorrupt) {
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchFrom(ScriptedPeer::Mode::kDataLoss, d);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat(bad_address_, " (corrupt)")));
+  EXPECT_THAT(result.status().message(), HasSubstr("chunk file damaged"));
+  ExpectHonestCompletes(d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attacks on the real service
+
+class ServiceAttackTest : public TransferTest {
+ protected:
+  void SetUp() override {
+    TransferTest::SetUp();
+    if (HasFatalFailure()) return;
+    member_ = AddHost("m", 0x4d);
+    UpdateDirectory();
+    stub_ = pb::ArtifactTransfer::NewStub(
+        grpc::CreateChannel(publisher_->server.endpoint, grpc::InsecureChannelCredentials()));
+    auto manifest = publisher_->store->GetManifest(id_, true);
+    ASSERT_TRUE(manifest.ok());
+    for (const auto& file : manifest->body.files()) {
+      for (const auto& h : file.chunks()) chunks_.push_back(h);
+    }
+  }
+
+  template <typename Request>
+  void Sign(Request* request, const common::PrivateKey& key, std::string_view method,
+            std::string audience = "", int64_t issued_ms = 0, int64_t lifetime_ms = 30000) {
+    if (audience.empty()) audience = publisher_->address;
+    if (issued_ms == 0) issued_ms = Clock()->NowUnixMs();
+    request->clear_auth();
+    auto auth = SignPeerRequest(key, kChain, request->shard_id(), method, audience, *request,
+                                issued_ms, lifetime_ms);
+    TS_CHECK(auth.ok());
+    *request->mutable_auth() = *auth;
+  }
+
+  pb::GetManifestRequest ManifestRequest(uint64_t shard = kShard) {
+    pb::GetManifestRequest request;
+    request.set_shard_id(shard);
+    request.set_artifact_id(id_);
+    return request;
+  }
+
+  pb::GetChunksRequest ChunksRequest(size_t n) {
+    pb::GetChunksRequest request;
+    request.set_shard_id(kShard);
+    request.set_artifact_id(id_);
+    for (size_t i = 0; i < n; ++i) request.add_chunks(chunks_[i]);
+    return request;
+  }
+
+  grpc::Status CallManifest(const pb::GetManifestRequest& request,
+                            pb::GetManifestResponse* response = nullptr) {
+    pb::GetManifestResponse unused;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub_->GetManifest(&context, request, response ? response : &unused);
+  }
+
+  grpc::Status CallChunks(const pb::GetChunksRequest& request,
+                          std::vector<pb::ChunkData>* out = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = stub_->GetChunks(&context, request);
+    pb::ChunkData chunk;
+    while (reader->Read(&chunk)) {
+      if (out) out->push_back(chunk);
+    }
+    return reader->Finish();
+  }
+
+  Host* member_ = nullptr;
+  std::unique_ptr<pb::ArtifactTransfer::Stub> stub_;
+  std::vector<std::string> chunks_;
+};
+
+TEST_F(ServiceAttackTest, SignedMemberRequestsServed) {
+  pb::GetManifestRequest request = ManifestRequest();
+  Sign(&request, member_->key, kMethodGetManifest);
+  pb::GetManifestResponse response;
+  grpc::Status status = CallManifest(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  auto verified = VerifyManifest(response.manifest(), kChain, kShard, id_);
+  EXPECT_TRUE(verified.ok()) << verified.status();
+
+  pb::GetChunksRequest chunks = ChunksRequest(3);
+  Sign(&chunks, member_->key, kMethodGetChunks);
+  std::vector<pb::ChunkData> got;
+  status = CallChunks(chunks, &got);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i].hash(), chunks_[i]);
+    EXPECT_EQ(common::Sha256(got[i].data()), chunks_[i]);
+  }
+
+  pb::ListArtifactsRequest list;
+  list.set_shard_id(kShard);
+  Sign(&list, member_->key, kMethodListArtifacts);
+  pb::ListArtifactsResponse listed;
+  grpc::ClientContext context;
+  status = stub_->ListArtifacts(&context, list, &listed);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(listed.artifacts_size(), 1);
+  EXPECT_EQ(listed.artifacts(0).artifact_id(), id_);
+  EXPECT_TRUE(listed.artifacts(0).complete());
+}
+
+TEST_F(ServiceAttackTest, Unsigned) {
+  grpc::Status status = CallManifest(ManifestRequest());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(status.error_message(), "auth: missing");
+  pb::GetChunksRequest chunks = ChunksRequest(1);
+  Sign(&chunks, member_->key, kMethodGetChunks);
+  chunks.mutable_auth()->clear_signature();
+  status = CallChunks(chunks);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(status.error_message(), "auth.signature: 0 bytes, want 65");
+}
+
+TEST_F(ServiceAttackTest, WrongAudience) {
+  pb::GetManifestRequest request = ManifestRequest();
+  Sign(&request, member_->key, kMethodGetManifest, /*audience=*/member_->address);
+  grpc::Status status = CallManifest(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(status.error_message(), absl::StrCat("auth.audience: ", member_->address,
+                                                 " is not this host (", publisher_->address, ")"));
+}
+
+TEST_F(ServiceAttackTest, Expired) {
+  pb::GetManifestRequest request = ManifestRequest();
+  Sign(&request, member_->key, kMethodGetManifest, "", Clock()->NowUnixMs() - 40000, 30000);
+  grpc::Status status = CallManifest(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("auth.expires_unix_ms: "));
+  EXPECT_THAT(status.error_message(), HasSubstr("is in the past"));
+}
+
+TEST_F(ServiceAttackTest, IssuedBeforeTheServerStarted) {
+  pb::GetManifestRequest request = ManifestRequest();
+  Sign(&request, member_->key, kMethodGetManifest, "", Clock()->NowUnixMs() - 60000, 90000);
+  grpc::Status status = CallManifest(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("auth.issued_unix_ms: "));
+  EXPECT_THAT(status.error_message(), HasSubstr("before this host started"));
+}
+
+TEST_F(ServiceAttackTest, Replayed) {
+  pb::GetChunksRequest request = ChunksRequest(2);
+  Sign(&request, member_->key, kMethodGetChunks);
+  std::vector<pb::ChunkData> got;
+  ASSERT_TRUE(CallChunks(request, &got).ok());
+  EXPECT_EQ(got.size(), 2u);
+  got.clear();
+  grpc::Status status = CallChunks(request, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(status.error_message(), "auth.nonce: replayed");
+  EXPECT_TRUE(got.empty());
+}
+
+TEST_F(ServiceAttackTest, NonMember) {
+  const common::PrivateKey stranger = KeyOf(0x5c);
+  pb::GetManifestRequest request = ManifestRequest();
+  Sign(&request, stranger, kMethodGetManifest);
+  grpc::Status status = CallManifest(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(status.error_message(),
+            absl::StrCat("host ", AddressOf(stranger), " is not a member of shard 1"));
+  pb::GetChunksRequest chunks = ChunksRequest(1);
+  Sign(&chunks, stranger, kMethodGetChunks);
+  EXPECT_EQ(CallChunks(chunks).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(ServiceAttackTest, BodyTamperedAfterSigning) {
+  pb::GetChunksRequest request = ChunksRequest(1);
+  Sign(&request, member_->key, kMethodGetChunks);
+  request.set_chunks(0, chunks_[5]);
+  grpc::Status status = CallChunks(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("auth.signature: signed by gonka1"));
+  EXPECT_THAT(status.error_message(),
+              HasSubstr(absl::StrCat("not auth.signer ", member_->address)));
+  // A signature made for another method does not pass either.
+  pb::GetManifestRequest manifest = ManifestRequest();
+  Sign(&manifest, member_->key, kMethodGetChunks);
+  EXPECT_EQ(CallManifest(manifest).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(ServiceAttackTest, TooManyChunks) {
+  pb::GetChunksRequest request = ChunksRequest(0);
+  for (int i = 0; i < 257; ++i) request.add_chunks(common::Sha256(std::to_string(i)));
+  Sign(&request, member_->key, kMethodGetChunks);
+  grpc::Status status = CallChunks(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "chunks: 257 hashes, at most 256 per request");
+}
+
+TEST_F(ServiceAttackTest, ChunkNotInTheManifest) {
+  pb::GetChunksRequest request = ChunksRequest(1);
+  const std::string stranger = common::Sha256("not in the manifest");
+  request.add_chunks(stranger);
+  Sign(&request, member_->key, kMethodGetChunks);
+  std::vector<pb::ChunkData> got;
+  grpc::Status status = CallChunks(request, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), absl::StrCat("chunks[1]: ", Hex(stranger),
+                                                 " is not named by the manifest of ", Hex(id_)));
+  EXPECT_TRUE(got.empty());  // refused before anything is sent
+
+  // A chunk of another artifact held here is not served under this one's id either.
+  const std::string other = PublishOther();
+  auto manifest = publisher_->store->GetManifest(other, true);
+  ASSERT_TRUE(manifest.ok());
+  pb::GetChunksRequest cross = ChunksRequest(0);
+  cross.add_chunks(manifest->body.files(0).chunks(0));
+  Sign(&cross, member_->key, kMethodGetChunks);
+  EXPECT_EQ(CallChunks(cross).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServiceAttackTest, AnotherShard) {
+  pb::GetManifestRequest request = ManifestRequest(/*shard=*/2);
+  Sign(&request, member_->key, kMethodGetManifest);
+  grpc::Status status = CallManifest(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "shard 2: not found");
+  // Signed for shard 1, then relabelled.
+  pb::GetManifestRequest relabelled = ManifestRequest();
+  Sign(&relabelled, member_->key, kMethodGetManifest);
+  relabelled.set_shard_id(2);
+  EXPECT_EQ(CallManifest(relabelled).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // A shard this member belongs to but this host holds no store for.
+  ShardView view;
+  view.shard_id = 2;
+  view.status = pb::SHARD_STATUS_RUNNING;
+  view.members.push_back(ShardMember{member_->address, "", 1});
+  directory_.Set(view);
+  Sign(&request, member_->key, kMethodGetManifest);
+  status = CallManifest(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "no store for shard 2");
+}
+
+TEST_F(ServiceAttackTest, BadIdsAndUnknownArtifacts) {
+  pb::GetManifestRequest request = ManifestRequest();
+  request.set_artifact_id("abc");
+  Sign(&request, member_->key, kMethodGetManifest);
+  grpc::Status status = CallManifest(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "artifact_id: 3 bytes, want 32");
+  request.set_artifact_id(std::string(32, 'q'));
+  Sign(&request, member_->key, kMethodGetManifest);
+  EXPECT_EQ(CallManifest(request).error_code(), grpc::StatusCode::NOT_FOUND);
+  pb::GetChunksRequest chunks = ChunksRequest(1);
+  chunks.set_chunks(0, "short");
+  Sign(&chunks, member_->key, kMethodGetChunks);
+  status = CallChunks(chunks);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "chunks[0]: 5 bytes, want 32");
+  pb::GetChunksRequest none = ChunksRequest(0);
+  Sign(&none, member_->key, kMethodGetChunks);
+  EXPECT_EQ(CallChunks(none).error_message(), "chunks: empty");
+}
+
+TEST_F(ServiceAttackTest, IncompleteArtifactsAreNotServed) {
+  // member_ begins a fetch and stops: its row is incomplete, and so not offered to peers.
+  ScriptedPeer partial(publisher_->store.get(), ScriptedPeer::Mode::kShort);
+  Server partial_server = StartServer(&partial);
+  FetcherOptions options;
+  options.max_call_failures_per_peer = 1;
+  auto result =
+      FetchArtifact(ContextFor(member_),
+                    RequestFor({FetchPeer{publisher_->address, partial_server.endpoint}}), options);
+  partial_server.server->Shutdown();
+  ASSERT_FALSE(result.ok());
+  member_->Serve(&directory_);
+  UpdateDirectory();
+  auto stub = pb::ArtifactTransfer::NewStub(
+      grpc::CreateChannel(member_->server.endpoint, grpc::InsecureChannelCredentials()));
+  pb::GetManifestRequest request = ManifestRequest();
+  Sign(&request, publisher_->key, kMethodGetManifest, member_->address);
+  pb::GetManifestResponse response;
+  grpc::ClientContext context;
+  grpc::Status status = stub->GetManifest(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServiceAttackTest, ConcurrentStreamCap) {
+  // A second server on the same store with no stream to give.
+  TransferServiceOptions options;
+  options.max_concurrent_streams = 0;
+  PeerRequestVerifier verifier(publisher_->address, kChain, Clock());
+  ArtifactTransferService capped(publisher_->registry.get(), &directory_, &verifier, options);
+  Server server = StartServer(&capped);
+  auto stub = pb::ArtifactTransfer::NewStub(
+      grpc::CreateChannel(server.endpoint, grpc::InsecureChannelCredentials()));
+  pb::GetChunksRequest request = ChunksRequest(1);
+  Sign(&request, member_->key, kMethodGetChunks);
+  grpc::ClientContext context;
+  auto reader = stub->GetChunks(&context, request);
+  pb::ChunkData chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("streams already running"));
+  server.server->Shutdown();
+
+  // With one slot, calls one after another each get it back.
+  options.max_concurrent_streams = 1;
+  ArtifactTransferService one(publisher_->registry.get(), &directory_, &verifier, options);
+  Server one_server = StartServer(&one);
+  auto one_stub = pb::ArtifactTransfer::NewStub(
+      grpc::CreateChannel(one_server.endpoint, grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 3; ++i) {
+    pb::GetChunksRequest again = ChunksRequest(2);
+    Sign(&again, member_->key, kMethodGetChunks);
+    grpc::ClientContext call;
+    auto r = one_stub->GetChunks(&call, again);
+    int n = 0;
+    while (r->Read(&chunk)) ++n;
+    grpc::Status s = r->Finish();
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(n, 2);
+  }
+  one_server.server->Shutdown();
+}
+
+}  // namespace
+}  // namespace ts::sidecar
