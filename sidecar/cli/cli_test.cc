@@ -1,12 +1,13 @@
 // Unit tests of the trainshard CLI run in-process: flag errors (exit 2 naming the flag), key
-// files, ADDR=AMOUNT parsing, JSON shapes, and the host commands against a real gRPC server on
-// 127.0.0.1 that plays a host sidecar.
+// files, ADDR=AMOUNT parsing, JSON shapes, and the host and artifact commands against real gRPC
+// servers on 127.0.0.1 that play a host sidecar.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -18,6 +19,7 @@
 #include "cosmos/tx/v1beta1/tx.pb.h"
 #include "gmock/gmock.h"
 #include "gonka/trainshard/v1/host.grpc.pb.h"
+#include "gonka/trainshard/v1/shard.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "sidecar/cli/cli.h"
@@ -145,6 +147,57 @@ INSTANTIATE_TEST_SUITE_P(
     // Stable names (the index), so test discovery and runs agree whatever the addresses.
     [](const ::testing::TestParamInfo<UsageCase>& info) {
       return "case" + std::to_string(info.index);
+    });
+
+const std::string kHex64(64, 'a');
+
+INSTANTIATE_TEST_SUITE_P(
+    ArtifactFlags, UsageErrorTest,
+    ::testing::Values(
+        UsageCase{{"artifact"}, {"subcommand"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1"}, {"--dir"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--dir", "/tmp"}, {"--shard"}},
+        UsageCase{{"artifact", "publish", "--shard", "1", "--dir", "/tmp"}, {"--host"}},
+        UsageCase{{"artifact", "publish", "--host", "localhost", "--shard", "1", "--dir", "/tmp"},
+                  {"--host", "localhost"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "0", "--dir", "/tmp"},
+                  {"--shard 0"}},
+        UsageCase{
+            {"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "-2", "--dir", "/tmp"},
+            {"--shard"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1", "--dir",
+                   "/nonexistent-ts/ckpt"},
+                  {"--dir", "/nonexistent-ts/ckpt"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1", "--dir",
+                   "/etc/passwd"},
+                  {"--dir", "not a directory"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1", "--dir", "/tmp",
+                   "--parent", "abcd"},
+                  {"--parent", "abcd"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1", "--dir", "/tmp",
+                   "--kind", "Check Point"},
+                  {"--kind", "Check Point"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1", "--dir", "/tmp",
+                   "--chunk-size", "100"},
+                  {"--chunk-size", "100"}},
+        UsageCase{{"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1", "--dir", "/tmp",
+                   "--round", "x"},
+                  {"--round", "x"}},
+        UsageCase{{"artifact", "fetch", "--host", "127.0.0.1:1", "--shard", "1"}, {"--id"}},
+        UsageCase{{"artifact", "fetch", "--host", "127.0.0.1:1", "--shard", "1", "--id", "xyz"},
+                  {"--id", "xyz"}},
+        UsageCase{{"artifact", "fetch", "--host", "127.0.0.1:1", "--shard", "1", "--id", kHex64,
+                   "--peer", "cosmos1abc"},
+                  {"--peer", "cosmos1abc"}},
+        UsageCase{{"artifact", "fetch", "--host", "127.0.0.1:1", "--shard", "1", "--id", kHex64,
+                   "--peer", kGoodAddress, "--peer", kGoodAddress},
+                  {"--peer", "twice"}},
+        UsageCase{{"artifact", "list", "--host", "127.0.0.1:1"}, {"--shard"}},
+        UsageCase{{"artifact", "verify", "--shard", "1"}, {"--host"}},
+        UsageCase{{"artifact", "gc", "--host", "127.0.0.1:1", "--shard", "1", "--drop", "12"},
+                  {"--drop", "12"}}),
+    [](const ::testing::TestParamInfo<UsageCase>& info) {
+      return "artifact_case" + std::to_string(info.index);
     });
 
 TEST(UsageTest, SignedCommandsNeedAKey) {
@@ -655,6 +708,313 @@ TEST(HostCommandsTest, UnreachableSidecarExitsThree) {
   CliResult r = Cli({"host", "shards", "--host", "127.0.0.1:1", "--timeout-ms", "2000"});
   EXPECT_EQ(r.code, kExitUnreachable) << Describe(r);
   EXPECT_THAT(r.err, HasSubstr("cannot reach"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Artifact commands against a real gRPC server playing a host sidecar's artifact operator API.
+
+class FakeArtifactHost final : public pb::ArtifactOperator::Service {
+ public:
+  static constexpr char kIdByte = '\xab';
+  static constexpr char kFailingIdByte = '\xee';
+
+  FakeArtifactHost() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    TS_CHECK(server_ != nullptr);
+  }
+  ~FakeArtifactHost() override { server_->Shutdown(); }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  pb::PublishArtifactRequest last_publish() {
+    absl::MutexLock lock(&mu_);
+    return publish_;
+  }
+  pb::FetchArtifactRequest last_fetch() {
+    absl::MutexLock lock(&mu_);
+    return fetch_;
+  }
+  pb::ListLocalArtifactsRequest last_list() {
+    absl::MutexLock lock(&mu_);
+    return list_;
+  }
+  pb::GcArtifactsRequest last_gc() {
+    absl::MutexLock lock(&mu_);
+    return gc_;
+  }
+
+  grpc::Status Publish(grpc::ServerContext*, const pb::PublishArtifactRequest* request,
+                       grpc::ServerWriter<pb::ArtifactProgress>* writer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      publish_ = *request;
+    }
+    pb::ArtifactProgress p;
+    p.set_phase("hashing");
+    p.set_bytes_total(3 << 20);
+    for (int i = 1; i <= 3; ++i) {
+      p.set_bytes_done(static_cast<uint64_t>(i) << 20);
+      writer->Write(p);
+    }
+    // A host that falls silent: the client gives up after --timeout-ms without a message.
+    if (request->kind() == "silent") std::this_thread::sleep_for(std::chrono::seconds(3));
+    p.set_phase("done");
+    p.set_done(true);
+    p.set_artifact_id(std::string(32, kIdByte));
+    p.set_chunks_total(3);
+    p.set_chunks_done(3);
+    p.set_chunks_present(1);
+    writer->Write(p);
+    return grpc::Status::OK;
+  }
+  grpc::Status Fetch(grpc::ServerContext*, const pb::FetchArtifactRequest* request,
+                     grpc::ServerWriter<pb::ArtifactProgress>* writer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      fetch_ = *request;
+    }
+    pb::ArtifactProgress p;
+    p.set_phase("manifest");
+    writer->Write(p);
+    if (request->artifact_id() == std::string(32, kFailingIdByte)) {
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          "fetch incomplete (run it again to resume): no usable peer left: "
+                          "gonka1peerone: unavailable: connection refused; gonka1peertwo: chunk "
+                          "3f2a failed verification");
+    }
+    p.set_phase("done");
+    p.set_done(true);
+    p.set_artifact_id(request->artifact_id());
+    p.set_bytes_total(5000);
+    p.set_bytes_done(5000);
+    p.set_bytes_fetched(4000);
+    p.set_chunks_total(5);
+    p.set_chunks_present(1);
+    p.set_chunks_fetched(4);
+    (*p.mutable_bytes_by_peer())["gonka1peerone"] = 4000;
+    auto* fault = p.add_peer_faults();
+    fault->set_peer("gonka1peertwo");
+    fault->set_reason("chunk 3f2a failed verification");
+    fault->set_corrupt(true);
+    writer->Write(p);
+    return grpc::Status::OK;
+  }
+  grpc::Status List(grpc::ServerContext*, const pb::ListLocalArtifactsRequest* request,
+                    pb::ListArtifactsResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      list_ = *request;
+    }
+    auto* a = response->add_artifacts();
+    a->set_artifact_id(std::string(32, kIdByte));
+    a->set_shard_id(request->shard_id());
+    a->set_round(4);
+    a->set_kind("checkpoint");
+    a->set_publisher("gonka1publisher");
+    a->set_parent(std::string(32, '\x01'));
+    a->set_total_bytes(5000);
+    a->set_files(2);
+    a->set_chunks(5);
+    a->set_complete(true);
+    if (request->include_incomplete()) {
+      auto* b = response->add_artifacts();
+      b->set_artifact_id(std::string(32, '\x02'));
+      b->set_complete(false);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status Verify(grpc::ServerContext*, const pb::VerifyArtifactsRequest* request,
+                      pb::VerifyArtifactsResponse* response) override {
+    response->set_artifacts_checked(2);
+    response->set_chunks_ok(9);
+    if (request->shard_id() == 2) {
+      response->add_modified(std::string(64, 'c'));
+      response->add_missing(std::string(64, 'd'));
+    }
+    response->add_unreferenced(std::string(64, 'e'));
+    return grpc::Status::OK;
+  }
+  grpc::Status Gc(grpc::ServerContext*, const pb::GcArtifactsRequest* request,
+                  pb::GcArtifactsResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      gc_ = *request;
+    }
+    response->set_artifacts_dropped(static_cast<uint32_t>(request->drop_artifacts_size()));
+    response->set_chunks_removed(7);
+    response->set_bytes_freed(7000);
+    return grpc::Status::OK;
+  }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Mutex mu_;
+  pb::PublishArtifactRequest publish_ ABSL_GUARDED_BY(mu_);
+  pb::FetchArtifactRequest fetch_ ABSL_GUARDED_BY(mu_);
+  pb::ListLocalArtifactsRequest list_ ABSL_GUARDED_BY(mu_);
+  pb::GcArtifactsRequest gc_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string Repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+TEST(ArtifactCommandsTest, PublishSendsTheDirectorysOwnPathAndPrintsHexJson) {
+  FakeArtifactHost host;
+  TempDir dir;
+  std::filesystem::create_directories(dir.File("ckpt/sub"));
+  std::filesystem::create_directory_symlink(dir.File("ckpt"), dir.File("link"));
+  std::string parent(64, '0');
+  parent[63] = 'F';
+  CliResult r = Cli({"artifact", "publish", "--host", host.address(), "--shard", "3", "--dir",
+                     dir.File("link/sub/.."), "--round", "12", "--parent", parent, "--kind", "eval",
+                     "--chunk-size", "65536", "--json"});
+  ASSERT_EQ(r.code, 0) << Describe(r);
+  EXPECT_EQ(r.err, "") << "no progress bar when stderr is not a terminal";
+  pb::PublishArtifactRequest sent = host.last_publish();
+  EXPECT_EQ(sent.shard_id(), 3u);
+  EXPECT_EQ(sent.source_dir(), std::filesystem::canonical(dir.File("ckpt")).string());
+  EXPECT_EQ(sent.round(), 12u);
+  EXPECT_EQ(common::HexEncode(sent.parent()), std::string(63, '0') + "f");
+  EXPECT_EQ(sent.kind(), "eval");
+  EXPECT_EQ(sent.chunk_size(), 65536u);
+
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["artifact_id"], Repeat("ab", 32));
+  EXPECT_EQ(doc["done"], true);
+  EXPECT_EQ(doc["phase"], "done");
+  EXPECT_EQ(doc["bytes_total"], std::to_string(3 << 20));
+  EXPECT_EQ(doc["chunks_present"], 1);
+  EXPECT_TRUE(doc.contains("peer_faults"));
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one JSON document";
+
+  CliResult human = Cli(
+      {"artifact", "publish", "--host", host.address(), "--shard", "3", "--dir", dir.File("ckpt")});
+  ASSERT_EQ(human.code, 0) << Describe(human);
+  EXPECT_THAT(human.out, HasSubstr("artifact_id:"));
+  EXPECT_THAT(human.out, HasSubstr(Repeat("ab", 32)));
+  EXPECT_EQ(host.last_publish().kind(), "") << "the host's default kind";
+  EXPECT_EQ(host.last_publish().chunk_size(), 0u) << "the host's default chunk size";
+}
+
+TEST(ArtifactCommandsTest, FetchPassesPeersAndAnAbsoluteOutAndReportsPeers) {
+  FakeArtifactHost host;
+  std::string peer_one = FreshAddress();
+  std::string peer_two = FreshAddress();
+  CliResult r =
+      Cli({"artifact", "fetch", "--host", host.address(), "--shard", "3", "--id", Repeat("cd", 32),
+           "--peer", peer_one, "--peer", peer_two, "--out", "relative/out", "--json"});
+  ASSERT_EQ(r.code, 0) << Describe(r);
+  pb::FetchArtifactRequest sent = host.last_fetch();
+  EXPECT_EQ(sent.shard_id(), 3u);
+  EXPECT_EQ(sent.artifact_id(), std::string(32, '\xcd'));
+  ASSERT_EQ(sent.peers_size(), 2);
+  EXPECT_EQ(sent.peers(0), peer_one);
+  EXPECT_EQ(sent.peers(1), peer_two);
+  EXPECT_EQ(sent.out_dir(), (std::filesystem::current_path() / "relative/out").string());
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["artifact_id"], Repeat("cd", 32));
+  EXPECT_EQ(doc["bytes_by_peer"]["gonka1peerone"], "4000");
+  EXPECT_EQ(doc["peer_faults"][0]["peer"], "gonka1peertwo");
+  EXPECT_EQ(doc["peer_faults"][0]["corrupt"], true);
+  EXPECT_EQ(doc["chunks_fetched"], 4);
+
+  CliResult human = Cli(
+      {"artifact", "fetch", "--host", host.address(), "--shard", "3", "--id", Repeat("cd", 32)});
+  ASSERT_EQ(human.code, 0) << Describe(human);
+  EXPECT_EQ(host.last_fetch().peers_size(), 0) << "no --peer: the host asks every member";
+  EXPECT_EQ(host.last_fetch().out_dir(), "");
+  EXPECT_THAT(human.out, HasSubstr("bytes_fetched:"));
+  EXPECT_THAT(human.out, HasSubstr("gonka1peerone"));
+  EXPECT_THAT(human.err, HasSubstr("warning: peer gonka1peertwo (corrupt)"));
+}
+
+TEST(ArtifactCommandsTest, AFailedFetchNamesEveryDroppedPeerAndExitsOne) {
+  FakeArtifactHost host;
+  CliResult r = Cli({"artifact", "fetch", "--host", host.address(), "--shard", "3", "--id",
+                     Repeat("ee", 32), "--json"});
+  EXPECT_EQ(r.code, kExitRefused) << Describe(r);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("ABORTED"));
+  EXPECT_THAT(r.err, HasSubstr("gonka1peerone: unavailable"));
+  EXPECT_THAT(r.err, HasSubstr("gonka1peertwo: chunk 3f2a failed verification"));
+  EXPECT_THAT(r.err, Not(HasSubstr("cannot reach")));
+}
+
+TEST(ArtifactCommandsTest, ListPrintsHexIdsAndParents) {
+  FakeArtifactHost host;
+  CliResult r = Cli({"artifact", "list", "--host", host.address(), "--shard", "5", "--json"});
+  ASSERT_EQ(r.code, 0) << Describe(r);
+  EXPECT_FALSE(host.last_list().include_incomplete());
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  ASSERT_EQ(doc["artifacts"].size(), 1u);
+  EXPECT_EQ(doc["artifacts"][0]["artifact_id"], Repeat("ab", 32));
+  EXPECT_EQ(doc["artifacts"][0]["parent"], Repeat("01", 32));
+  EXPECT_EQ(doc["artifacts"][0]["round"], "4");
+  EXPECT_EQ(doc["artifacts"][0]["complete"], true);
+
+  CliResult all = Cli({"artifact", "list", "--host", host.address(), "--shard", "5", "--all"});
+  ASSERT_EQ(all.code, 0) << Describe(all);
+  EXPECT_TRUE(host.last_list().include_incomplete());
+  EXPECT_THAT(all.out, HasSubstr("incomplete"));
+  EXPECT_THAT(all.out, HasSubstr(Repeat("02", 32)));
+}
+
+TEST(ArtifactCommandsTest, VerifyExitsOneOnDamageAndPrintsTheReport) {
+  FakeArtifactHost host;
+  CliResult clean = Cli({"artifact", "verify", "--host", host.address(), "--shard", "1", "--json"});
+  ASSERT_EQ(clean.code, 0) << Describe(clean);
+  nlohmann::json doc = nlohmann::json::parse(clean.out);
+  EXPECT_EQ(doc["chunks_ok"], 9);
+  EXPECT_EQ(doc["unreferenced"][0], std::string(64, 'e'));
+  EXPECT_TRUE(doc["modified"].empty());
+
+  CliResult damaged =
+      Cli({"artifact", "verify", "--host", host.address(), "--shard", "2", "--json"});
+  EXPECT_EQ(damaged.code, kExitRefused) << Describe(damaged);
+  nlohmann::json report = nlohmann::json::parse(damaged.out);
+  EXPECT_EQ(report["modified"][0], std::string(64, 'c'));
+  EXPECT_EQ(report["missing"][0], std::string(64, 'd'));
+  EXPECT_THAT(damaged.err, HasSubstr("damaged"));
+}
+
+TEST(ArtifactCommandsTest, GcPassesDropsAndPrintsCounts) {
+  FakeArtifactHost host;
+  CliResult r =
+      Cli({"artifact", "gc", "--host", host.address(), "--shard", "1", "--drop-incomplete",
+           "--drop", Repeat("ab", 32), "--drop", Repeat("CD", 32), "--json"});
+  ASSERT_EQ(r.code, 0) << Describe(r);
+  pb::GcArtifactsRequest sent = host.last_gc();
+  EXPECT_TRUE(sent.drop_incomplete());
+  ASSERT_EQ(sent.drop_artifacts_size(), 2);
+  EXPECT_EQ(sent.drop_artifacts(1), std::string(32, '\xcd'));
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["artifacts_dropped"], 2);
+  EXPECT_EQ(doc["bytes_freed"], "7000");
+}
+
+TEST(ArtifactCommandsTest, ASilentHostIsGivenUpOnAfterTimeoutMs) {
+  FakeArtifactHost host;
+  TempDir dir;
+  CliResult r = Cli({"artifact", "publish", "--host", host.address(), "--shard", "1", "--dir",
+                     dir.path(), "--kind", "silent", "--timeout-ms", "500"});
+  EXPECT_EQ(r.code, kExitUnreachable) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("no progress for 500 ms"));
+}
+
+TEST(ArtifactCommandsTest, UnreachableHostExitsThree) {
+  TempDir dir;
+  CliResult r = Cli({"artifact", "publish", "--host", "127.0.0.1:1", "--shard", "1", "--dir",
+                     dir.path(), "--timeout-ms", "2000"});
+  EXPECT_EQ(r.code, kExitUnreachable) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("cannot reach"));
+  CliResult list = Cli({"artifact", "list", "--host", "127.0.0.1:1", "--shard", "1"});
+  EXPECT_EQ(list.code, kExitUnreachable) << Describe(list);
 }
 
 }  // namespace
