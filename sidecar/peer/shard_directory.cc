@@ -15,12 +15,20 @@ absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.s
 // exist must not grow it without bound.
 constexpr size_t kMaxCachedShards = 1024;
 
+// Members keep their artifacts after the shard closes: the final checkpoint of a settled shard
+// is fetched then. Only shards that never had members are refused.
 absl::Status CheckServing(const ShardView& view) {
-  if (view.status == pb::SHARD_STATUS_OPEN || view.status == pb::SHARD_STATUS_RUNNING) {
-    return absl::OkStatus();
+  switch (view.status) {
+    case pb::SHARD_STATUS_OPEN:
+    case pb::SHARD_STATUS_RUNNING:
+    case pb::SHARD_STATUS_SETTLED:
+    case pb::SHARD_STATUS_EXPIRED:
+      return absl::OkStatus();
+    default:
+      return absl::FailedPreconditionError(absl::StrCat("shard ", view.shard_id, " is ",
+                                                        pb::ShardStatus_Name(view.status),
+                                                        ", it has no members"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "shard ", view.shard_id, " is ", pb::ShardStatus_Name(view.status), ", not open or running"));
 }
 
 absl::Status NotMember(uint64_t shard_id, std::string_view address) {

@@ -55,7 +55,8 @@ class ShardDirectory {
   virtual absl::StatusOr<ShardView> Get(uint64_t shard_id) = 0;
   // OK if `address` is a member of the shard, refreshing once as described above.
   // PERMISSION_DENIED "host <address> is not a member of shard <id>"; FAILED_PRECONDITION if
-  // the shard is not running or open (proposed, rejected); errors of Get.
+  // the shard never had members (proposed, rejected); members of open, running, settled and
+  // expired shards are members. Errors of Get.
   virtual absl::Status CheckMember(uint64_t shard_id, std::string_view address) = 0;
 };
 

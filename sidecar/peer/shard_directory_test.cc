@@ -135,15 +135,20 @@ TEST(StaticShardDirectoryTest, MembersStatusAndUnknownShards) {
   directory.Set(ShardViewFromChain(MakeShard(1, pb::SHARD_STATUS_RUNNING, {"gonka1a"})));
   directory.Set(ShardViewFromChain(MakeShard(2, pb::SHARD_STATUS_PROPOSED, {"gonka1a"})));
   directory.Set(ShardViewFromChain(MakeShard(4, pb::SHARD_STATUS_OPEN, {"gonka1a"})));
+  directory.Set(ShardViewFromChain(MakeShard(5, pb::SHARD_STATUS_SETTLED, {"gonka1a"})));
+  directory.Set(ShardViewFromChain(MakeShard(6, pb::SHARD_STATUS_REJECTED, {"gonka1a"})));
 
   EXPECT_TRUE(directory.CheckMember(1, "gonka1a").ok());
   EXPECT_TRUE(directory.CheckMember(4, "gonka1a").ok());
+  // Members keep access to a closed shard's artifacts (the final checkpoint).
+  EXPECT_TRUE(directory.CheckMember(5, "gonka1a").ok());
+  EXPECT_EQ(directory.CheckMember(6, "gonka1a").code(), absl::StatusCode::kFailedPrecondition);
   absl::Status s = directory.CheckMember(1, "gonka1z");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(s.message(), "host gonka1z is not a member of shard 1");
   s = directory.CheckMember(2, "gonka1a");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.message(), "shard 2 is SHARD_STATUS_PROPOSED, not open or running");
+  EXPECT_EQ(s.message(), "shard 2 is SHARD_STATUS_PROPOSED, it has no members");
   s = directory.CheckMember(3, "gonka1a");
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(directory.Get(3).status().code(), absl::StatusCode::kNotFound);
