@@ -37,6 +37,9 @@ constexpr size_t kChunkHexBytes = 2 * common::kSha256Size;
 // Entries read from one directory of the store at most (Open, Verify, Gc); a store holds at most
 // its quota's files_max chunks, spread over 256 subdirectories.
 constexpr size_t kDirEntriesMax = 10'000'000;
+// Verified manifests of complete artifacts kept in memory (see Impl::CacheLookup).
+constexpr size_t kManifestCacheEntries = 16;
+constexpr size_t kManifestCacheBytesMax = 64u << 20;
 
 // Debian's Abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0).
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
@@ -241,6 +244,12 @@ struct ArtifactStore::Impl {
   // Chunks a publish in progress has hashed (hash -> number of publishes), kept by Gc.
   absl::flat_hash_map<std::string, int> publish_pins ABSL_GUARDED_BY(mu);
 
+  mutable absl::Mutex cache_mu;
+  mutable absl::flat_hash_map<std::string, std::shared_ptr<const VerifiedManifest>> cache
+      ABSL_GUARDED_BY(cache_mu);
+  mutable size_t cache_bytes ABSL_GUARDED_BY(cache_mu) = 0;
+  mutable uint64_t cache_generation ABSL_GUARDED_BY(cache_mu) = 0;
+
   // ---- quota
 
   absl::Status ReserveLocked(uint64_t bytes, uint64_t files) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -285,7 +294,9 @@ struct ArtifactStore::Impl {
     row.set_chunks(manifest.total_chunks);
     state::WriteBatch batch;
     batch.PutProto(kTableArtifacts, ArtifactKey(shard_id, manifest.id), row);
-    return db->Write(batch, /*sync=*/true);
+    absl::Status status = db->Write(batch, /*sync=*/true);
+    CacheErase(manifest.id);
+    return status;
   }
 
   // nullopt if there is no row for `id`.
@@ -300,30 +311,70 @@ struct ArtifactStore::Impl {
     return std::optional<pb::StoredArtifact>(std::move(row));
   }
 
-  // Every row of this shard: fn(id, row). DATA_LOSS for a key or value that does not decode.
+  // Every row of this shard: fn(id, row). DATA_LOSS for a key that does not decode, and for a
+  // value that does not parse unless `unparsable_ok`, in which case fn gets a null row.
   absl::Status ScanRows(
-      const std::function<absl::Status(const std::string&, const pb::StoredArtifact&)>& fn) const {
+      const std::function<absl::Status(const std::string&, const pb::StoredArtifact*)>& fn,
+      bool unparsable_ok) const {
     absl::Status inner;
-    absl::Status status =
-        db->Scan(kTableArtifacts, state::EncodeU64Key(shard_id),
-                 [&](std::string_view key, std::string_view value) {
-                   const std::string_view id = key.substr(8);
-                   if (id.size() != common::kSha256Size) {
-                     inner = absl::DataLossError(absl::StrCat(
-                         "index row key ", Hex(key), ": the id is ", id.size(), " bytes, want 32"));
-                     return false;
-                   }
-                   pb::StoredArtifact row;
-                   if (!row.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
-                     inner = absl::DataLossError(absl::StrCat(
-                         "index row ", Hex(id), ": does not parse as a StoredArtifact"));
-                     return false;
-                   }
-                   inner = fn(std::string(id), row);
-                   return inner.ok();
-                 });
+    absl::Status status = db->Scan(
+        kTableArtifacts, state::EncodeU64Key(shard_id),
+        [&](std::string_view key, std::string_view value) {
+          const std::string_view id = key.substr(8);
+          if (id.size() != common::kSha256Size) {
+            inner = absl::DataLossError(absl::StrCat("index row key ", Hex(key), ": the id is ",
+                                                     id.size(), " bytes, want 32"));
+            return false;
+          }
+          pb::StoredArtifact row;
+          const bool parsed = row.ParseFromArray(value.data(), static_cast<int>(value.size()));
+          if (!parsed && !unparsable_ok) {
+            inner = absl::DataLossError(
+                absl::StrCat("index row ", Hex(id), ": does not parse as a StoredArtifact"));
+            return false;
+          }
+          inner = fn(std::string(id), parsed ? &row : nullptr);
+          return inner.ok();
+        });
     TS_RETURN_IF_ERROR(status);
     return inner;
+  }
+
+  // Verified manifests of complete rows, so serving chunks (the transfer service looks the
+  // manifest up for every GetChunks call) does not re-verify a large manifest each time. A
+  // complete row changes only by being dropped (Gc) or rewritten (PutRow), which remove the
+  // entry and move the generation on, so a lookup that read the row before cannot insert it
+  // after.
+  std::shared_ptr<const VerifiedManifest> CacheLookup(std::string_view id) const {
+    absl::MutexLock lock(&cache_mu);
+    auto it = cache.find(std::string(id));
+    return it == cache.end() ? nullptr : it->second;
+  }
+  uint64_t CacheGeneration() const {
+    absl::MutexLock lock(&cache_mu);
+    return cache_generation;
+  }
+  void CacheInsert(std::shared_ptr<const VerifiedManifest> manifest, uint64_t generation) const {
+    // A parsed body takes about as much memory again as its encoding.
+    const size_t bytes = 2 * manifest->manifest.body().size();
+    if (bytes > kManifestCacheBytesMax) return;
+    absl::MutexLock lock(&cache_mu);
+    if (generation != cache_generation || cache.contains(manifest->id)) return;
+    while (!cache.empty() && (cache.size() >= kManifestCacheEntries ||
+                              cache_bytes + bytes > kManifestCacheBytesMax)) {
+      cache_bytes -= 2 * cache.begin()->second->manifest.body().size();
+      cache.erase(cache.begin());
+    }
+    cache_bytes += bytes;
+    cache.emplace(manifest->id, std::move(manifest));
+  }
+  void CacheErase(std::string_view id) const {
+    absl::MutexLock lock(&cache_mu);
+    ++cache_generation;
+    auto it = cache.find(std::string(id));
+    if (it == cache.end()) return;
+    cache_bytes -= 2 * it->second->manifest.body().size();
+    cache.erase(it);
   }
 
   // The body of a row's manifest, decoded without the checks of VerifyManifest (for listing and
@@ -879,6 +930,10 @@ absl::StatusOr<VerifiedManifest> ArtifactStore::GetManifest(std::string_view art
     return absl::InvalidArgumentError(
         absl::StrCat("artifact id: ", artifact_id.size(), " bytes, want 32"));
   }
+  if (std::shared_ptr<const VerifiedManifest> cached = s.CacheLookup(artifact_id)) {
+    return *cached;
+  }
+  const uint64_t generation = s.CacheGeneration();
   TS_ASSIGN_OR_RETURN(std::optional<pb::StoredArtifact> row, s.GetRow(artifact_id));
   if (!row.has_value()) {
     return absl::NotFoundError(absl::StrCat("artifact ", Hex(artifact_id), ": not stored"));
@@ -887,7 +942,11 @@ absl::StatusOr<VerifiedManifest> ArtifactStore::GetManifest(std::string_view art
     return absl::NotFoundError(
         absl::StrCat("artifact ", Hex(artifact_id), ": not complete here (a fetch is unfinished)"));
   }
-  return s.VerifyRow(artifact_id, *row);
+  TS_ASSIGN_OR_RETURN(VerifiedManifest verified, s.VerifyRow(artifact_id, *row));
+  if (row->complete()) {
+    s.CacheInsert(std::make_shared<const VerifiedManifest>(verified), generation);
+  }
+  return verified;
 }
 
 absl::StatusOr<std::string> ArtifactStore::ReadChunk(std::string_view hash) const {
@@ -906,23 +965,26 @@ absl::StatusOr<std::vector<pb::ArtifactSummary>> ArtifactStore::List(
     bool include_incomplete) const {
   const Impl& s = *impl_;
   std::vector<pb::ArtifactSummary> out;
-  TS_RETURN_IF_ERROR(s.ScanRows([&](const std::string& id, const pb::StoredArtifact& row) {
-    if (!row.complete() && !include_incomplete) return absl::OkStatus();
-    TS_ASSIGN_OR_RETURN(pb::ManifestBody body, Impl::RowBody(id, row));
-    pb::ArtifactSummary& summary = out.emplace_back();
-    summary.set_artifact_id(id);
-    summary.set_shard_id(s.shard_id);
-    summary.set_round(body.round());
-    summary.set_kind(body.kind());
-    summary.set_publisher(body.publisher());
-    summary.set_parent(body.parent());
-    summary.set_total_bytes(row.total_bytes());
-    summary.set_files(static_cast<uint32_t>(body.files_size()));
-    summary.set_chunks(row.chunks());
-    summary.set_complete(row.complete());
-    summary.set_stored_unix_ms(row.stored_unix_ms());
-    return absl::OkStatus();
-  }));
+  TS_RETURN_IF_ERROR(s.ScanRows(
+      [&](const std::string& id, const pb::StoredArtifact* row_ptr) {
+        const pb::StoredArtifact& row = *row_ptr;
+        if (!row.complete() && !include_incomplete) return absl::OkStatus();
+        TS_ASSIGN_OR_RETURN(pb::ManifestBody body, Impl::RowBody(id, row));
+        pb::ArtifactSummary& summary = out.emplace_back();
+        summary.set_artifact_id(id);
+        summary.set_shard_id(s.shard_id);
+        summary.set_round(body.round());
+        summary.set_kind(body.kind());
+        summary.set_publisher(body.publisher());
+        summary.set_parent(body.parent());
+        summary.set_total_bytes(row.total_bytes());
+        summary.set_files(static_cast<uint32_t>(body.files_size()));
+        summary.set_chunks(row.chunks());
+        summary.set_complete(row.complete());
+        summary.set_stored_unix_ms(row.stored_unix_ms());
+        return absl::OkStatus();
+      },
+      /*unparsable_ok=*/false));
   return out;
 }
 
@@ -941,21 +1003,24 @@ absl::StatusOr<pb::VerifyArtifactsResponse> ArtifactStore::Verify() const {
     }
   }
   std::vector<std::string> incomplete;
-  TS_RETURN_IF_ERROR(s.ScanRows([&](const std::string& id, const pb::StoredArtifact& row) {
-    TS_ASSIGN_OR_RETURN(pb::ManifestBody body, Impl::RowBody(id, row));
-    if (row.complete()) {
-      response.set_artifacts_checked(response.artifacts_checked() + 1);
-    } else {
-      incomplete.push_back(Hex(id));
-    }
-    for (const pb::ManifestFile& file : body.files()) {
-      for (const std::string& hash : file.chunks()) {
-        referenced.insert(hash);
-        if (row.complete()) needed.insert(hash);
-      }
-    }
-    return absl::OkStatus();
-  }));
+  TS_RETURN_IF_ERROR(s.ScanRows(
+      [&](const std::string& id, const pb::StoredArtifact* row_ptr) {
+        const pb::StoredArtifact& row = *row_ptr;
+        TS_ASSIGN_OR_RETURN(pb::ManifestBody body, Impl::RowBody(id, row));
+        if (row.complete()) {
+          response.set_artifacts_checked(response.artifacts_checked() + 1);
+        } else {
+          incomplete.push_back(Hex(id));
+        }
+        for (const pb::ManifestFile& file : body.files()) {
+          for (const std::string& hash : file.chunks()) {
+            referenced.insert(hash);
+            if (row.complete()) needed.insert(hash);
+          }
+        }
+        return absl::OkStatus();
+      },
+      /*unparsable_ok=*/false));
 
   absl::flat_hash_set<std::string> present;
   std::vector<std::string> modified;
@@ -1023,8 +1088,11 @@ absl::StatusOr<pb::GcArtifactsResponse> ArtifactStore::Gc(const std::vector<std:
     }
   }
   for (size_t i = 0; i < drop_ids.size(); ++i) {
-    TS_ASSIGN_OR_RETURN(std::optional<pb::StoredArtifact> row, s.GetRow(drop_ids[i]));
-    if (!row.has_value()) {
+    // Read raw: a row whose value does not parse can still be dropped.
+    absl::StatusOr<std::string> row =
+        s.db->Get(kTableArtifacts, ArtifactKey(s.shard_id, drop_ids[i]));
+    if (!row.ok() && !absl::IsNotFound(row.status())) return row.status();
+    if (!row.ok()) {
       return absl::NotFoundError(
           absl::StrCat("drop_ids[", i, "]: artifact ", Hex(drop_ids[i]), " is not stored"));
     }
@@ -1036,23 +1104,33 @@ absl::StatusOr<pb::GcArtifactsResponse> ArtifactStore::Gc(const std::vector<std:
 
   state::WriteBatch batch;
   pb::GcArtifactsResponse response;
-  TS_RETURN_IF_ERROR(s.ScanRows([&](const std::string& id, const pb::StoredArtifact& row) {
-    const bool dropped =
-        drop.contains(id) || (drop_incomplete && !row.complete() && !in_progress.contains(id));
-    if (dropped) {
-      batch.Delete(kTableArtifacts, ArtifactKey(s.shard_id, id));
-      response.set_artifacts_dropped(response.artifacts_dropped() + 1);
-      return absl::OkStatus();
-    }
-    // A row that does not decode names chunks nobody can tell: collecting nothing is the only
-    // safe answer (ScanRows fails the same way for a row whose value does not parse).
-    TS_ASSIGN_OR_RETURN(pb::ManifestBody body, Impl::RowBody(id, row));
-    for (const pb::ManifestFile& file : body.files()) {
-      for (const std::string& hash : file.chunks()) keep.insert(hash);
-    }
-    return absl::OkStatus();
-  }));
+  std::vector<std::string> dropped_ids;
+  TS_RETURN_IF_ERROR(s.ScanRows(
+      [&](const std::string& id, const pb::StoredArtifact* row) {
+        const bool dropped = drop.contains(id) || (drop_incomplete && row != nullptr &&
+                                                   !row->complete() && !in_progress.contains(id));
+        if (dropped) {
+          batch.Delete(kTableArtifacts, ArtifactKey(s.shard_id, id));
+          dropped_ids.push_back(id);
+          return absl::OkStatus();
+        }
+        // A row that does not decode names chunks nobody can tell: collecting nothing is the
+        // only safe answer until it is dropped by id.
+        if (row == nullptr) {
+          return absl::DataLossError(absl::StrCat("index row ", Hex(id),
+                                                  ": does not parse as a StoredArtifact (drop it "
+                                                  "by id to collect its chunks)"));
+        }
+        TS_ASSIGN_OR_RETURN(pb::ManifestBody body, Impl::RowBody(id, *row));
+        for (const pb::ManifestFile& file : body.files()) {
+          for (const std::string& hash : file.chunks()) keep.insert(hash);
+        }
+        return absl::OkStatus();
+      },
+      /*unparsable_ok=*/true));
   if (batch.size() > 0) TS_RETURN_IF_ERROR(s.db->Write(batch, /*sync=*/true));
+  for (const std::string& id : dropped_ids) s.CacheErase(id);
+  response.set_artifacts_dropped(static_cast<uint32_t>(dropped_ids.size()));
 
   std::vector<std::pair<std::string, std::string>> strays;
   absl::flat_hash_set<std::string> touched;

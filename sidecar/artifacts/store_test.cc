@@ -682,6 +682,8 @@ TEST_F(StoreTest, CompleteArtifactWithLostChunkBecomesIncompleteOnBeginFetch) {
   Host a = MakeHost("a");
   auto published = Publish(a, MakeSource("src", 16));
   ASSERT_TRUE(published.ok());
+  // Looked up (and kept in memory) while complete.
+  ASSERT_TRUE(a.store->GetManifest(published->id, /*complete_only=*/true).ok());
   const std::string lost = published->body.files(2).chunks(2);
   fs::remove(a.ChunkPath(lost));
   auto plan = a.store->BeginFetch(*published);
@@ -691,6 +693,92 @@ TEST_F(StoreTest, CompleteArtifactWithLostChunkBecomesIncompleteOnBeginFetch) {
   auto listed = a.store->List(false);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
+  EXPECT_EQ(a.store->GetManifest(published->id, /*complete_only=*/true).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(a.store->GetManifest(published->id, /*complete_only=*/false).ok());
+}
+
+TEST_F(StoreTest, BeginFetchRefusesAManifestNamingAChunkWithTwoSizes) {
+  Host a = MakeHost("a");
+  auto published = Publish(a, MakeSource("src", 24));
+  ASSERT_TRUE(published.ok());
+  VerifiedManifest forged = *published;
+  // config.json's one 14-byte chunk named as model.bin's first, 4096-byte, chunk.
+  *forged.body.mutable_files(0)->mutable_chunks(0) = forged.body.files(2).chunks(0);
+  Host b = MakeHost("b");
+  auto plan = b.store->BeginFetch(forged);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
+  auto listed = b.store->List(true);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+}
+
+TEST_F(StoreTest, GetManifestAfterDropIsNotFound) {
+  Host host = MakeHost("a");
+  auto published = Publish(host, MakeSource("src", 25));
+  ASSERT_TRUE(published.ok());
+  auto first = host.store->GetManifest(published->id, true);
+  auto second = host.store->GetManifest(published->id, true);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->manifest.SerializeAsString(), second->manifest.SerializeAsString());
+  EXPECT_EQ(second->id, published->id);
+  EXPECT_EQ(second->total_bytes, published->total_bytes);
+  auto gc = host.store->Gc({published->id}, false);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(host.store->GetManifest(published->id, false).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(host.store->GetManifest("short", false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(StoreTest, CorruptIndexRowsAreReportedAndDroppable) {
+  Host host = MakeHost("a");
+  auto published = Publish(host, MakeSource("src", 26));
+  ASSERT_TRUE(published.ok());
+  // A row whose value is not a StoredArtifact.
+  const std::string garbage_id(32, '\x66');
+  {
+    state::WriteBatch batch;
+    batch.Put(kTableArtifacts, ArtifactKey(kShard, garbage_id), "\xff\xff\xff not a proto");
+    ASSERT_TRUE(host.db->Write(batch).ok());
+  }
+  auto listed = host.store->List(true);
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kDataLoss) << listed.status();
+  EXPECT_NE(Msg(listed.status()).find(HexOf(garbage_id)), std::string::npos);
+  EXPECT_EQ(host.store->Verify().status().code(), absl::StatusCode::kDataLoss);
+  const std::vector<std::string> before = host.StoreFiles();
+  EXPECT_EQ(host.store->Gc({}, true).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(host.StoreFiles(), before);
+  auto gc = host.store->Gc({garbage_id}, false);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->artifacts_dropped(), 1u);
+  EXPECT_EQ(gc->chunks_removed(), 0u);
+  ExpectClean(host);
+
+  // A row of another shard is not this store's business.
+  {
+    state::WriteBatch batch;
+    batch.Put(kTableArtifacts, ArtifactKey(kShard + 1, garbage_id), "junk");
+    ASSERT_TRUE(host.db->Write(batch).ok());
+  }
+  auto mine = host.store->List(true);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->size(), 1u);
+
+  // A row whose manifest no longer verifies (signature changed on disk).
+  pb::StoredArtifact row;
+  ASSERT_TRUE(host.db->GetProto(kTableArtifacts, ArtifactKey(kShard, published->id), &row).ok());
+  std::string* signature = row.mutable_manifest()->mutable_signature();
+  (*signature)[5] ^= 0x01;
+  {
+    state::WriteBatch batch;
+    batch.PutProto(kTableArtifacts, ArtifactKey(kShard, published->id), row);
+    ASSERT_TRUE(host.db->Write(batch).ok());
+  }
+  auto manifest = host.store->GetManifest(published->id, true);
+  EXPECT_EQ(manifest.status().code(), absl::StatusCode::kDataLoss) << manifest.status();
+  EXPECT_EQ(host.store->Export(published->id, (tmp_.path() / "out").string(), nullptr).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 // ---------------------------------------------------------------------------------------------
