@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/crypto/bech32.h"
@@ -84,16 +85,19 @@ bool ValidKind(std::string_view kind) {
 
 // Names in a directory (not "." and ".."), in no particular order.
 absl::StatusOr<std::vector<std::string>> ListNames(const SafeDir& dir) {
-  const int dup_fd = ::fcntl(dir.fd(), F_DUPFD_CLOEXEC, 0);
-  if (dup_fd < 0) return IoError(errno, absl::StrCat("dup ", dir.path()));
-  DIR* d = ::fdopendir(dup_fd);
+  // A descriptor of its own (not a dup, which would share the read offset with every other
+  // listing of the same SafeDir).
+  int own_fd;
+  do {
+    own_fd = ::openat(dir.fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  } while (own_fd < 0 && errno == EINTR);
+  if (own_fd < 0) return IoError(errno, absl::StrCat("open ", dir.path()));
+  DIR* d = ::fdopendir(own_fd);
   if (d == nullptr) {
     const int err = errno;
-    ::close(dup_fd);
+    ::close(own_fd);
     return IoError(err, absl::StrCat("fdopendir ", dir.path()));
   }
-  // The duplicate shares the offset with the SafeDir's descriptor.
-  ::rewinddir(d);
   std::vector<std::string> names;
   absl::Status status;
   while (true) {
@@ -623,7 +627,7 @@ absl::StatusOr<VerifiedManifest> ArtifactStore::Publish(const PublishOptions& op
   }
   if (!ValidKind(options.kind)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("kind: \"", options.kind, "\" is not [a-z0-9-]{1,32}"));
+        absl::StrCat("kind: \"", absl::CHexEscape(options.kind), "\" is not [a-z0-9-]{1,32}"));
   }
   if (!options.parent.empty() && options.parent.size() != common::kSha256Size) {
     return absl::InvalidArgumentError(
