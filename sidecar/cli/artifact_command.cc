@@ -56,8 +56,9 @@ class ProgressBar {
     while (samples_.size() > 2 && now - samples_.front().first > absl::Seconds(5)) {
       samples_.pop_front();
     }
-    // Redraw at most ten times a second, except for the final state.
-    if (!p.done() && now - drawn_ < absl::Milliseconds(100)) return;
+    // The final state is not drawn: the line is cleared and the result printed right after.
+    // Otherwise redraw at most ten times a second.
+    if (p.done() || now - drawn_ < absl::Milliseconds(100)) return;
     drawn_ = now;
     std::string line = absl::StrCat(phase_.empty() ? "working" : phase_);
     if (p.bytes_total() > 0) {
@@ -75,9 +76,10 @@ class ProgressBar {
         int64_t left_s = static_cast<int64_t>((total - done) / rate + 0.5);
         eta = absl::StrFormat("%d:%02d", left_s / 60, left_s % 60);
       }
-      absl::StrAppend(&line, absl::StrFormat("  %3.0f%%  %.1f/%.1f MiB  %.1f MiB/s  ETA %s",
-                                             100.0 * done / total, done / kMiB, total / kMiB,
-                                             rate / kMiB, eta));
+      std::string rate_text = rate > 0 ? absl::StrFormat("%.1f MiB/s", rate / kMiB) : "-- MiB/s";
+      absl::StrAppend(&line,
+                      absl::StrFormat("  %3.0f%%  %.1f/%.1f MiB  %s  ETA %s", 100.0 * done / total,
+                                      done / kMiB, total / kMiB, rate_text, eta));
     }
     size_t width = line.size();
     if (line.size() < width_) line += std::string(width_ - line.size(), ' ');
