@@ -93,9 +93,11 @@ class ArtifactsTest(unittest.TestCase):
                     f"peers {h.wait_shard_listen()}")
             cls.addr = {name: h.address for name, h in cls.hosts.items()}
 
-            big = net.write_spec("artifacts", min_nodes=3, max_nodes=3, escrow=300000)
+            # Long enough (10 minutes of 200 ms blocks) that the shards outlive the suite.
+            big = net.write_spec("artifacts", min_nodes=3, max_nodes=3, escrow=300000,
+                                 max_duration=3000)
             small = net.write_spec("artifacts-small", min_nodes=3, max_nodes=3, escrow=300000,
-                                   quota_bytes=MIB, quota_files=8)
+                                   quota_bytes=MIB, quota_files=8, max_duration=3000)
             _, cls.sid = net.propose_and_pass(big, voters=("host1", "host2", "host3"))
             _, cls.small_sid = net.propose_and_pass(small, voters=("host1", "host2", "host3"))
             for sid in (cls.sid, cls.small_sid):
