@@ -371,7 +371,9 @@ class ArtifactsTest(unittest.TestCase):
     # -- 3 -------------------------------------------------------------------------------------
     def test_3_corrupt_peer_reported(self):
         say("3. A's chunks tampered with: C fetches from A and B")
-        art = self.art["one"]
+        # Artifact two: 130 chunks, more than the streams of both peers claim at once, so A is
+        # certainly asked for some.
+        art = self.art["two"]
         backup = os.path.join(self.net.root, "backup-A")
         os.makedirs(backup)
         tampered = set()
@@ -395,7 +397,7 @@ class ArtifactsTest(unittest.TestCase):
             va = self.verify("A", damaged=True)
             self.assertEqual(set(va.get("modified", [])), tampered, va)
             say("A's own verify reports every tampered chunk as modified")
-            dest = self.out_dir("one-C")
+            dest = self.out_dir("two-C")
             res = self.a("C", "fetch", "--id", art["id"], "--peer", self.addr["A"], "--peer",
                          self.addr["B"], "--out", dest)
             faults = res.get("peer_faults", [])
@@ -417,6 +419,12 @@ class ArtifactsTest(unittest.TestCase):
                                           name))
         self.assert_clean("A")
         say("A's chunks restored, A verifies clean")
+        gc = self.a("C", "gc", "--drop", art["id"])
+        self.assertEqual((n(gc["artifacts_dropped"]), n(gc["chunks_removed"])),
+                         (1, len(art["chunks"])), gc)
+        self.assertEqual(self.stored("C", art["chunks"]), set())
+        self.assertNotIn(art["id"], self.listed("C", all_=True))
+        say(f"gc --drop on C: {gc}; its chunks are gone")
 
     # -- 4 -------------------------------------------------------------------------------------
     def test_4_attacks_refused(self):
@@ -566,8 +574,7 @@ class ArtifactsTest(unittest.TestCase):
             self.assertIn(victim, reported, v)
             say(f"    A's verify reports it: modified {v.get('modified')}, missing "
                 f"{v.get('missing')}")
-            # C gets the artifact again from A alone: A must not serve the link's target.
-            self.a("C", "gc", "--drop", art["id"])
+            # C fetches the artifact from A alone: A must not serve the link's target.
             self.assertEqual(self.stored("C", art["chunks"]), set())
             err = self.refused("C", "fetch", "--id", art["id"], "--peer", self.addr["A"],
                                codes=(1, 3))
