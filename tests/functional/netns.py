@@ -138,14 +138,16 @@ _SIGNALS_INSTALLED = False
 
 
 def _install_signal_handlers():
-    """SIGTERM/SIGHUP (ctest's timeout, a closed terminal) run atexit handlers too."""
+    """SIGTERM/SIGHUP (a timeout, a closed terminal) unwind like Ctrl-C: finally blocks and
+    atexit handlers run. KeyboardInterrupt, not SystemExit, because unittest records the latter
+    as one test's error and goes on with the next."""
     global _SIGNALS_INSTALLED
     if _SIGNALS_INSTALLED:
         return
     _SIGNALS_INSTALLED = True
 
     def handler(signum, _frame):
-        raise SystemExit(128 + signum)
+        raise KeyboardInterrupt(f"signal {signum}")
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
             signal.signal(sig, handler)

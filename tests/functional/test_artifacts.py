@@ -19,6 +19,7 @@ never skips, otherwise.
      `gc --drop-incomplete` removes it.
 """
 
+import atexit
 import hashlib
 import json
 import os
@@ -79,6 +80,8 @@ class ArtifactsTest(unittest.TestCase):
         cls.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")), voting_period=10,
                                   host_weights=(100, 80, 60, 40), listen_ip=topo.bridge_ip)
         net = cls.net
+        # Also on an interrupted run (after the topology's own handler: atexit runs LIFO).
+        atexit.register(net.cleanup)
         try:
             net.init()
             net.start_devnet()
