@@ -222,7 +222,8 @@ class Bench:
             f"rate {disk[1] / 1e6:.0f} MB/s (1 writer), {disk[2] / 1e6:.0f} MB/s (2); "
             f"`artifact verify` of B's store {self.size / verify_s / 1e6:.0f} MB/s; load "
             f"{os.getloadavg()[0]:.1f}; CPU seconds per GiB: fetching B "
-            f"{self.cpu['B'] * GIB / self.size:.1f}, serving A {self.cpu['A'] * GIB / self.size:.1f}")
+            f"{self.cpu['B'] * GIB / self.size:.1f}, serving A "
+            f"{self.cpu['A'] * GIB / self.size:.1f}")
         self.results.update(local_fetch_mb_s=round(rate / 1e6, 1),
                             sha256_mb_s=round(sha / 1e6, 1), local_ratio=round(ratio, 3),
                             durable_write_mb_s=round(disk[2] / 1e6, 1),
@@ -241,7 +242,8 @@ class Bench:
         say(f"local (unshaped veth), B's store on tmpfs: fetch + verify {mem_rate / 1e6:.0f} MB/s "
             f"in {seconds:.2f}s; ratio to SHA-256 {mem_rate / sha:.3f}; load "
             f"{os.getloadavg()[0]:.1f}; CPU seconds per GiB: fetching B "
-            f"{self.cpu['B'] * GIB / self.size:.1f}, serving A {self.cpu['A'] * GIB / self.size:.1f}")
+            f"{self.cpu['B'] * GIB / self.size:.1f}, serving A "
+            f"{self.cpu['A'] * GIB / self.size:.1f}")
         self.results.update(local_tmpfs_mb_s=round(mem_rate / 1e6, 1),
                             local_tmpfs_ratio=round(mem_rate / sha, 3))
         self.drop_on_b()

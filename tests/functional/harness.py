@@ -348,8 +348,8 @@ class Network:
         if os.path.exists(addr_file):
             os.unlink(addr_file)
         self.devnet = Process("devnet", [CLI, "devnet", "start", "--home", self.home,
-                                         "--listen", f"{self.listen_ip}:{self.devnet_port}", "--block-interval-ms",
-                                         str(self.block_interval_ms)],
+                                         "--listen", f"{self.listen_ip}:{self.devnet_port}",
+                                         "--block-interval-ms", str(self.block_interval_ms)],
                               os.path.join(self.root, "devnet.log"))
         self.devnet.start()
 

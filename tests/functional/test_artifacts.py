@@ -149,8 +149,8 @@ class ArtifactsTest(unittest.TestCase):
 
     # -- helpers -------------------------------------------------------------------------------
     def a(self, host, command, *args, **kw):
-        return self.net.artifact(self.hosts[host], command, "--shard", str(kw.pop("shard", self.sid)),
-                                 *args, **kw)
+        shard = str(kw.pop("shard", self.sid))
+        return self.net.artifact(self.hosts[host], command, "--shard", shard, *args, **kw)
 
     def refused(self, host, command, *args, want=(), codes=(1, 2), **kw):
         """Runs a command that must fail with one of `codes`; stderr must contain each of
