@@ -4,6 +4,7 @@
 // `shard_listen`, until SIGTERM or SIGINT. Exit codes: 0 after a clean shutdown, 2 for a bad
 // config, flag or key file (nothing is written then), 1 for any other failure to start.
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -108,7 +109,24 @@ std::string AbsolutePath(const std::string& path) {
   return absl::StrCat(cwd, "/", path);
 }
 
+// Artifact chunks (1 MiB by default, up to 4 MiB) pass through several buffers each: gRPC's
+// slices, the protobuf message, the file read for serving. glibc serves blocks of 128 KiB and
+// more with a fresh mmap and unmaps them on free, and trims the heap's free top above 128 KiB,
+// so every chunk faulted in new zeroed pages — most of the daemon's CPU during a fetch. Kept
+// on the heap and untrimmed, the same pages are reused chunk after chunk; the cost is that the
+// daemon keeps its peak heap (bounded by the stream caps: at most a few chunk buffers per
+// stream) instead of returning it.
+constexpr int kMallocMmapThresholdBytes = 32 << 20;  // glibc's maximum on 64-bit
+constexpr int kMallocTrimThresholdBytes = 256 << 20;
+
+void TuneMalloc() {
+  // Best effort: a libc that refuses keeps its defaults, which are only slower.
+  ::mallopt(M_MMAP_THRESHOLD, kMallocMmapThresholdBytes);
+  ::mallopt(M_TRIM_THRESHOLD, kMallocTrimThresholdBytes);
+}
+
 int Main(int argc, char** argv) {
+  TuneMalloc();
   CLI::App app{"trainshardd: the trainshard host sidecar", "trainshardd"};
   std::string config_path;
   HostConfigOverrides overrides;
