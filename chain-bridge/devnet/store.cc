@@ -11,8 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crypto/hash.h"
 #include "common/status.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/deterministic.h"
 
 namespace ts::bridge::devnet {
 namespace {
@@ -99,14 +98,7 @@ absl::StatusOr<TxLocation> DecodeTxLocation(std::string_view bytes) {
 }
 
 std::string HeaderHash(const tendermint::types::Header& header) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream out(&stream);
-    out.SetSerializationDeterministic(true);
-    header.SerializeToCodedStream(&out);
-  }
-  return common::Sha256(bytes);
+  return common::Sha256(DeterministicBytes(header));
 }
 
 std::string DataHash(const std::vector<std::string>& txs) {

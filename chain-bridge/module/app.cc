@@ -224,7 +224,7 @@ absl::StatusOr<std::unique_ptr<App>> App::Restore(const pb::Genesis& genesis,
         Cat("app_hash: ", app_hash.size(), " bytes, want ", common::kSha256Size));
   }
   auto stored = state.find(std::string(keys::kGenesisHash));
-  if (stored == state.end() || stored->second != common::Sha256(CanonicalBytes(genesis))) {
+  if (stored == state.end() || stored->second != common::Sha256(DeterministicBytes(genesis))) {
     return absl::InvalidArgumentError(
         "genesis: does not match the genesis the persisted state was created from");
   }

@@ -290,7 +290,8 @@ class ChainTest : public ::testing::Test {
     r.set_tls_cert_sha256(common::Sha256("cert of " + Addr(host)));
     r.set_valid_until_height(app_->height() + 100);
     r.set_signature(
-        common::SignStatement(host, "reservation", chain_id, shard_id, CanonicalBytes(r)).value());
+        common::SignStatement(host, "reservation", chain_id, shard_id, DeterministicBytes(r))
+            .value());
     return r;
   }
 
@@ -329,7 +330,7 @@ class ChainTest : public ::testing::Test {
     sig.set_host(as_host.empty() ? Addr(key) : as_host);
     sig.set_signature(common::SignStatement(
                           key, "settlement", sign_chain_id.empty() ? s.chain_id() : sign_chain_id,
-                          sign_shard_id == 0 ? s.shard_id() : sign_shard_id, CanonicalBytes(s))
+                          sign_shard_id == 0 ? s.shard_id() : sign_shard_id, DeterministicBytes(s))
                           .value());
     return sig;
   }
@@ -1342,7 +1343,7 @@ TEST_F(ChainTest, TxLevelRefusals) {
   std::string sig = raw.signatures(0);
   sig[5] ^= 0x40;
   raw.set_signatures(0, sig);
-  ExpectRefusedTx(CanonicalBytes(raw), Addr(creator_), kUnauthenticated,
+  ExpectRefusedTx(DeterministicBytes(raw), Addr(creator_), kUnauthenticated,
                   "signature verification failed", /*bumps_sequence=*/false);
   // Signed for another chain.
   ExpectRefusedTx(SignTx(creator_, {send}, 0, "trainshard-other-2"), Addr(creator_),

@@ -300,7 +300,7 @@ absl::Status Keeper::InitGenesis() {
   const pb::Genesis& genesis = env_.genesis;
   TS_RETURN_IF_ERROR(ValidateChainId(genesis.chain_id()));
   TS_RETURN_IF_ERROR(ValidateParams(genesis.params()));
-  kv_->Set(keys::kGenesisHash, common::Sha256(CanonicalBytes(genesis)));
+  kv_->Set(keys::kGenesisHash, common::Sha256(DeterministicBytes(genesis)));
 
   std::set<std::string> module_accounts = {env_.gov_address, env_.escrow_address,
                                            env_.community_pool_address};
@@ -343,7 +343,7 @@ absl::StatusOr<std::optional<BaseAccount>> Keeper::GetAccount(std::string_view a
 }
 
 void Keeper::PutAccount(const BaseAccount& account) {
-  kv_->Set(keys::Account(account.address()), CanonicalBytes(account));
+  kv_->Set(keys::Account(account.address()), DeterministicBytes(account));
 }
 
 absl::Status Keeper::EnsureAccount(std::string_view address) {
@@ -476,7 +476,7 @@ absl::Status Keeper::RecordEpoch(uint64_t epoch, const std::vector<pb::HostWeigh
   pb::EpochWeights record;
   record.set_epoch(epoch);
   record.set_total_weight(total);
-  kv_->Set(keys::Epoch(epoch), CanonicalBytes(record));
+  kv_->Set(keys::Epoch(epoch), DeterministicBytes(record));
   if (epoch > 0) {
     TS_ASSIGN_OR_RETURN(uint64_t latest, LatestEpoch());
     kv_->Set(keys::kPreviousEpoch, Be64(latest));
@@ -523,7 +523,7 @@ absl::StatusOr<pb::Proposal> Keeper::GetProposal(uint64_t id) const {
 }
 
 void Keeper::PutProposal(const pb::Proposal& proposal) {
-  kv_->Set(keys::Proposal(proposal.id()), CanonicalBytes(proposal));
+  kv_->Set(keys::Proposal(proposal.id()), DeterministicBytes(proposal));
 }
 
 absl::StatusOr<uint64_t> Keeper::NextId(std::string_view key) {
@@ -840,12 +840,12 @@ absl::StatusOr<pb::Shard> Keeper::GetShard(uint64_t id, bool with_members) const
 void Keeper::PutShard(const pb::Shard& shard) {
   // Members live under their own keys so a reservation does not rewrite every other one.
   if (shard.reservations_size() == 0) {
-    kv_->Set(keys::Shard(shard.id()), CanonicalBytes(shard));
+    kv_->Set(keys::Shard(shard.id()), DeterministicBytes(shard));
     return;
   }
   pb::Shard record = shard;
   record.clear_reservations();
-  kv_->Set(keys::Shard(shard.id()), CanonicalBytes(record));
+  kv_->Set(keys::Shard(shard.id()), DeterministicBytes(record));
 }
 
 absl::StatusOr<pb::SettlementRecord> Keeper::GetSettlement(uint64_t shard_id) const {
@@ -937,7 +937,7 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   statement.clear_signature();
   TS_ASSIGN_OR_RETURN(std::string sign_bytes,
                       common::SignBytes(kReservationKind, env_.genesis.chain_id(), shard.id(),
-                                        CanonicalBytes(statement)));
+                                        DeterministicBytes(statement)));
   auto recovered = env_.sig_cache->Recover(common::Sha256(sign_bytes), r.signature());
   if (!recovered.ok() || recovered->address != r.host()) {
     return absl::UnauthenticatedError(
@@ -964,7 +964,7 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   pb::Reservation stored = r;
   stored.set_frozen_weight(weight);
   stored.set_reserved_height(height_);
-  kv_->Set(keys::Member(shard.id(), r.host()), CanonicalBytes(stored));
+  kv_->Set(keys::Member(shard.id(), r.host()), DeterministicBytes(stored));
   kv_->Set(keys::MemberKey(shard.id(), r.host()), std::move(member_key));
   members += 1;
   kv_->Set(keys::MemberCount(shard.id()), Be64(members));
@@ -1104,8 +1104,8 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
                    " members of shard ", shard.id());
   }
   // The sign bytes are built and hashed once for all signatures.
-  TS_ASSIGN_OR_RETURN(std::string sign_bytes,
-                      common::SignBytes(kSettlementKind, chain_id, shard.id(), CanonicalBytes(s)));
+  TS_ASSIGN_OR_RETURN(std::string sign_bytes, common::SignBytes(kSettlementKind, chain_id,
+                                                                shard.id(), DeterministicBytes(s)));
   const std::string digest = common::Sha256(sign_bytes);
   std::string key_name = keys::MemberKey(shard.id(), "");  // + host, per signature
   const size_t key_prefix = key_name.size();
@@ -1181,7 +1181,7 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
   record.set_signed_weight(static_cast<uint64_t>(signed_weight));
   record.set_height(height_);
   record.set_submitter(msg->submitter());
-  kv_->Set(keys::Settlement(shard.id()), CanonicalBytes(record));
+  kv_->Set(keys::Settlement(shard.id()), DeterministicBytes(record));
   Emit("trainshard.shard_settled",
        {{"shard_id", shard_id},
         {"final_checkpoint_root", common::HexEncode(record.settlement().final_checkpoint_root())},

@@ -4,8 +4,6 @@
 
 #include "chain-bridge/module/str_cat.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/unknown_field_set.h"
 
 namespace ts::bridge {
@@ -42,17 +40,6 @@ std::string FindUnknownFields(const google::protobuf::Message& msg, int depth) {
 }
 
 }  // namespace
-
-std::string CanonicalBytes(const google::protobuf::Message& msg) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    msg.SerializeToCodedStream(&coded);
-  }
-  return out;
-}
 
 absl::Status ParseMessageStrict(std::string_view field, std::string_view bytes,
                                 google::protobuf::Message* msg) {

@@ -1,5 +1,6 @@
 // Protobuf helpers the chain module applies to every untrusted or consensus-relevant message:
-// canonical (deterministic) serialization and strict parsing that refuses unknown fields.
+// strict parsing that refuses unknown fields; the canonical (deterministic) serialization is
+// ts::DeterministicBytes (proto/deterministic.h), included here for the module.
 // Internal to the module. Pure functions; thread-safe.
 #ifndef TS_CHAIN_BRIDGE_MODULE_PROTO_UTIL_H_
 #define TS_CHAIN_BRIDGE_MODULE_PROTO_UTIL_H_
@@ -9,11 +10,9 @@
 
 #include "absl/status/status.h"
 #include "google/protobuf/message.h"
+#include "proto/deterministic.h"
 
 namespace ts::bridge {
-
-// Deterministic protobuf serialization: the bytes signatures and the app hash commit to.
-std::string CanonicalBytes(const google::protobuf::Message& msg);
 
 // Parses `bytes` into `msg`. INVALID_ARGUMENT naming `field` if the bytes are not a valid
 // encoding of the message, or if they carry a field the message (or any message nested in it)

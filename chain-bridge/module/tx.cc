@@ -90,7 +90,7 @@ std::string DirectSignBytes(std::string_view body_bytes, std::string_view auth_i
   doc.set_auth_info_bytes(std::string(auth_info_bytes));
   doc.set_chain_id(std::string(chain_id));
   doc.set_account_number(account_number);
-  return CanonicalBytes(doc);
+  return DeterministicBytes(doc);
 }
 
 std::string TxHash(std::string_view tx_bytes) {
@@ -100,7 +100,7 @@ std::string TxHash(std::string_view tx_bytes) {
 google::protobuf::Any PackMsg(const google::protobuf::Message& msg) {
   google::protobuf::Any any;
   any.set_type_url(Cat("/", msg.GetDescriptor()->full_name()));
-  any.set_value(CanonicalBytes(msg));
+  any.set_value(DeterministicBytes(msg));
   return any;
 }
 
@@ -122,12 +122,12 @@ std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_
   auth.mutable_fee();  // present and empty: this chain charges no fees
 
   TxRaw raw;
-  raw.set_body_bytes(CanonicalBytes(body));
-  raw.set_auth_info_bytes(CanonicalBytes(auth));
+  raw.set_body_bytes(DeterministicBytes(body));
+  raw.set_auth_info_bytes(DeterministicBytes(auth));
   std::string digest = common::Sha256(
       DirectSignBytes(raw.body_bytes(), raw.auth_info_bytes(), chain_id, account_number));
   raw.add_signatures(key.SignCompact(digest));
-  return CanonicalBytes(raw);
+  return DeterministicBytes(raw);
 }
 
 }  // namespace ts::bridge

@@ -99,9 +99,9 @@ std::string Mutated(const std::function<void(TxRaw*, TxBody*, AuthInfo*)>& mutat
   TxBody body = tx->body;
   AuthInfo auth = tx->auth_info;
   mutate(&raw, &body, &auth);
-  raw.set_body_bytes(CanonicalBytes(body));
-  raw.set_auth_info_bytes(CanonicalBytes(auth));
-  return CanonicalBytes(raw);
+  raw.set_body_bytes(DeterministicBytes(body));
+  raw.set_auth_info_bytes(DeterministicBytes(auth));
+  return DeterministicBytes(raw);
 }
 
 TEST(TxTest, DecodeRefusesMalformedTxsNamingTheField) {
@@ -143,7 +143,7 @@ TEST(TxTest, DecodeRefusesMalformedTxsNamingTheField) {
   refused(Mutated([](TxRaw*, TxBody*, AuthInfo* auth) {
             cosmos::crypto::secp256k1::PubKey pub;
             pub.set_key(std::string(65, '\x04'));
-            auth->mutable_signer_infos(0)->mutable_public_key()->set_value(CanonicalBytes(pub));
+            auth->mutable_signer_infos(0)->mutable_public_key()->set_value(DeterministicBytes(pub));
           }),
           "public_key.key: 65 bytes, want 33");
   refused(Mutated([](TxRaw*, TxBody*, AuthInfo* auth) {
@@ -159,13 +159,13 @@ TEST(TxTest, DecodeRefusesUnknownFieldsInTheSignedParts) {
   const std::string extra = "\x98\x06\x01";
   TxRaw raw = tx->raw;
   raw.set_body_bytes(raw.body_bytes() + extra);
-  auto refused = DecodeTx(CanonicalBytes(raw));
+  auto refused = DecodeTx(DeterministicBytes(raw));
   EXPECT_THAT(Message(refused.status()), HasSubstr("tx.body: unknown field 99"));
   raw = tx->raw;
   raw.set_auth_info_bytes(raw.auth_info_bytes() + extra);
-  refused = DecodeTx(CanonicalBytes(raw));
+  refused = DecodeTx(DeterministicBytes(raw));
   EXPECT_THAT(Message(refused.status()), HasSubstr("tx.auth_info: unknown field 99"));
-  refused = DecodeTx(CanonicalBytes(tx->raw) + extra);
+  refused = DecodeTx(DeterministicBytes(tx->raw) + extra);
   EXPECT_THAT(Message(refused.status()), HasSubstr("tx: unknown field 99"));
   // Nested: inside the signer info's mode info.
   AuthInfo auth = tx->auth_info;
@@ -176,8 +176,8 @@ TEST(TxTest, DecodeRefusesUnknownFieldsInTheSignedParts) {
       ->MutableUnknownFields(auth.mutable_signer_infos(0)->mutable_mode_info()->mutable_single())
       ->AddVarint(42, 1);
   raw = tx->raw;
-  raw.set_auth_info_bytes(CanonicalBytes(auth));
-  refused = DecodeTx(CanonicalBytes(raw));
+  raw.set_auth_info_bytes(DeterministicBytes(auth));
+  refused = DecodeTx(DeterministicBytes(raw));
   EXPECT_THAT(Message(refused.status()),
               HasSubstr("unknown field 42 in cosmos.tx.v1beta1.ModeInfo.Single"));
 }

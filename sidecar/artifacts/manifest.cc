@@ -10,8 +10,7 @@
 #include "common/crypto/signing.h"
 #include "common/hex.h"
 #include "common/status.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/deterministic.h"
 #include "sidecar/artifacts/safe_fs.h"
 
 namespace ts::sidecar {
@@ -86,16 +85,7 @@ std::string MerkleRoot(const std::vector<std::string>& hashes) {
   return MerkleOf(hashes, hashes.size());
 }
 
-std::string EncodeManifestBody(const pb::ManifestBody& body) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    body.SerializeToCodedStream(&coded);
-  }
-  return out;
-}
+std::string EncodeManifestBody(const pb::ManifestBody& body) { return DeterministicBytes(body); }
 
 std::string ArtifactId(std::string_view body_bytes) {
   common::Sha256Hasher hasher;

@@ -29,10 +29,9 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gonka/trainshard/v1/host.grpc.pb.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "proto/deterministic.h"
 
 #ifndef TS_TRAINSHARD_BINARY
 #error "TS_TRAINSHARD_BINARY must name the trainshard executable"
@@ -132,17 +131,6 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-std::string Canonical(const google::protobuf::Message& message) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
-  }
-  return out;
-}
-
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
@@ -175,8 +163,8 @@ class MemberSidecar final : public pb::HostOperator::Service {
     r.set_endpoint("127.0.0.1:7" + std::to_string(port_ % 1000));
     r.set_tls_cert_sha256(common::Sha256("certificate of " + account()));
     r.set_valid_until_height(status->latest_height + 100);
-    auto signature =
-        common::SignStatement(key_, "reservation", status->chain_id, r.shard_id(), Canonical(r));
+    auto signature = common::SignStatement(key_, "reservation", status->chain_id, r.shard_id(),
+                                           DeterministicBytes(r));
     if (!signature.ok()) return ToGrpc(signature.status());
     r.set_signature(*signature);
     pb::MsgReserveTrainshard msg;
@@ -193,7 +181,7 @@ class MemberSidecar final : public pb::HostOperator::Service {
     pb::Settlement draft = request->draft();
     if (tampering_) draft.set_refund("0");
     auto signature = common::SignStatement(key_, "settlement", draft.chain_id(), draft.shard_id(),
-                                           Canonical(draft));
+                                           DeterministicBytes(draft));
     if (!signature.ok()) return ToGrpc(signature.status());
     response->mutable_signature()->set_host(account());
     response->mutable_signature()->set_signature(*signature);

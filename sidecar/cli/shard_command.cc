@@ -10,8 +10,7 @@
 #include "common/crypto/signing.h"
 #include "common/hex.h"
 #include "gonka/trainshard/v1/chain.pb.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/deterministic.h"
 #include "sidecar/cli/commands.h"
 #include "sidecar/cli/host_client.h"
 #include "sidecar/cli/output.h"
@@ -26,19 +25,6 @@ std::string StatusName(pb::ShardStatus status) {
 }
 
 std::string HostPeer(const std::string& endpoint) { return "host " + endpoint; }
-
-// The canonical message bytes statements are signed over: the deterministic protobuf
-// serialization (docs/protocol.md, "Consensus statements").
-std::string CanonicalBytes(const google::protobuf::Message& message) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
-  }
-  return out;
-}
 
 int RunList(Context& ctx, const std::string& status_text) {
   pb::ShardStatus status = pb::SHARD_STATUS_UNSPECIFIED;
@@ -285,7 +271,7 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
   draft.set_refund(common::FormatAmount(refund));
   draft.set_rounds_completed(args.rounds);
 
-  const std::string draft_bytes = CanonicalBytes(draft);
+  const std::string draft_bytes = DeterministicBytes(draft);
   std::vector<pb::SettlementSignature> signatures;
   std::set<std::string> signers;
   std::vector<Refusal> refused;

@@ -577,8 +577,9 @@ absl::StatusOr<HostCore::SignedReservation> HostCore::BuildReservationTx(uint64_
   r.set_valid_until_height(valid_until_height);
   // Signed over the canonical bytes with the signature and the chain-set fields cleared (they
   // are unset here).
-  TS_ASSIGN_OR_RETURN(std::string signature, common::SignStatement(key_, "reservation", chain_id_,
-                                                                   shard_id, CanonicalBytes(r)));
+  TS_ASSIGN_OR_RETURN(
+      std::string signature,
+      common::SignStatement(key_, "reservation", chain_id_, shard_id, DeterministicBytes(r)));
   r.set_signature(signature);
   pb::MsgReserveTrainshard msg;
   *msg.mutable_reservation() = r;
@@ -801,12 +802,12 @@ absl::StatusOr<std::string> HostCore::Reserve(uint64_t shard_id) {
 
 absl::StatusOr<pb::SettlementSignature> HostCore::SignSettlement(const pb::Settlement& draft) {
   const uint64_t shard_id = draft.shard_id();
-  std::string canonical = CanonicalBytes(draft);
+  std::string canonical = DeterministicBytes(draft);
   // The same draft again gets the same signature, whatever happened since; a different one
   // never gets a second signature from this host.
   auto existing = store_->GetSettlementDraft(shard_id);
   if (existing.ok()) {
-    if (CanonicalBytes(existing->settlement()) == canonical) return existing->signature();
+    if (DeterministicBytes(existing->settlement()) == canonical) return existing->signature();
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard_id, ": this host already signed a different settlement (root ",
                      common::HexEncode(existing->settlement().final_checkpoint_root()), ")"));

@@ -226,7 +226,7 @@ TEST_F(HostCoreTest, ReservesOnceWhenAShardOpens) {
   pb::Reservation statement = r;
   statement.clear_signature();
   auto signer = common::RecoverStatementSigner("reservation", kChainId, 1,
-                                               CanonicalBytes(statement), r.signature());
+                                               DeterministicBytes(statement), r.signature());
   ASSERT_TRUE(signer.ok()) << signer.status();
   EXPECT_EQ(*signer, address_);
 
@@ -488,8 +488,8 @@ TEST_F(HostCoreTest, ExpiredReservationIsRenewedWhileTheShardIsOpen) {
   EXPECT_EQ(renewed.valid_until_height(), 150);
   pb::Reservation statement = renewed;
   statement.clear_signature();
-  EXPECT_EQ(*common::RecoverStatementSigner("reservation", kChainId, 1, CanonicalBytes(statement),
-                                            renewed.signature()),
+  EXPECT_EQ(*common::RecoverStatementSigner("reservation", kChainId, 1,
+                                            DeterministicBytes(statement), renewed.signature()),
             address_);
   EXPECT_TRUE(Shard(1).reservation_sent());
 }
@@ -557,12 +557,12 @@ TEST_F(HostCoreTest, SignsASettlementThatMatchesItsRecordsOnce) {
   auto sig = core_->SignSettlement(draft);
   ASSERT_TRUE(sig.ok()) << sig.status();
   EXPECT_EQ(sig->host(), address_);
-  EXPECT_EQ(*common::RecoverStatementSigner("settlement", kChainId, 1, CanonicalBytes(draft),
+  EXPECT_EQ(*common::RecoverStatementSigner("settlement", kChainId, 1, DeterministicBytes(draft),
                                             sig->signature()),
             address_);
   auto stored = core_->store().GetSettlementDraft(1);
   ASSERT_TRUE(stored.ok());
-  EXPECT_EQ(CanonicalBytes(stored->settlement()), CanonicalBytes(draft));
+  EXPECT_EQ(DeterministicBytes(stored->settlement()), DeterministicBytes(draft));
   EXPECT_EQ(stored->signature().signature(), sig->signature());
   EXPECT_TRUE(Shard(1).settlement_signed());
   EXPECT_EQ(Shard(1).settlement_root(), draft.final_checkpoint_root());

@@ -2,8 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "sidecar/artifacts/store.h"
 
 namespace ts::sidecar {
@@ -21,18 +19,6 @@ absl::StatusOr<uint64_t> ReadU64Meta(const state::Db& db, std::string_view key) 
 }
 
 }  // namespace
-
-std::string CanonicalBytes(const google::protobuf::MessageLite& message) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    // Serialization of an initialized proto3 message into a string cannot fail.
-    TS_CHECK(message.SerializeToCodedStream(&coded));
-  }
-  return out;
-}
 
 std::string ShardKey(uint64_t shard_id) { return state::EncodeU64Key(shard_id); }
 

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "gonka/trainshard/v1/host.pb.h"
+#include "proto/deterministic.h"
 #include "state/db.h"
 
 namespace ts::sidecar {
@@ -50,9 +51,6 @@ inline constexpr std::string_view kMetaEventsProcessed = "events_processed";
 inline constexpr std::string_view kMetaSchemaVersion = "schema_version";
 
 inline constexpr uint32_t kHostSchemaVersion = 1;
-
-// Deterministic protobuf bytes: the canonical form hashed and signed for statements.
-std::string CanonicalBytes(const google::protobuf::MessageLite& message);
 
 std::string ShardKey(uint64_t shard_id);
 std::string EventKey(int64_t height, uint32_t index);

@@ -216,12 +216,12 @@ TEST_F(OperatorServiceTest, SignSettlementThenGetSettlement) {
   grpc::Status s = operator_->SignSettlement(Context().get(), request, &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(response.signature().host(), address_);
-  EXPECT_EQ(*common::RecoverStatementSigner("settlement", kChainId, 1, CanonicalBytes(Draft()),
+  EXPECT_EQ(*common::RecoverStatementSigner("settlement", kChainId, 1, DeterministicBytes(Draft()),
                                             response.signature().signature()),
             address_);
 
   ASSERT_TRUE(query_->GetSettlement(Context().get(), get, &got).ok());
-  EXPECT_EQ(CanonicalBytes(got.settlement()), CanonicalBytes(Draft()));
+  EXPECT_EQ(DeterministicBytes(got.settlement()), DeterministicBytes(Draft()));
   EXPECT_EQ(got.signature().signature(), response.signature().signature());
 
   request.mutable_draft()->set_refund("1");

@@ -14,25 +14,13 @@
 #include "common/crypto/signing.h"
 #include "common/status.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/deterministic.h"
 
 namespace ts::sidecar {
 namespace {
 
 constexpr size_t kNonceSize = 16;
 constexpr int64_t kMinPrunePeriodMs = 1000;
-
-std::string DeterministicBytes(const google::protobuf::Message& message) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
-  }  // the coded stream trims `out` to what was written when it goes
-  return out;
-}
 
 std::string StatementBytes(const pb::PeerRequestAuth& auth, std::string_view method,
                            std::string_view body_sha256) {

@@ -27,8 +27,7 @@
 #include "common/crypto/secp256k1.h"
 #include "common/crypto/signing.h"
 #include "cosmos/gov/v1/tx.pb.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/deterministic.h"
 
 namespace {
 
@@ -47,17 +46,6 @@ constexpr uint64_t kEscrow = 1'000'000'000;
 // refunded.
 constexpr uint64_t kPaidOut = kEscrow / 10 * 9;
 constexpr int kMembersMax = 10'000;  // the module's cap on max_nodes_limit
-
-std::string Canonical(const google::protobuf::Message& msg) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    msg.SerializeToCodedStream(&coded);
-  }
-  return out;
-}
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "settlement_bench: %s\n", what.c_str());
@@ -158,8 +146,9 @@ class Setup {
       r.set_endpoint("10.1.2.3:7100");
       r.set_tls_cert_sha256(ts::common::Sha256(Addr(host)));
       r.set_valid_until_height(app_->height() + 50);
-      r.set_signature(
-          ts::common::SignStatement(host, "reservation", kChainId, shard_id, Canonical(r)).value());
+      r.set_signature(ts::common::SignStatement(host, "reservation", kChainId, shard_id,
+                                                ts::DeterministicBytes(r))
+                          .value());
       pb::MsgReserveTrainshard msg;
       *msg.mutable_reservation() = r;
       reservations.push_back(Sign(host, {PackMsg(msg)}));
@@ -189,7 +178,7 @@ class Setup {
     pb::MsgSettleTrainshard settle;
     settle.set_submitter(Addr(creator_));
     *settle.mutable_settlement() = s;
-    const std::string canonical = Canonical(s);
+    const std::string canonical = ts::DeterministicBytes(s);
     for (const auto& host : hosts_) {
       auto* sig = settle.add_signatures();
       sig->set_host(Addr(host));
