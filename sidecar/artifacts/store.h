@@ -78,8 +78,8 @@ class ArtifactStore {
   // opened with table kTableArtifacts and outlive the store; `clock` too. Empties tmp/, counts
   // usage by listing chunks/ (a non-regular entry there is skipped and reported by Verify).
   // Errors of SafeDir::Open and Db.
-  static absl::StatusOr<std::unique_ptr<ArtifactStore>> Open(const std::string& dir,
-                                                             state::Db* db, std::string chain_id,
+  static absl::StatusOr<std::unique_ptr<ArtifactStore>> Open(const std::string& dir, state::Db* db,
+                                                             std::string chain_id,
                                                              uint64_t shard_id, StoreQuota quota,
                                                              common::Clock* clock);
   ~ArtifactStore();
@@ -110,8 +110,7 @@ class ArtifactStore {
   // nothing written), `hash` must be named by that artifact's manifest (INVALID_ARGUMENT) and
   // its size must match the manifest (DATA_LOSS). FAILED_PRECONDITION if no fetch of
   // `artifact_id` is in progress. Durable when it returns OK. Safe to call concurrently.
-  absl::Status PutChunk(std::string_view artifact_id, std::string_view hash,
-                        std::string_view data);
+  absl::Status PutChunk(std::string_view artifact_id, std::string_view hash, std::string_view data);
 
   // Marks the artifact complete (synced) if every chunk is present and releases what is left of
   // its reservation. FAILED_PRECONDITION naming how many chunks are missing otherwise.
@@ -126,6 +125,8 @@ class ArtifactStore {
   // Reads a stored chunk for serving, refusing anything but a regular file of at most
   // kMaxChunkSize bytes (FAILED_PRECONDITION). NOT_FOUND if absent.
   absl::StatusOr<std::string> ReadChunk(std::string_view hash) const;
+  // The same into `out` (resized to the chunk), reusing its capacity: for serving many chunks.
+  absl::Status ReadChunk(std::string_view hash, std::string* out) const;
   bool HasChunk(std::string_view hash) const;
 
   // Index rows of this shard, complete ones only unless include_incomplete.

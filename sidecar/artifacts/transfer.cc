@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <thread>
@@ -167,9 +169,9 @@ grpc::Status ArtifactTransferService::GetChunks(grpc::ServerContext* context,
       // The receiver hashes every chunk before storing it, so serving skips a second hash; a
       // chunk file modified on this disk shows up as this host being reported corrupt, and in
       // its own Verify.
-      TS_ASSIGN_OR_RETURN(std::string data, store->ReadChunk(hash));
+      // Read into the message's own buffer, which keeps its capacity from chunk to chunk.
+      TS_RETURN_IF_ERROR(store->ReadChunk(hash, message.mutable_data()));
       message.set_hash(hash);
-      message.set_data(std::move(data));
       if (!writer->Write(message)) {
         return absl::CancelledError(
             absl::StrCat("GetChunks: the peer went away after ", i, " of ", count, " chunks"));
@@ -199,6 +201,153 @@ grpc::Status ArtifactTransferService::ListArtifacts(grpc::ServerContext* context
 
 namespace {
 
+// The method name as a C string for grpc::internal::RpcMethod, which keeps the pointer.
+constexpr char kGetChunksMethodName[] = "/gonka.trainshard.v1.ArtifactTransfer/GetChunks";
+static_assert(std::string_view(kGetChunksMethodName) == kMethodGetChunks);
+// Alignment of the chunk buffers: what the store needs to write them with O_DIRECT.
+constexpr size_t kChunkBufferAlignBytes = 4096;
+
+// One chunk's bytes as received, in a page-aligned buffer reused for every chunk of a stream,
+// so receiving a chunk allocates nothing and the store can write it straight to the disk.
+class ChunkBuffer {
+ public:
+  ChunkBuffer() = default;
+  ~ChunkBuffer() { std::free(data_); }
+  ChunkBuffer(const ChunkBuffer&) = delete;
+  ChunkBuffer& operator=(const ChunkBuffer&) = delete;
+
+  // Room for `capacity` bytes; RESOURCE_EXHAUSTED if the memory cannot be had.
+  absl::Status Reserve(size_t capacity) {
+    if (capacity <= capacity_) return absl::OkStatus();
+    void* data = nullptr;
+    const size_t rounded =
+        (capacity + kChunkBufferAlignBytes - 1) / kChunkBufferAlignBytes * kChunkBufferAlignBytes;
+    if (::posix_memalign(&data, kChunkBufferAlignBytes, rounded) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("chunk buffer: ", rounded, " bytes"));
+    }
+    std::free(data_);
+    data_ = static_cast<char*>(data);
+    capacity_ = rounded;
+    return absl::OkStatus();
+  }
+  char* data() { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// Reads protobuf wire data across the slices of a received message.
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) {
+    for (const grpc::Slice& slice : slices_) left_ += slice.size();
+  }
+  size_t left() const { return left_; }
+
+  bool Varint(uint64_t* value) {
+    *value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t byte;
+      if (!Copy(reinterpret_cast<char*>(&byte), 1)) return false;
+      *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  // Copies the next n bytes to out (nullptr: skips them).
+  bool Copy(char* out, size_t n) {
+    if (n > left_) return false;
+    left_ -= n;
+    while (n > 0) {
+      const grpc::Slice& slice = slices_[index_];
+      const size_t take = std::min(n, slice.size() - offset_);
+      if (out != nullptr) {
+        std::memcpy(out, slice.begin() + offset_, take);
+        out += take;
+      }
+      n -= take;
+      offset_ += take;
+      if (offset_ == slice.size()) {
+        ++index_;
+        offset_ = 0;
+      }
+    }
+    return true;
+  }
+
+ private:
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  size_t offset_ = 0;
+  size_t left_ = 0;
+};
+
+// Decodes a ChunkData message (hash = 1, data = 2, both bytes) from the received slices, copying
+// the data once, into `data` (at most its capacity: a longer chunk cannot be one of this
+// artifact's). Fields it does not know are skipped, as protobuf's parser would; a field seen
+// twice keeps its last value, as there. INVALID_ARGUMENT describing what is wrong otherwise.
+absl::Status DecodeChunkData(const grpc::ByteBuffer& message, std::string* hash, ChunkBuffer* data,
+                             size_t* data_size) {
+  std::vector<grpc::Slice> slices;
+  if (!message.Dump(&slices).ok()) return absl::InvalidArgumentError("unreadable message");
+  SliceReader in(slices);
+  hash->clear();
+  *data_size = 0;
+  while (in.left() > 0) {
+    uint64_t tag;
+    if (!in.Varint(&tag)) return absl::InvalidArgumentError("truncated field tag");
+    const uint64_t field = tag >> 3;
+    const uint64_t wire_type = tag & 7;
+    uint64_t length = 0;
+    switch (wire_type) {
+      case 0:  // varint
+        if (!in.Varint(&length)) return absl::InvalidArgumentError("truncated varint");
+        if (field == 1 || field == 2) {
+          return absl::InvalidArgumentError(absl::StrCat("field ", field, " is not bytes"));
+        }
+        continue;
+      case 1:  // 64-bit
+        length = 8;
+        break;
+      case 5:  // 32-bit
+        length = 4;
+        break;
+      case 2:  // length-delimited
+        if (!in.Varint(&length)) return absl::InvalidArgumentError("truncated length");
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("wire type ", wire_type, " of field ", field));
+    }
+    if (length > in.left()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("field ", field, ": ", length, " bytes, ", in.left(), " left"));
+    }
+    if ((field == 1 || field == 2) && wire_type != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", field, " is not bytes"));
+    }
+    if (field == 1) {
+      if (length > common::kSha256Size) {
+        return absl::InvalidArgumentError(absl::StrCat("hash: ", length, " bytes"));
+      }
+      hash->resize(length);
+      in.Copy(hash->data(), length);
+    } else if (field == 2) {
+      if (length > data->capacity()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data: ", length, " bytes, more than the chunk size ", data->capacity()));
+      }
+      in.Copy(data->data(), length);
+      *data_size = length;
+    } else {
+      in.Copy(nullptr, length);
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<grpc::Channel> PeerChannel(const std::string& endpoint) {
   grpc::ChannelArguments args;
   // The channel-wide cap fits a manifest; the per-method config narrows chunk streams to one
@@ -221,7 +370,11 @@ class Fetcher {
  private:
   struct Peer {
     FetchPeer peer;
+    std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<pb::ArtifactTransfer::Stub> stub;
+    // GetChunks called without the generated stub, to read each answer as received (slices)
+    // and decode it straight into the stream's chunk buffer.
+    std::unique_ptr<grpc::internal::RpcMethod> get_chunks;
     // The rest is guarded by mu_.
     bool dropped = false;
     int failures = 0;  // consecutive failed calls
@@ -241,7 +394,7 @@ class Fetcher {
   void StreamLoopGuarded(size_t index);
   // One GetChunks call for plan_.missing[k], k in batch: stores what arrives, puts the rest
   // back in the queue and judges the peer.
-  void Call(size_t index, const std::vector<size_t>& batch);
+  void Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* buffer);
 
   bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPeerLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -500,6 +653,15 @@ void Fetcher::StreamLoopGuarded(size_t index) {
 void Fetcher::StreamLoop(size_t index) {
   Peer& peer = peers_[index];
   const size_t per_call = static_cast<size_t>(options_.chunks_per_request);
+  ChunkBuffer buffer;
+  {
+    absl::Status reserved = buffer.Reserve(plan_.manifest.body.chunk_size());
+    if (!reserved.ok()) {
+      absl::MutexLock lock(&mu_);
+      Fail(std::move(reserved));
+      return;
+    }
+  }
   while (true) {
     std::vector<size_t> batch;
     {
@@ -512,13 +674,23 @@ void Fetcher::StreamLoop(size_t index) {
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_ || peer.dropped || queue_.empty()) return;
-      while (!queue_.empty() && batch.size() < per_call) {
+      // A batch is a share of what is left, not a fixed size: with fixed batches one peer's
+      // streams could claim a small artifact whole, and the fetch would end with one batch
+      // on one peer while the others idle. Half of an even share per stream keeps every
+      // stream busy and the tail short; chunks_per_request caps it.
+      size_t active = 0;
+      for (const Peer& p : peers_) {
+        if (!p.dropped) active += static_cast<size_t>(options_.streams_per_peer);
+      }
+      const size_t share = queue_.size() / (2 * std::max<size_t>(active, 1));
+      const size_t take = std::clamp<size_t>(share, 1, per_call);
+      while (!queue_.empty() && batch.size() < take) {
         batch.push_back(queue_.front());
         queue_.pop_front();
       }
       outstanding_ += batch.size();
     }
-    Call(index, batch);
+    Call(index, batch, &buffer);
     absl::MutexLock lock(&mu_);
     if (peer.failures > 0 && !peer.dropped && !stop_) {
       // Interruptible pause before the retry, longer after each failure.
@@ -532,7 +704,7 @@ void Fetcher::StreamLoop(size_t index) {
   }
 }
 
-void Fetcher::Call(size_t index, const std::vector<size_t>& batch) {
+void Fetcher::Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* buffer) {
   Peer& peer = peers_[index];
   ArtifactStore* store = context_.store;
   pb::GetChunksRequest request;
@@ -562,21 +734,32 @@ void Fetcher::Call(size_t index, const std::vector<size_t>& batch) {
       }
     }
     if (started) {
-      std::unique_ptr<grpc::ClientReader<pb::ChunkData>> reader =
-          peer.stub->GetChunks(&call, request);
-      pb::ChunkData chunk;
-      while (reader->Read(&chunk)) {
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+              peer.channel.get(), *peer.get_chunks, &call, request));
+      grpc::ByteBuffer message;
+      std::string hash;
+      size_t data_size = 0;
+      while (reader->Read(&message)) {
         if (delivered == batch.size()) {
           corrupt = absl::StrCat("sent more than the ", batch.size(), " chunks asked for");
           break;
         }
         const std::string& want = plan_.missing[batch[delivered]];
-        if (chunk.hash() != want) {
-          corrupt = absl::StrCat("sent chunk ", Hex(chunk.hash()), " where ", Hex(want),
+        absl::Status decoded = DecodeChunkData(message, &hash, buffer, &data_size);
+        message.Clear();
+        if (!decoded.ok()) {
+          corrupt = absl::StrCat("sent a malformed answer for chunk ", Hex(want), ": ",
+                                 decoded.message());
+          break;
+        }
+        if (hash != want) {
+          corrupt = absl::StrCat("sent chunk ", Hex(hash), " where ", Hex(want),
                                  " was asked for (out of order or not requested)");
           break;
         }
-        absl::Status put = store->PutChunk(request_.artifact_id, want, chunk.data());
+        absl::Status put = store->PutChunk(request_.artifact_id, want,
+                                           std::string_view(buffer->data(), data_size));
         if (absl::IsDataLoss(put) || absl::IsInvalidArgument(put)) {
           corrupt = absl::StrCat("chunk ", Hex(want), " failed verification: ", put.message());
           break;
@@ -585,7 +768,7 @@ void Fetcher::Call(size_t index, const std::vector<size_t>& batch) {
           fatal = put;
           break;
         }
-        const uint64_t size = chunk.data().size();
+        const uint64_t size = data_size;
         ++delivered;
         {
           absl::MutexLock lock(&mu_);
@@ -703,7 +886,10 @@ absl::StatusOr<pb::ArtifactProgress> Fetcher::Run() {
   for (const FetchPeer& peer : request_.peers) {
     Peer& p = peers_.emplace_back();
     p.peer = peer;
-    p.stub = pb::ArtifactTransfer::NewStub(PeerChannel(peer.endpoint));
+    p.channel = PeerChannel(peer.endpoint);
+    p.stub = pb::ArtifactTransfer::NewStub(p.channel);
+    p.get_chunks = std::make_unique<grpc::internal::RpcMethod>(
+        kGetChunksMethodName, grpc::internal::RpcMethod::SERVER_STREAMING, p.channel);
   }
   if (context_.progress) {
     pb::ArtifactProgress progress;

@@ -460,6 +460,28 @@ TEST_F(TransferTest, FetchFromThreePeersUsesEach) {
   ExpectIdentical(d, "out");
 }
 
+// With batches so large that one peer's streams could claim the whole artifact at once, the
+// batches shrink to a share of the queue, so every peer serves part of it.
+TEST_F(TransferTest, LargeBatchesShareASmallArtifact) {
+  Host* b = AddCopy("b", 0x0b);
+  Host* c = AddCopy("c", 0x0c);
+  Host* d = AddHost("d", 0x0d);
+  FetcherOptions options;
+  options.chunks_per_request = 64;
+  ASSERT_GE(static_cast<uint32_t>(options.chunks_per_request) *
+                static_cast<uint32_t>(options.streams_per_peer),
+            total_chunks_);
+  auto result = FetchArtifact(
+      ContextFor(d), RequestFor({publisher_->AsPeer(), b->AsPeer(), c->AsPeer()}), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_);
+  for (const Host* h : {static_cast<const Host*>(publisher_), static_cast<const Host*>(b),
+                        static_cast<const Host*>(c)}) {
+    EXPECT_GT(result->bytes_by_peer().at(h->address), 0u) << h->address;
+  }
+  ExpectIdentical(d, "out");
+}
+
 TEST_F(TransferTest, TamperedPeerReportedAndAvoided) {
   Host* t = AddCopy("t", 0x0e);
   // Flip a byte in every chunk file of t: each still has the right size, none the right hash.

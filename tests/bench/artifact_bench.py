@@ -79,6 +79,12 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def minor_faults(pid):
+    """Minor page faults a process has taken (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def durable_write_rate(directory, threads, chunks=64):
     """Bytes/s of the store's write pattern without the network or hashing: 1 MiB written to a
     temporary, fsync, rename, fsync of the directory; `threads` writers at once."""
@@ -142,11 +148,14 @@ class Bench:
         out = ["--out", dest] if dest else []
         rx0 = self.topo.rx_bytes("B")
         cpu0 = {p: cpu_seconds(self.hosts[p].process.proc.pid) for p in ["B"] + list(peers)}
+        faults0 = {p: minor_faults(self.hosts[p].process.proc.pid) for p in cpu0}
         t0 = time.monotonic()
         res = self.net.artifact(self.hosts["B"], "fetch", "--shard", self.sid, "--id", self.id,
                                 *peer_args, *out, timeout=timeout_s)
         seconds = time.monotonic() - t0
         self.cpu = {p: cpu_seconds(self.hosts[p].process.proc.pid) - c for p, c in cpu0.items()}
+        self.faults = {p: minor_faults(self.hosts[p].process.proc.pid) - f
+                       for p, f in faults0.items()}
         if not res.get("done") or int(res.get("chunks_fetched", 0)) + int(
                 res.get("chunks_present", 0)) != int(res.get("chunks_total", -1)):
             raise RuntimeError(f"fetch did not complete: {res}")
@@ -221,7 +230,9 @@ class Bench:
             runs.append((seconds, self.cpu))
             say(f"  local run {run + 1}: {self.size / seconds / 1e6:.0f} MB/s in {seconds:.2f}s; "
                 f"CPU seconds per GiB: fetching B {self.cpu['B'] * GIB / self.size:.2f}, "
-                f"serving A {self.cpu['A'] * GIB / self.size:.2f}; load "
+                f"serving A {self.cpu['A'] * GIB / self.size:.2f}; minor page faults per "
+                f"MiB: B {self.faults['B'] * MIB / self.size:.0f}, A "
+                f"{self.faults['A'] * MIB / self.size:.0f}; load "
                 f"{os.getloadavg()[0]:.1f}")
         times = sorted(s for s, _ in runs)
         seconds, self.cpu = min(runs, key=lambda r: r[0])
