@@ -84,8 +84,7 @@ absl::StatusOr<VerifiedManifest> VerifyManifest(const pb::Manifest& manifest,
                                                 std::string_view expected_id);
 // Same, from serialized pb::Manifest bytes (size checked before parsing).
 absl::StatusOr<VerifiedManifest> VerifyManifestBytes(std::string_view bytes,
-                                                     std::string_view chain_id,
-                                                     uint64_t shard_id,
+                                                     std::string_view chain_id, uint64_t shard_id,
                                                      std::string_view expected_id);
 
 // Parses a 64-character hex artifact id (either case). INVALID_ARGUMENT naming `field`.
