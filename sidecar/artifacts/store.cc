@@ -633,6 +633,37 @@ struct ArtifactStore::Impl {
     }
     return absl::OkStatus();
   }
+  absl::Status ReadChunkFile(std::string_view hash,
+                             const std::function<char*(size_t size)>& buffer_for) const {
+    const std::string hex = Hex(hash);
+    uint64_t size = 0;
+    TS_ASSIGN_OR_RETURN(UniqueFd fd,
+                        chunks.OpenRead(ChunkName(hex), /*refuse_hardlinks=*/true, &size));
+    if (size > kMaxChunkSize) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunk ", hex, ": ", size, " bytes, more than ", kMaxChunkSize));
+    }
+    char* out = buffer_for(static_cast<size_t>(size));
+    if (out == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("chunk ", hex, ": no buffer for ", size, " bytes"));
+    }
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::pread(fd.get(), out + done, size - done, static_cast<off_t>(done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return absl::InternalError(
+            absl::StrCat("chunk ", hex, ": pread at ", done, ": ", Errno(errno)));
+      }
+      if (n == 0) {
+        return absl::OutOfRangeError(absl::StrCat("chunk ", hex, ": short read: ", done, " of ",
+                                                  size, " bytes (the file shrank)"));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
 };
 
 ArtifactStore::ArtifactStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1022,6 +1053,14 @@ absl::Status ArtifactStore::ReadChunk(std::string_view hash, std::string* out) c
     return absl::InvalidArgumentError(absl::StrCat("chunk hash: ", hash.size(), " bytes, want 32"));
   }
   return impl_->ReadChunkFile(hash, out);
+}
+
+absl::Status ArtifactStore::ReadChunkInto(
+    std::string_view hash, const std::function<char*(size_t size)>& buffer_for) const {
+  if (hash.size() != common::kSha256Size) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk hash: ", hash.size(), " bytes, want 32"));
+  }
+  return impl_->ReadChunkFile(hash, buffer_for);
 }
 
 bool ArtifactStore::HasChunk(std::string_view hash) const {

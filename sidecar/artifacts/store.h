@@ -127,6 +127,11 @@ class ArtifactStore {
   absl::StatusOr<std::string> ReadChunk(std::string_view hash) const;
   // The same into `out` (resized to the chunk), reusing its capacity: for serving many chunks.
   absl::Status ReadChunk(std::string_view hash, std::string* out) const;
+  // The same into memory the caller provides once the size is known: buffer_for(size) returns
+  // room for `size` bytes, or nullptr (then RESOURCE_EXHAUSTED). For serving a chunk straight
+  // into an outgoing message; on error the buffer's content is unspecified.
+  absl::Status ReadChunkInto(std::string_view hash,
+                             const std::function<char*(size_t size)>& buffer_for) const;
   bool HasChunk(std::string_view hash) const;
 
   // Index rows of this shard, complete ones only unless include_incomplete.

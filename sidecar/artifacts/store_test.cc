@@ -344,6 +344,24 @@ TEST_F(StoreTest, ReadChunkAndHasChunk) {
   EXPECT_EQ(host.store->ReadChunk(absent).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(host.store->ReadChunk("short").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(host.store->HasChunk("short"));
+
+  // Into caller memory: the size is asked for before the read, the bytes are the same.
+  std::string into;
+  size_t asked = 0;
+  absl::Status read = host.store->ReadChunkInto(hash, [&](size_t size) {
+    asked = size;
+    into.assign(size + 3, '\0');
+    return into.data() + 3;
+  });
+  ASSERT_TRUE(read.ok()) << read;
+  EXPECT_EQ(asked, kChunk);
+  EXPECT_EQ(into.substr(3), *data);
+  EXPECT_EQ(host.store->ReadChunkInto(hash, [](size_t) { return nullptr; }).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(host.store->ReadChunkInto(absent, [&](size_t) { return into.data(); }).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(host.store->ReadChunkInto("short", [&](size_t) { return into.data(); }).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StoreTest, ArtifactKeyIsBigEndianShardThenId) {

@@ -10,7 +10,9 @@
 #include <thread>
 #include <utility>
 
+#include <grpc/slice.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/method_handler.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -75,6 +77,39 @@ std::string CallFailure(const grpc::Status& status) {
   return absl::StrCat(name, ": ", status.error_message());
 }
 
+size_t VarintBytes(uint64_t value) {
+  size_t n = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Bytes of a ChunkData's encoding before its data: hash (field 1, 32 bytes), then the data's
+// tag and length (field 2).
+size_t ChunkDataHeaderBytes(size_t data_size) {
+  return 2 + common::kSha256Size + 1 + VarintBytes(data_size);
+}
+
+// Writes that header to out (ChunkDataHeaderBytes(data_size) bytes); returns its size. The same
+// bytes protobuf writes for a ChunkData with hash and data set, so either side may be generated.
+size_t EncodeChunkDataHeader(std::string_view hash, size_t data_size, char* out) {
+  char* p = out;
+  *p++ = static_cast<char>((1 << 3) | 2);
+  *p++ = static_cast<char>(hash.size());
+  std::memcpy(p, hash.data(), hash.size());
+  p += hash.size();
+  *p++ = static_cast<char>((2 << 3) | 2);
+  uint64_t value = data_size;
+  while (value >= 0x80) {
+    *p++ = static_cast<char>((value & 0x7f) | 0x80);
+    value >>= 7;
+  }
+  *p++ = static_cast<char>(value);
+  return static_cast<size_t>(p - out);
+}
+
 std::chrono::system_clock::time_point DeadlineAfter(int64_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
@@ -87,7 +122,15 @@ std::chrono::system_clock::time_point DeadlineAfter(int64_t ms) {
 ArtifactTransferService::ArtifactTransferService(StoreRegistry* stores, ShardDirectory* directory,
                                                  PeerRequestVerifier* verifier,
                                                  TransferServiceOptions options)
-    : stores_(stores), directory_(directory), verifier_(verifier), options_(options) {}
+    : stores_(stores), directory_(directory), verifier_(verifier), options_(options) {
+  MarkMethodStreamed(
+      kGetChunksMethodIndex,
+      new grpc::internal::SplitServerStreamingHandler<pb::GetChunksRequest, grpc::ByteBuffer>(
+          [this](grpc::ServerContext* context,
+                 grpc::ServerSplitStreamer<pb::GetChunksRequest, grpc::ByteBuffer>* stream) {
+            return GetChunksRaw(context, stream);
+          }));
+}
 
 grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
                                                   const pb::GetManifestRequest* request,
@@ -105,9 +148,10 @@ grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
   });
 }
 
-grpc::Status ArtifactTransferService::GetChunks(grpc::ServerContext* context,
-                                                const pb::GetChunksRequest* request,
-                                                grpc::ServerWriter<pb::ChunkData>* writer) {
+grpc::Status ArtifactTransferService::ServeChunks(grpc::ServerContext* context,
+                                                  const pb::GetChunksRequest& request_message,
+                                                  const ChunkSender& send) {
+  const pb::GetChunksRequest* request = &request_message;
   return Serve([&]() -> absl::Status {
     TS_ASSIGN_OR_RETURN(std::string signer,
                         verifier_->VerifyRequest(*request, kMethodGetChunks, request->shard_id()));
@@ -162,23 +206,58 @@ grpc::Status ArtifactTransferService::GetChunks(grpc::ServerContext* context,
       }
     }
 
-    pb::ChunkData message;
     for (size_t i = 0; i < count; ++i) {
       if (context->IsCancelled()) return absl::CancelledError("GetChunks: cancelled by the peer");
-      const std::string& hash = request->chunks(static_cast<int>(i));
       // The receiver hashes every chunk before storing it, so serving skips a second hash; a
       // chunk file modified on this disk shows up as this host being reported corrupt, and in
       // its own Verify.
-      // Read into the message's own buffer, which keeps its capacity from chunk to chunk.
-      TS_RETURN_IF_ERROR(store->ReadChunk(hash, message.mutable_data()));
-      message.set_hash(hash);
-      if (!writer->Write(message)) {
+      absl::Status sent = send(store, request->chunks(static_cast<int>(i)));
+      if (absl::IsCancelled(sent)) {
         return absl::CancelledError(
             absl::StrCat("GetChunks: the peer went away after ", i, " of ", count, " chunks"));
       }
+      TS_RETURN_IF_ERROR(sent);
     }
     return absl::OkStatus();
   });
+}
+
+grpc::Status ArtifactTransferService::GetChunks(grpc::ServerContext* context,
+                                                const pb::GetChunksRequest* request,
+                                                grpc::ServerWriter<pb::ChunkData>* writer) {
+  pb::ChunkData message;
+  return ServeChunks(context, *request,
+                     [&](ArtifactStore* store, const std::string& hash) -> absl::Status {
+                       // Read into the message's own buffer, which keeps its capacity.
+                       TS_RETURN_IF_ERROR(store->ReadChunk(hash, message.mutable_data()));
+                       message.set_hash(hash);
+                       if (!writer->Write(message)) return absl::CancelledError("write failed");
+                       return absl::OkStatus();
+                     });
+}
+
+grpc::Status ArtifactTransferService::GetChunksRaw(
+    grpc::ServerContext* context,
+    grpc::ServerSplitStreamer<pb::GetChunksRequest, grpc::ByteBuffer>* stream) {
+  pb::GetChunksRequest request;
+  if (!stream->Read(&request)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "GetChunks: no request");
+  }
+  return ServeChunks(context, request,
+                     [&](ArtifactStore* store, const std::string& hash) -> absl::Status {
+                       grpc_slice slice = grpc_empty_slice();
+                       absl::Status read = store->ReadChunkInto(hash, [&](size_t size) {
+                         slice = grpc_slice_malloc(ChunkDataHeaderBytes(size) + size);
+                         char* begin = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(slice));
+                         return begin + EncodeChunkDataHeader(hash, size, begin);
+                       });
+                       // The message owns the slice from here, also on error.
+                       grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
+                       TS_RETURN_IF_ERROR(read);
+                       grpc::ByteBuffer message(&owned, 1);
+                       if (!stream->Write(message)) return absl::CancelledError("write failed");
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::Status ArtifactTransferService::ListArtifacts(grpc::ServerContext* context,

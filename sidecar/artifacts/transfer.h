@@ -51,6 +51,9 @@ inline constexpr std::string_view kMethodGetChunks =
     "/gonka.trainshard.v1.ArtifactTransfer/GetChunks";
 inline constexpr std::string_view kMethodListArtifacts =
     "/gonka.trainshard.v1.ArtifactTransfer/ListArtifacts";
+// GetChunks' index among the ArtifactTransfer service's methods (shard.proto's order), for
+// grpc::Service::MarkMethodStreamed.
+inline constexpr int kGetChunksMethodIndex = 1;
 inline constexpr size_t kMaxChunksPerRequest = 256;
 // Largest request a peer may send the transfer service (a GetChunksRequest of 256 hashes is
 // ~9 KiB); set as the server's max receive size.
@@ -81,11 +84,23 @@ class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
                            pb::GetManifestResponse* response) override;
   grpc::Status GetChunks(grpc::ServerContext* context, const pb::GetChunksRequest* request,
                          grpc::ServerWriter<pb::ChunkData>* writer) override;
-  grpc::Status ListArtifacts(grpc::ServerContext* context,
-                             const pb::ListArtifactsRequest* request,
+  grpc::Status ListArtifacts(grpc::ServerContext* context, const pb::ListArtifactsRequest* request,
                              pb::ListArtifactsResponse* response) override;
+  // GetChunks as gRPC calls it on this service: each ChunkData is encoded by hand around the
+  // chunk file's bytes, read straight into the outgoing message, where the generated handler
+  // would copy every chunk once more to serialize it. The constructor installs it for
+  // GetChunks (split streaming: server streaming on the wire, one request then the answers); a
+  // service forwarding to this one installs it the same way (kGetChunksMethodIndex).
+  grpc::Status GetChunksRaw(
+      grpc::ServerContext* context,
+      grpc::ServerSplitStreamer<pb::GetChunksRequest, grpc::ByteBuffer>* stream);
 
  private:
+  // Sends each chunk, in request order, through `send` once the request is checked.
+  using ChunkSender = std::function<absl::Status(ArtifactStore* store, const std::string& hash)>;
+  grpc::Status ServeChunks(grpc::ServerContext* context, const pb::GetChunksRequest& request,
+                           const ChunkSender& send);
+
   StoreRegistry* const stores_;
   ShardDirectory* const directory_;
   PeerRequestVerifier* const verifier_;

@@ -902,6 +902,42 @@ TEST_F(ServiceAttackTest, SignedMemberRequestsServed) {
   EXPECT_TRUE(listed.artifacts(0).complete());
 }
 
+// Answers are encoded by hand around the chunk files' bytes; the generated parser reads them,
+// whatever the width of the data's length (1, 2 and 3 byte varints here).
+TEST_F(ServiceAttackTest, HandEncodedAnswersParseAsChunkData) {
+  std::mt19937_64 rng(7);
+  WriteFile(tmp_.path() / "sizes" / "big.bin", RandomBytes(rng, (1u << 20) + 100));
+  WriteFile(tmp_.path() / "sizes" / "small.bin", RandomBytes(rng, 200));
+  PublishOptions options;
+  options.source_dir = (tmp_.path() / "sizes").string();
+  options.chunk_size = 1u << 20;
+  auto published = publisher_->store->Publish(options, publisher_->key, nullptr);
+  ASSERT_TRUE(published.ok()) << published.status();
+  pb::GetChunksRequest request;
+  request.set_shard_id(kShard);
+  request.set_artifact_id(published->id);
+  std::vector<uint64_t> sizes;
+  for (const auto& file : published->body.files()) {
+    uint64_t left = file.size();
+    for (const auto& hash : file.chunks()) {
+      request.add_chunks(hash);
+      sizes.push_back(std::min<uint64_t>(left, options.chunk_size));
+      left -= sizes.back();
+    }
+  }
+  ASSERT_EQ(request.chunks_size(), 3);
+  Sign(&request, member_->key, kMethodGetChunks);
+  std::vector<pb::ChunkData> got;
+  grpc::Status status = CallChunks(request, &got);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].hash(), request.chunks(static_cast<int>(i)));
+    EXPECT_EQ(got[i].data().size(), sizes[i]);
+    EXPECT_EQ(common::Sha256(got[i].data()), got[i].hash());
+  }
+}
+
 TEST_F(ServiceAttackTest, Unsigned) {
   grpc::Status status = CallManifest(ManifestRequest());
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
