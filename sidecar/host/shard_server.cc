@@ -12,6 +12,19 @@ namespace ts::sidecar {
 // Forwards to the transfer service once it exists; UNAVAILABLE before.
 class ShardServer::Gate final : public pb::ArtifactTransfer::Service {
  public:
+  // GetChunks answers go out pre-encoded around the chunk file's bytes (GetChunksRaw), skipping
+  // the generated handler's serialization copy of every chunk.
+  Gate() {
+    MarkMethodStreamed(
+        kGetChunksMethodIndex,
+        new grpc::internal::SplitServerStreamingHandler<pb::GetChunksRequest, grpc::ByteBuffer>(
+            [this](grpc::ServerContext* context,
+                   grpc::ServerSplitStreamer<pb::GetChunksRequest, grpc::ByteBuffer>* stream) {
+              ArtifactTransferService* inner = inner_.load();
+              if (inner == nullptr) return NotReady();
+              return inner->GetChunksRaw(context, stream);
+            }));
+  }
   void Open(ArtifactTransferService* inner) { inner_.store(inner); }
 
   grpc::Status GetManifest(grpc::ServerContext* context, const pb::GetManifestRequest* request,
