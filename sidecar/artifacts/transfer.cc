@@ -25,6 +25,7 @@
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/status.h"
+#include "sidecar/artifacts/chunk_wire.h"
 
 namespace ts::sidecar {
 namespace {
@@ -321,114 +322,17 @@ class ChunkBuffer {
   size_t capacity_ = 0;
 };
 
-// Reads protobuf wire data across the slices of a received message.
-class SliceReader {
- public:
-  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) {
-    for (const grpc::Slice& slice : slices_) left_ += slice.size();
-  }
-  size_t left() const { return left_; }
-
-  bool Varint(uint64_t* value) {
-    *value = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      uint8_t byte;
-      if (!Copy(reinterpret_cast<char*>(&byte), 1)) return false;
-      *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
-      if ((byte & 0x80) == 0) return true;
-    }
-    return false;
-  }
-  // Copies the next n bytes to out (nullptr: skips them).
-  bool Copy(char* out, size_t n) {
-    if (n > left_) return false;
-    left_ -= n;
-    while (n > 0) {
-      const grpc::Slice& slice = slices_[index_];
-      const size_t take = std::min(n, slice.size() - offset_);
-      if (out != nullptr) {
-        std::memcpy(out, slice.begin() + offset_, take);
-        out += take;
-      }
-      n -= take;
-      offset_ += take;
-      if (offset_ == slice.size()) {
-        ++index_;
-        offset_ = 0;
-      }
-    }
-    return true;
-  }
-
- private:
-  const std::vector<grpc::Slice>& slices_;
-  size_t index_ = 0;
-  size_t offset_ = 0;
-  size_t left_ = 0;
-};
-
-// Decodes a ChunkData message (hash = 1, data = 2, both bytes) from the received slices, copying
-// the data once, into `data` (at most its capacity: a longer chunk cannot be one of this
-// artifact's). Fields it does not know are skipped, as protobuf's parser would; a field seen
-// twice keeps its last value, as there. INVALID_ARGUMENT describing what is wrong otherwise.
-absl::Status DecodeChunkData(const grpc::ByteBuffer& message, std::string* hash, ChunkBuffer* data,
-                             size_t* data_size) {
+// Decodes a ChunkData answer from the received slices into the stream's buffer (chunk_wire.h).
+absl::Status DecodeChunkAnswer(const grpc::ByteBuffer& message, std::string* hash,
+                               ChunkBuffer* data, size_t* data_size) {
   std::vector<grpc::Slice> slices;
   if (!message.Dump(&slices).ok()) return absl::InvalidArgumentError("unreadable message");
-  SliceReader in(slices);
-  hash->clear();
-  *data_size = 0;
-  while (in.left() > 0) {
-    uint64_t tag;
-    if (!in.Varint(&tag)) return absl::InvalidArgumentError("truncated field tag");
-    const uint64_t field = tag >> 3;
-    const uint64_t wire_type = tag & 7;
-    uint64_t length = 0;
-    switch (wire_type) {
-      case 0:  // varint
-        if (!in.Varint(&length)) return absl::InvalidArgumentError("truncated varint");
-        if (field == 1 || field == 2) {
-          return absl::InvalidArgumentError(absl::StrCat("field ", field, " is not bytes"));
-        }
-        continue;
-      case 1:  // 64-bit
-        length = 8;
-        break;
-      case 5:  // 32-bit
-        length = 4;
-        break;
-      case 2:  // length-delimited
-        if (!in.Varint(&length)) return absl::InvalidArgumentError("truncated length");
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            absl::StrCat("wire type ", wire_type, " of field ", field));
-    }
-    if (length > in.left()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("field ", field, ": ", length, " bytes, ", in.left(), " left"));
-    }
-    if ((field == 1 || field == 2) && wire_type != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("field ", field, " is not bytes"));
-    }
-    if (field == 1) {
-      if (length > common::kSha256Size) {
-        return absl::InvalidArgumentError(absl::StrCat("hash: ", length, " bytes"));
-      }
-      hash->resize(length);
-      in.Copy(hash->data(), length);
-    } else if (field == 2) {
-      if (length > data->capacity()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data: ", length, " bytes, more than the chunk size ", data->capacity()));
-      }
-      in.Copy(data->data(), length);
-      *data_size = length;
-    } else {
-      in.Copy(nullptr, length);
-    }
+  std::vector<std::string_view> pieces;
+  pieces.reserve(slices.size());
+  for (const grpc::Slice& slice : slices) {
+    pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
   }
-  return absl::OkStatus();
+  return DecodeChunkData(pieces, hash, data->data(), data->capacity(), data_size);
 }
 
 std::shared_ptr<grpc::Channel> PeerChannel(const std::string& endpoint) {
@@ -835,7 +739,7 @@ void Fetcher::Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* 
           break;
         }
         const std::string& want = plan_.missing[batch[delivered]];
-        absl::Status decoded = DecodeChunkData(message, &hash, buffer, &data_size);
+        absl::Status decoded = DecodeChunkAnswer(message, &hash, buffer, &data_size);
         message.Clear();
         if (!decoded.ok()) {
           corrupt = absl::StrCat("sent a malformed answer for chunk ", Hex(want), ": ",
