@@ -36,7 +36,7 @@ absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.s
 constexpr int kReceiveSlackBytes = 64 << 10;
 constexpr int kMaxChunkMessageBytes = static_cast<int>(kMaxChunkSize) + kReceiveSlackBytes;
 constexpr int kMaxManifestMessageBytes = static_cast<int>(kMaxManifestBytes) + kReceiveSlackBytes;
-// Bounds on what one fetch may start: its threads are peers × streams_per_peer.
+// Bounds on what one fetch may start: its threads are peers × StreamsPerPeer().
 constexpr size_t kMaxFetchPeers = 256;
 constexpr int kMaxStreamsPerPeer = 16;
 constexpr size_t kMaxFetchStreams = 512;
@@ -378,6 +378,12 @@ class Fetcher {
 
   absl::Status Validate() const;
   bool Cancelled() const { return context_.cancelled && context_.cancelled(); }
+  // Concurrent GetChunks calls per peer (FetcherOptions::streams_target).
+  int StreamsPerPeer() const {
+    const int peers = static_cast<int>(std::max<size_t>(request_.peers.size(), 1));
+    return std::max(options_.streams_per_peer,
+                    std::min(kMaxStreamsPerPeer, options_.streams_target / peers));
+  }
   absl::StatusOr<VerifiedManifest> CheckedManifest(const pb::Manifest& manifest) const;
   absl::StatusOr<VerifiedManifest> ManifestFromPeer(size_t index, Outcome* outcome);
   absl::StatusOr<VerifiedManifest> FindManifest();
@@ -460,12 +466,16 @@ absl::Status Fetcher::Validate() const {
         absl::StrCat("options.streams_per_peer: ", options_.streams_per_peer, " is outside 1..",
                      kMaxStreamsPerPeer));
   }
-  if (request_.peers.size() * static_cast<size_t>(options_.streams_per_peer) > kMaxFetchStreams) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("peers: ", request_.peers.size(), " peers with ", options_.streams_per_peer,
-                     " streams_per_peer make ",
-                     request_.peers.size() * static_cast<size_t>(options_.streams_per_peer),
-                     " streams, at most ", kMaxFetchStreams));
+  if (options_.streams_target < 1 ||
+      static_cast<size_t>(options_.streams_target) > kMaxFetchStreams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.streams_target: ", options_.streams_target, " is outside 1..", kMaxFetchStreams));
+  }
+  if (request_.peers.size() * static_cast<size_t>(StreamsPerPeer()) > kMaxFetchStreams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peers: ", request_.peers.size(), " peers with ", StreamsPerPeer(), " streams each make ",
+        request_.peers.size() * static_cast<size_t>(StreamsPerPeer()), " streams, at most ",
+        kMaxFetchStreams));
   }
   if (options_.chunks_per_request < 1 ||
       static_cast<size_t>(options_.chunks_per_request) > kMaxChunksPerRequest) {
@@ -673,7 +683,7 @@ void Fetcher::StreamLoop(size_t index) {
       // stream busy and the tail short; chunks_per_request caps it.
       size_t active = 0;
       for (const Peer& p : peers_) {
-        if (!p.dropped) active += static_cast<size_t>(options_.streams_per_peer);
+        if (!p.dropped) active += static_cast<size_t>(StreamsPerPeer());
       }
       const size_t share = queue_.size() / (2 * std::max<size_t>(active, 1));
       const size_t take = std::clamp<size_t>(share, 1, per_call);
@@ -836,7 +846,7 @@ absl::StatusOr<pb::ArtifactProgress> Fetcher::FetchChunks() {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < peers_.size(); ++i) {
       if (peers_[i].dropped) continue;
-      for (int s = 0; s < options_.streams_per_peer; ++s) {
+      for (int s = 0; s < StreamsPerPeer(); ++s) {
         threads.emplace_back(&Fetcher::StreamLoopGuarded, this, i);
       }
     }

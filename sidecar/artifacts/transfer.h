@@ -114,7 +114,13 @@ struct FetchPeer {
 };
 
 struct FetcherOptions {
+  // Each peer gets max(streams_per_peer, streams_target / peers) concurrent GetChunks calls
+  // (at most 16): a chunk is written durably (fdatasync, rename, directory fsync) before its
+  // stream reads the next, so a lone peer needs several streams to keep the disk and the link
+  // busy, while many peers already give that; the total bounds the chunks partly received at
+  // any moment (what a crash makes the resumed fetch receive again).
   int streams_per_peer = 2;
+  int streams_target = 8;
   int chunks_per_request = 16;
   int64_t manifest_deadline_ms = 10000;
   // Per GetChunks call; scaled up by nothing — keep chunks_per_request × chunk size / slowest

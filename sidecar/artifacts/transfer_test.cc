@@ -535,6 +535,7 @@ TEST_F(TransferTest, AllPeersDeadThenResume) {
   Server partial_server = StartServer(&partial);
   FetcherOptions options;
   options.streams_per_peer = 1;
+  options.streams_target = 1;
   options.chunks_per_request = 4;
   result =
       FetchArtifact(ContextFor(d),
@@ -583,9 +584,15 @@ TEST_F(TransferTest, CancelThenResume) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
   EXPECT_THAT(result.status().message(), HasSubstr("resumable"));
   EXPECT_FALSE(HasComplete(d));
-  // Let the server notice the cancelled calls before counting what it sent.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const int first = slow.chunks_served();
+  // Let the server notice the cancelled calls (as many as the fetch had streams) before counting
+  // what it sent: wait until the count holds still for 300 ms.
+  int first = slow.chunks_served();
+  for (int quiet_ms = 0, waited_ms = 0; quiet_ms < 300 && waited_ms < 5000; waited_ms += 50) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const int now = slow.chunks_served();
+    quiet_ms = now == first ? quiet_ms + 50 : 0;
+    first = now;
+  }
   EXPECT_GE(first, 5);
   EXPECT_LT(first, static_cast<int>(total_chunks_));
 
