@@ -194,6 +194,7 @@ class ArtifactOperatorTest : public ::testing::Test {
     // to interrupt.
     options.fetcher.chunks_per_request = 1;
     options.fetcher.streams_per_peer = 1;
+    options.fetcher.streams_target = 1;
     a_ = std::make_unique<TestHost>(root_ / "a", KeyOf('\x0a'), &directory_);
     b_ = std::make_unique<TestHost>(root_ / "b", KeyOf('\x0b'), &directory_, options);
     ShardView view;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/util/temp_dir.h"
 
 namespace ts::sidecar {
 namespace {
@@ -28,26 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Msg(const absl::Status& status) { return std::string(status.message()); }
-
-// A fresh directory under the test temp dir, removed with everything in it at the end.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "safe_fs_XXXXXX").string();
-    char* made = ::mkdtemp(tmpl.data());
-    EXPECT_NE(made, nullptr) << std::strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
 
 void WriteRaw(const fs::path& path, const std::string& bytes) {
   fs::create_directories(path.parent_path());
@@ -208,7 +189,7 @@ TEST(UniqueFdTest, ClosesOnDestructionAndMove) {
 // SafeDir::Open / OpenDir
 
 TEST(SafeDirOpenTest, OpensCreatesAndRefuses) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   EXPECT_EQ(SafeDir::Open(tmp.str() + "/missing").status().code(), absl::StatusCode::kNotFound);
 
   auto created = SafeDir::Open(tmp.str() + "/x/y/z", /*create=*/true);
@@ -231,8 +212,8 @@ TEST(SafeDirOpenTest, OpensCreatesAndRefuses) {
 }
 
 TEST(SafeDirOpenTest, OpenDirWalksWithoutFollowingLinks) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   SafeDir root = OpenOrDie(tmp.str());
 
   EXPECT_EQ(root.OpenDir("a/b").status().code(), absl::StatusCode::kNotFound);
@@ -265,7 +246,7 @@ TEST(SafeDirOpenTest, OpenDirWalksWithoutFollowingLinks) {
 // SafeDir::OpenRead
 
 TEST(SafeDirOpenReadTest, ReadsARegularFile) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   WriteRaw(tmp.path() / "d/e/data.bin", "0123456789");
   SafeDir root = OpenOrDie(tmp.str());
   uint64_t size = 0;
@@ -287,8 +268,8 @@ TEST(SafeDirOpenReadTest, ReadsARegularFile) {
 }
 
 TEST(SafeDirOpenReadTest, RefusesASymlinkedFile) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   WriteRaw(outside.path() / "secret", "secret");
   fs::create_symlink(outside.path() / "secret", tmp.path() / "link");
   SafeDir root = OpenOrDie(tmp.str());
@@ -300,8 +281,8 @@ TEST(SafeDirOpenReadTest, RefusesASymlinkedFile) {
 }
 
 TEST(SafeDirOpenReadTest, RefusesASymlinkedDirectoryOnTheWay) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   WriteRaw(outside.path() / "inner/secret", "secret");
   fs::create_directories(tmp.path() / "a");
   fs::create_symlink(outside.path(), tmp.path() / "a/link");
@@ -313,8 +294,8 @@ TEST(SafeDirOpenReadTest, RefusesASymlinkedDirectoryOnTheWay) {
 }
 
 TEST(SafeDirOpenReadTest, RefusesAHardlinkedFileOnlyWhenAsked) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   WriteRaw(outside.path() / "secret", "secret");
   // A hard link across directories: the published file would be one that lives outside.
   ASSERT_EQ(::link((outside.path() / "secret").c_str(), (tmp.path() / "h").c_str()), 0)
@@ -328,7 +309,7 @@ TEST(SafeDirOpenReadTest, RefusesAHardlinkedFileOnlyWhenAsked) {
 }
 
 TEST(SafeDirOpenReadTest, RefusesAFifoWithoutBlocking) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   const fs::path fifo = tmp.path() / "pipe";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
   SafeDir root = OpenOrDie(tmp.str());
@@ -348,7 +329,7 @@ TEST(SafeDirOpenReadTest, RefusesAFifoWithoutBlocking) {
 }
 
 TEST(SafeDirOpenReadTest, RefusesAUnixSocket) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   const std::string path = (tmp.path() / "sock").string();
   int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(s, 0);
@@ -366,7 +347,7 @@ TEST(SafeDirOpenReadTest, RefusesAUnixSocket) {
 }
 
 TEST(SafeDirOpenReadTest, RefusesACharacterDevice) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   const fs::path dev = tmp.path() / "null";
   if (::mknod(dev.c_str(), S_IFCHR | 0600, ::makedev(1, 3)) == 0) {
     SafeDir root = OpenOrDie(tmp.str());
@@ -387,7 +368,7 @@ TEST(SafeDirOpenReadTest, RefusesACharacterDevice) {
 }
 
 TEST(SafeDirOpenReadTest, RefusesADirectory) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   fs::create_directories(tmp.path() / "a/b");
   SafeDir root = OpenOrDie(tmp.str());
   absl::Status status = root.OpenRead("a/b", true).status();
@@ -396,7 +377,7 @@ TEST(SafeDirOpenReadTest, RefusesADirectory) {
 }
 
 TEST(SafeDirOpenReadTest, ConcurrentReadersShareOneSafeDir) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   for (int i = 0; i < 8; ++i) WriteRaw(tmp.path() / ("f" + std::to_string(i)), std::string(i, 'x'));
   SafeDir root = OpenOrDie(tmp.str());
   std::vector<std::future<bool>> results;
@@ -417,7 +398,7 @@ TEST(SafeDirOpenReadTest, ConcurrentReadersShareOneSafeDir) {
 // SafeDir::ListFiles
 
 TEST(SafeDirListTest, ListsRegularFilesRecursivelySorted) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   WriteRaw(tmp.path() / "b.bin", "bb");
   WriteRaw(tmp.path() / "a/z", "zzz");
   WriteRaw(tmp.path() / "a/b/c", "");
@@ -440,7 +421,7 @@ TEST(SafeDirListTest, RefusesEverythingButRegularFilesAndDirectories) {
     std::function<void(const fs::path&)> plant;
     std::string reason;
   };
-  TempDir outside;
+  test_util::TempDir outside{"safe_fs_"};
   WriteRaw(outside.path() / "secret", "secret");
   const std::vector<Case> cases = {
       {"symlink_file",
@@ -459,7 +440,7 @@ TEST(SafeDirListTest, RefusesEverythingButRegularFilesAndDirectories) {
       {"bad_dir_name", [](const fs::path& d) { WriteRaw(d / "sub/a b/x", "x"); }, "space"},
   };
   for (const Case& c : cases) {
-    TempDir tmp;
+    test_util::TempDir tmp{"safe_fs_"};
     WriteRaw(tmp.path() / "sub/ok", "ok");
     c.plant(tmp.path());
     SafeDir root = OpenOrDie(tmp.str());
@@ -474,7 +455,7 @@ TEST(SafeDirListTest, RefusesEverythingButRegularFilesAndDirectories) {
 }
 
 TEST(SafeDirListTest, ConcurrentListingsEachSeeEveryFile) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   // Enough entries (about 80 KiB of dirents) that a listing takes several getdents calls, so
   // listings sharing one read offset would interleave.
   constexpr int kFiles = 1000;
@@ -498,7 +479,7 @@ TEST(SafeDirListTest, ConcurrentListingsEachSeeEveryFile) {
 }
 
 TEST(SafeDirListTest, HardlinksAllowedWhenNotRefused) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   WriteRaw(tmp.path() / "a", "x");
   ASSERT_EQ(::link((tmp.path() / "a").c_str(), (tmp.path() / "b").c_str()), 0);
   SafeDir root = OpenOrDie(tmp.str());
@@ -509,7 +490,7 @@ TEST(SafeDirListTest, HardlinksAllowedWhenNotRefused) {
 }
 
 TEST(SafeDirListTest, RefusesAUnixSocket) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   const std::string path = (tmp.path() / "s").string();
   UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_TRUE(sock.valid());
@@ -524,7 +505,7 @@ TEST(SafeDirListTest, RefusesAUnixSocket) {
 }
 
 TEST(SafeDirListTest, EnforcesLimits) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   for (int i = 0; i < 5; ++i) WriteRaw(tmp.path() / ("d/f" + std::to_string(i)), "0123456789");
   SafeDir root = OpenOrDie(tmp.str());
 
@@ -548,7 +529,7 @@ TEST(SafeDirListTest, EnforcesLimits) {
 }
 
 TEST(SafeDirListTest, ManyEmptyDirectoriesAreBounded) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   for (int i = 0; i < 40; ++i) fs::create_directories(tmp.path() / ("d" + std::to_string(i)));
   SafeDir root = OpenOrDie(tmp.str());
   SafeListLimits limits;
@@ -566,7 +547,7 @@ TEST(SafeDirListTest, ManyEmptyDirectoriesAreBounded) {
 // SafeDir::WriteFileAtomic
 
 TEST(SafeDirWriteTest, WritesCreatesParentsAndReplaces) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   SafeDir root = OpenOrDie(tmp.str());
   ASSERT_TRUE(root.WriteFileAtomic("a/b/c.bin", "first").ok());
   EXPECT_EQ(ReadRaw(tmp.path() / "a/b/c.bin"), "first");
@@ -590,8 +571,8 @@ TEST(SafeDirWriteTest, WritesCreatesParentsAndReplaces) {
 }
 
 TEST(SafeDirWriteTest, ReplacesAPlantedSymlinkNotItsTarget) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   WriteRaw(outside.path() / "victim", "original");
   fs::create_directories(tmp.path() / "chunks");
   fs::create_symlink(outside.path() / "victim", tmp.path() / "chunks/x");
@@ -604,8 +585,8 @@ TEST(SafeDirWriteTest, ReplacesAPlantedSymlinkNotItsTarget) {
 }
 
 TEST(SafeDirWriteTest, RefusesASymlinkedParentAndWritesNothingOutside) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   fs::create_directories(tmp.path() / "a");
   fs::create_symlink(outside.path(), tmp.path() / "a/link");
   SafeDir root = OpenOrDie(tmp.str());
@@ -623,7 +604,7 @@ TEST(SafeDirWriteTest, RefusesASymlinkedParentAndWritesNothingOutside) {
 }
 
 TEST(SafeDirWriteTest, RefusesADirectoryAsTargetAndCleansUp) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   fs::create_directories(tmp.path() / "d/inner");
   SafeDir root = OpenOrDie(tmp.str());
   absl::Status status = root.WriteFileAtomic("d", "x");
@@ -639,8 +620,8 @@ TEST(SafeDirWriteTest, RefusesADirectoryAsTargetAndCleansUp) {
 // CreateExclusive, Remove, Empty, Sync
 
 TEST(SafeDirCreateTest, CreatesExclusivelyAndNeverThroughALink) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   SafeDir root = OpenOrDie(tmp.str());
   auto fd = root.CreateExclusive("out/x/file");
   ASSERT_TRUE(fd.ok()) << fd.status();
@@ -661,8 +642,8 @@ TEST(SafeDirCreateTest, CreatesExclusivelyAndNeverThroughALink) {
 }
 
 TEST(SafeDirRemoveTest, RemovesFilesAndLinksNotTargets) {
-  TempDir tmp;
-  TempDir outside;
+  test_util::TempDir tmp{"safe_fs_"};
+  test_util::TempDir outside{"safe_fs_"};
   WriteRaw(tmp.path() / "a/f", "x");
   WriteRaw(outside.path() / "victim", "original");
   fs::create_symlink(outside.path() / "victim", tmp.path() / "a/l");
@@ -683,7 +664,7 @@ TEST(SafeDirRemoveTest, RemovesFilesAndLinksNotTargets) {
 }
 
 TEST(SafeDirEmptyTest, ReportsEmptiness) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   SafeDir root = OpenOrDie(tmp.str());
   auto empty = root.Empty();
   ASSERT_TRUE(empty.ok());
@@ -704,7 +685,7 @@ TEST(SafeDirEmptyTest, ReportsEmptiness) {
 }
 
 TEST(ReadWriteFullTest, WritesAndReadsAll) {
-  TempDir tmp;
+  test_util::TempDir tmp{"safe_fs_"};
   const fs::path path = tmp.path() / "f";
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   ASSERT_TRUE(fd.valid());

@@ -30,6 +30,7 @@
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "gtest/gtest.h"
+#include "tests/util/temp_dir.h"
 
 namespace ts::sidecar {
 namespace {
@@ -41,24 +42,6 @@ constexpr uint64_t kShard = 7;
 constexpr uint32_t kChunk = kMinChunkSize;  // 4 KiB: many chunks from small files
 
 std::string Msg(const absl::Status& status) { return std::string(status.message()); }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "ts_store_XXXXXX").string();
-    char* made = ::mkdtemp(tmpl.data());
-    EXPECT_NE(made, nullptr) << std::strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // A clock whose monotonic time moves 100 ms per reading, so every progress report passes the
 // throttle.
@@ -235,7 +218,7 @@ class StoreTest : public ::testing::Test {
     }
   }
 
-  TempDir tmp_;
+  test_util::TempDir tmp_{"ts_store_"};
   TestClock clock_;
   common::PrivateKey key_ = common::PrivateKey::Generate();
 };
@@ -1485,7 +1468,7 @@ void CheckAfterCrash(Host& a, Host& b, int* complete_seen) {
 
 TEST(StoreCrashTest, KilledAtRandomMomentsLeavesNoBrokenCompleteArtifact) {
   if (std::getenv(kCrashEnv) != nullptr) GTEST_SKIP() << "already the child";
-  TempDir tmp;
+  test_util::TempDir tmp{"ts_store_"};
   TestClock clock;
   Host a = CrashHost(tmp.path(), "a", &clock);
   Host b = CrashHost(tmp.path(), "b", &clock);

@@ -27,6 +27,7 @@
 #include "common/hex.h"
 #include "common/status.h"
 #include "state/db.h"
+#include "tests/util/temp_dir.h"
 
 namespace ts::sidecar {
 namespace {
@@ -52,24 +53,6 @@ common::PrivateKey KeyOf(char byte) {
 std::string AddressOf(const common::PrivateKey& key) {
   return common::AddressFromPublicKey(key.public_key());
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "ts_transfer_XXXXXX").string();
-    char* made = ::mkdtemp(tmpl.data());
-    TS_CHECK(made != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::string RandomBytes(std::mt19937_64& rng, size_t n) {
   std::string out(n, '\0');
@@ -392,7 +375,7 @@ class TransferTest : public ::testing::Test {
     return published->id;
   }
 
-  TempDir tmp_;
+  test_util::TempDir tmp_{"ts_transfer_"};
   StaticShardDirectory directory_;
   std::vector<std::unique_ptr<Host>> hosts_;
   std::vector<Host*> members_;
@@ -579,6 +562,8 @@ TEST_F(TransferTest, CancelThenResume) {
   context.cancelled = [&] { return seen.load() >= 5; };
   FetcherOptions options;
   options.chunks_per_request = 2;
+  // Two streams, so the slow peer takes long enough for the cancel to land mid-way.
+  options.streams_target = 1;
   auto result = FetchArtifact(
       context, RequestFor({FetchPeer{publisher_->address, slow_server.endpoint}}), options);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
