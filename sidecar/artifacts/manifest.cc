@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/absl_view.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/crypto/signing.h"
@@ -22,13 +23,11 @@ constexpr size_t kMaxPublisherBytes = 128;
 // How much of an untrusted string an error message quotes.
 constexpr size_t kQuotedBytesMax = 96;
 
-// Debian's Abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0).
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 std::string Quote(std::string_view s) {
-  if (s.size() <= kQuotedBytesMax) return absl::StrCat("\"", absl::CHexEscape(Sv(s)), "\"");
-  return absl::StrCat("\"", absl::CHexEscape(Sv(s.substr(0, kQuotedBytesMax))), "\"... (", s.size(),
-                      " bytes)");
+  if (s.size() <= kQuotedBytesMax)
+    return absl::StrCat("\"", absl::CHexEscape(common::AsAbsl(s)), "\"");
+  return absl::StrCat("\"", absl::CHexEscape(common::AsAbsl(s.substr(0, kQuotedBytesMax))),
+                      "\"... (", s.size(), " bytes)");
 }
 
 std::string Hex(std::string_view bytes) { return common::HexEncode(bytes); }
@@ -76,7 +75,7 @@ bool ValidKind(std::string_view kind) {
 }
 
 absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(Sv(field), ": ", Sv(why)));
+  return absl::InvalidArgumentError(absl::StrCat(common::AsAbsl(field), ": ", common::AsAbsl(why)));
 }
 
 }  // namespace
@@ -312,13 +311,13 @@ absl::StatusOr<VerifiedManifest> VerifyManifestBytes(std::string_view bytes,
 
 absl::StatusOr<std::string> ParseArtifactId(std::string_view field, std::string_view hex) {
   if (hex.size() != 2 * common::kSha256Size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Sv(field), ": ", Quote(hex), " is not a 64-character hex artifact id"));
+    return absl::InvalidArgumentError(absl::StrCat(common::AsAbsl(field), ": ", Quote(hex),
+                                                   " is not a 64-character hex artifact id"));
   }
   auto bytes = common::HexDecode(hex);
   if (!bytes.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Sv(field), ": ", Quote(hex), " is not a 64-character hex artifact id"));
+    return absl::InvalidArgumentError(absl::StrCat(common::AsAbsl(field), ": ", Quote(hex),
+                                                   " is not a 64-character hex artifact id"));
   }
   return *std::move(bytes);
 }

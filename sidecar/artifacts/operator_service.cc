@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "chain-bridge/client/grpc_status.h"
+#include "common/absl_view.h"
 #include "common/crypto/bech32.h"
 #include "common/hex.h"
 #include "common/status.h"
@@ -17,9 +18,6 @@
 
 namespace ts::sidecar {
 namespace {
-
-// Debian's Abseil has its own absl::string_view, which std::string_view does not convert to.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 grpc::Status ToGrpc(const absl::Status& status) { return bridge::ToGrpcStatus(status); }
 
@@ -45,24 +43,26 @@ absl::Status CheckShardId(uint64_t shard_id) {
 
 absl::Status CheckId(std::string_view field, std::string_view id, bool allow_empty) {
   if (id.size() == 32 || (allow_empty && id.empty())) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(Sv(field), ": ", id.size(), " bytes, want 32", allow_empty ? " (or none)" : ""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      common::AsAbsl(field), ": ", id.size(), " bytes, want 32", allow_empty ? " (or none)" : ""));
 }
 
 // An absolute path from the operator: trusted as a location (it may go through links the
 // operator made), but it must be a plain absolute path without NUL, of bounded length.
 absl::Status CheckAbsolutePath(std::string_view field, std::string_view path) {
-  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(Sv(field), ": empty"));
+  if (path.empty())
+    return absl::InvalidArgumentError(absl::StrCat(common::AsAbsl(field), ": empty"));
   if (path.size() > kMaxOperatorPathBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Sv(field), ": ", path.size(), " bytes, more than ", kMaxOperatorPathBytes));
+    return absl::InvalidArgumentError(absl::StrCat(common::AsAbsl(field), ": ", path.size(),
+                                                   " bytes, more than ", kMaxOperatorPathBytes));
   }
   if (path.find('\0') != std::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(Sv(field), ": ", Quote(path), " holds NUL"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(common::AsAbsl(field), ": ", Quote(path), " holds NUL"));
   }
   if (path.front() != '/') {
     return absl::InvalidArgumentError(
-        absl::StrCat(Sv(field), ": ", Quote(path), " is not absolute"));
+        absl::StrCat(common::AsAbsl(field), ": ", Quote(path), " is not absolute"));
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/absl_view.h"
 #include "common/hex.h"
 #include "common/status.h"
 
@@ -23,14 +24,11 @@ namespace {
 // a 1 MiB name from a peer turn into a 4 MiB log line.
 constexpr size_t kQuotedNameBytesMax = 128;
 
-// Debian's Abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0).
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 std::string Quote(std::string_view name) {
   if (name.size() <= kQuotedNameBytesMax)
-    return absl::StrCat("\"", absl::CHexEscape(Sv(name)), "\"");
-  return absl::StrCat("\"", absl::CHexEscape(Sv(name.substr(0, kQuotedNameBytesMax))), "\"... (",
-                      name.size(), " bytes)");
+    return absl::StrCat("\"", absl::CHexEscape(common::AsAbsl(name)), "\"");
+  return absl::StrCat("\"", absl::CHexEscape(common::AsAbsl(name.substr(0, kQuotedNameBytesMax))),
+                      "\"... (", name.size(), " bytes)");
 }
 
 bool AllowedNameByte(char c) {
@@ -54,7 +52,7 @@ std::string Errno(int err) { return std::strerror(err); }
 
 // The status code an errno from open/mkdir/stat on a name maps to.
 absl::Status ErrnoStatus(int err, std::string_view what) {
-  const std::string message = absl::StrCat(Sv(what), ": ", Errno(err));
+  const std::string message = absl::StrCat(common::AsAbsl(what), ": ", Errno(err));
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(message);
@@ -95,7 +93,8 @@ absl::Status FsyncFd(int fd, std::string_view what) {
   do {
     rc = ::fsync(fd);
   } while (rc != 0 && errno == EINTR);
-  if (rc != 0) return absl::InternalError(absl::StrCat("fsync ", Sv(what), ": ", Errno(errno)));
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("fsync ", common::AsAbsl(what), ": ", Errno(errno)));
   return absl::OkStatus();
 }
 
@@ -131,12 +130,13 @@ SplitName Split(std::string_view name) {
 // Why opening component `comp` under `dirfd` as a directory failed, in words.
 absl::Status DescribeDirFailure(int dirfd, const std::string& comp, int err,
                                 std::string_view what) {
-  if (err == ENOENT) return absl::NotFoundError(absl::StrCat(Sv(what), " does not exist"));
+  if (err == ENOENT)
+    return absl::NotFoundError(absl::StrCat(common::AsAbsl(what), " does not exist"));
   if (err == ELOOP || err == ENOTDIR) {
     struct stat st;
     if (::fstatat(dirfd, comp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat(Sv(what), " is ", TypeName(st.st_mode), ", not a directory"));
+          absl::StrCat(common::AsAbsl(what), " is ", TypeName(st.st_mode), ", not a directory"));
     }
   }
   return ErrnoStatus(err, what);
@@ -154,8 +154,8 @@ absl::StatusOr<UniqueFd> WalkDirs(int base_fd, const std::vector<std::string_vie
   for (std::string_view comp_view : dirs) {
     const std::string comp(comp_view);
     walked = walked.empty() ? comp : absl::StrCat(walked, "/", comp);
-    const std::string what =
-        absl::StrCat("\"", Sv(full_name), "\" in ", dir_path, ": directory \"", walked, "\"");
+    const std::string what = absl::StrCat("\"", common::AsAbsl(full_name), "\" in ", dir_path,
+                                          ": directory \"", walked, "\"");
     int fd = OpenDirAt(cur, comp.c_str());
     if (fd < 0 && errno == ENOENT && create) {
       if (::mkdirat(cur, comp.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -303,7 +303,8 @@ absl::Status ListRecursive(int dirfd, const std::string& prefix, ListState* stat
 
 absl::Status ValidateArtifactName(std::string_view field, std::string_view name) {
   auto refuse = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(Sv(field), ": ", Quote(name), " ", Sv(why)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(common::AsAbsl(field), ": ", Quote(name), " ", common::AsAbsl(why)));
   };
   if (name.empty()) return refuse("is empty");
   if (name.size() > kMaxArtifactNameBytes) {
@@ -324,7 +325,7 @@ absl::Status ValidateArtifactName(std::string_view field, std::string_view name)
       return refuse(slash == std::string_view::npos ? "ends with '/'" : "has an empty component");
     }
     if (comp == "." || comp == "..") {
-      return refuse(absl::StrCat("has a \"", Sv(comp), "\" component"));
+      return refuse(absl::StrCat("has a \"", common::AsAbsl(comp), "\" component"));
     }
     if (comp.size() > kMaxArtifactNameComponentBytes) {
       return refuse(
@@ -402,13 +403,14 @@ absl::StatusOr<UniqueFd> SafeDir::OpenRead(std::string_view name, bool refuse_ha
   const SplitName split = Split(name);
   TS_ASSIGN_OR_RETURN(UniqueFd dir, WalkDirs(fd_.get(), split.dirs, /*create=*/false, path_, name));
   const std::string base(split.base);
-  const std::string what = absl::StrCat("\"", Sv(name), "\" in ", path_);
+  const std::string what = absl::StrCat("\"", common::AsAbsl(name), "\" in ", path_);
 
   // The type is checked before the open: opening a FIFO for reading would block (or, with
   // O_NONBLOCK, succeed), and opening a device can have side effects.
   struct stat before;
   if (::fstatat(dir.get(), base.c_str(), &before, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(Sv(what), " does not exist"));
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat(common::AsAbsl(what), " does not exist"));
     return ErrnoStatus(errno, what);
   }
   if (!S_ISREG(before.st_mode)) {
@@ -473,7 +475,7 @@ absl::Status SafeDir::WriteFileAtomic(std::string_view name, std::string_view da
   const SplitName split = Split(name);
   TS_ASSIGN_OR_RETURN(UniqueFd dir, WalkDirs(fd_.get(), split.dirs, /*create=*/true, path_, name));
   const std::string base(split.base);
-  const std::string what = absl::StrCat("\"", Sv(name), "\" in ", path_);
+  const std::string what = absl::StrCat("\"", common::AsAbsl(name), "\" in ", path_);
 
   std::string tmp;
   int raw = -1;
@@ -519,7 +521,7 @@ absl::StatusOr<UniqueFd> SafeDir::CreateExclusive(std::string_view name) const {
   const SplitName split = Split(name);
   TS_ASSIGN_OR_RETURN(UniqueFd dir, WalkDirs(fd_.get(), split.dirs, /*create=*/true, path_, name));
   const std::string base(split.base);
-  const std::string what = absl::StrCat("\"", Sv(name), "\" in ", path_);
+  const std::string what = absl::StrCat("\"", common::AsAbsl(name), "\" in ", path_);
   int raw;
   do {
     raw = ::openat(dir.get(), base.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
@@ -537,17 +539,19 @@ absl::Status SafeDir::Remove(std::string_view name) const {
   const SplitName split = Split(name);
   TS_ASSIGN_OR_RETURN(UniqueFd dir, WalkDirs(fd_.get(), split.dirs, /*create=*/false, path_, name));
   const std::string base(split.base);
-  const std::string what = absl::StrCat("\"", Sv(name), "\" in ", path_);
+  const std::string what = absl::StrCat("\"", common::AsAbsl(name), "\" in ", path_);
   struct stat st;
   if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(Sv(what), " does not exist"));
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat(common::AsAbsl(what), " does not exist"));
     return ErrnoStatus(errno, what);
   }
   if (S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(what, " is a directory"));
   }
   if (::unlinkat(dir.get(), base.c_str(), 0) != 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(Sv(what), " does not exist"));
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat(common::AsAbsl(what), " does not exist"));
     return ErrnoStatus(errno, absl::StrCat("unlink ", what));
   }
   return absl::OkStatus();

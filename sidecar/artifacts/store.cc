@@ -21,6 +21,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/absl_view.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
@@ -45,22 +46,19 @@ constexpr size_t kManifestCacheBytesMax = 64u << 20;
 // size in use.
 constexpr size_t kDirectIoAlignBytes = 4096;
 
-// Debian's Abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0).
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 std::string Hex(std::string_view bytes) { return common::HexEncode(bytes); }
 
 std::string Errno(int err) { return std::strerror(err); }
 
 absl::Status IoError(int err, std::string_view what) {
-  const std::string message = absl::StrCat(Sv(what), ": ", Errno(err));
+  const std::string message = absl::StrCat(common::AsAbsl(what), ": ", Errno(err));
   if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }
 
 // Name of a chunk under chunks/: "<first 2 hex>/<64 hex>".
 std::string ChunkName(std::string_view hex) {
-  return absl::StrCat(Sv(hex.substr(0, 2)), "/", Sv(hex));
+  return absl::StrCat(common::AsAbsl(hex.substr(0, 2)), "/", common::AsAbsl(hex));
 }
 
 bool IsLowerHex(std::string_view s) {
@@ -145,7 +143,7 @@ absl::Status FsyncFd(int fd, std::string_view what) {
   do {
     rc = ::fsync(fd);
   } while (rc != 0 && errno == EINTR);
-  if (rc != 0) return IoError(errno, absl::StrCat("fsync ", Sv(what)));
+  if (rc != 0) return IoError(errno, absl::StrCat("fsync ", common::AsAbsl(what)));
   return absl::OkStatus();
 }
 
@@ -156,7 +154,7 @@ absl::Status DataSyncFd(int fd, std::string_view what) {
   do {
     rc = ::fdatasync(fd);
   } while (rc != 0 && errno == EINTR);
-  if (rc != 0) return IoError(errno, absl::StrCat("fdatasync ", Sv(what)));
+  if (rc != 0) return IoError(errno, absl::StrCat("fdatasync ", common::AsAbsl(what)));
   return absl::OkStatus();
 }
 
@@ -243,7 +241,7 @@ class ProgressThrottle {
 }  // namespace
 
 std::string ArtifactKey(uint64_t shard_id, std::string_view artifact_id) {
-  return absl::StrCat(state::EncodeU64Key(shard_id), Sv(artifact_id));
+  return absl::StrCat(state::EncodeU64Key(shard_id), common::AsAbsl(artifact_id));
 }
 
 struct ArtifactStore::Impl {
@@ -312,8 +310,8 @@ struct ArtifactStore::Impl {
                     uint64_t needed) -> absl::Status {
       const uint64_t have = used + reserved;
       if (have <= max && needed <= max - have) return absl::OkStatus();
-      std::string message =
-          absl::StrCat("artifact quota: ", max, " ", Sv(what), " exceeded: ", used, " used + ");
+      std::string message = absl::StrCat("artifact quota: ", max, " ", common::AsAbsl(what),
+                                         " exceeded: ", used, " used + ");
       if (reserved > 0) absl::StrAppend(&message, reserved, " reserved + ");
       absl::StrAppend(&message, needed, " needed");
       return absl::ResourceExhaustedError(message);

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "chain-bridge/client/grpc_status.h"
+#include "common/absl_view.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/status.h"
@@ -29,8 +30,6 @@
 
 namespace ts::sidecar {
 namespace {
-
-absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // Room for the protobuf framing around the largest chunk (or manifest) a peer may send.
 constexpr int kReceiveSlackBytes = 64 << 10;
@@ -52,7 +51,7 @@ std::string Hex(std::string_view bytes) { return common::HexEncode(bytes); }
 absl::Status CheckArtifactId(std::string_view field, std::string_view id) {
   if (id.size() != common::kSha256Size) {
     return absl::InvalidArgumentError(
-        absl::StrCat(A(field), ": ", id.size(), " bytes, want ", common::kSha256Size));
+        absl::StrCat(common::AsAbsl(field), ": ", id.size(), " bytes, want ", common::kSha256Size));
   }
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/absl_view.h"
 #include "common/amount.h"
 #include "common/hex.h"
 #include "common/log.h"
@@ -19,9 +20,6 @@
 
 namespace ts::sidecar {
 namespace {
-
-// Debian's Abseil has its own absl::string_view, which std::string_view does not convert to.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 std::string Describe(const toml::node& node) {
   std::ostringstream out;
@@ -55,8 +53,9 @@ const char* TypeName(const toml::node& node) {
 }
 
 absl::Status WrongType(std::string_view key, const toml::node& node, std::string_view want) {
-  return absl::InvalidArgumentError(absl::StrCat(Sv(key), ": expected ", Sv(want), ", got ",
-                                                 TypeName(node), " ", Describe(node)));
+  return absl::InvalidArgumentError(absl::StrCat(common::AsAbsl(key), ": expected ",
+                                                 common::AsAbsl(want), ", got ", TypeName(node),
+                                                 " ", Describe(node)));
 }
 
 absl::StatusOr<std::string> GetString(std::string_view key, const toml::node& node) {
@@ -72,7 +71,7 @@ absl::StatusOr<int64_t> GetInteger(std::string_view key, const toml::node& node,
   int64_t v = i->get();
   if (v < min || v > max) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Sv(key), ": ", v, " is out of range [", min, ", ", max, "]"));
+        absl::StrCat(common::AsAbsl(key), ": ", v, " is out of range [", min, ", ", max, "]"));
   }
   return v;
 }
@@ -89,16 +88,16 @@ absl::Status CheckProfile(std::string_view key, std::string_view profile) {
   bool ok = !profile.empty() && profile.size() <= 64;
   for (char c : profile) ok = ok && IsProfileChar(c);
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(Sv(key), ": \"", Sv(profile.substr(0, 80)),
-                                                   "\" is not a hardware profile id ",
-                                                   "([a-z0-9-]{1,64})"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(common::AsAbsl(key), ": \"", common::AsAbsl(profile.substr(0, 80)),
+                     "\" is not a hardware profile id ", "([a-z0-9-]{1,64})"));
   }
   return absl::OkStatus();
 }
 
 absl::Status ParsePolicy(const toml::table& table, ReservationPolicy* policy) {
   for (auto&& [k, node] : table) {
-    std::string key = absl::StrCat("policy.", Sv(k.str()));
+    std::string key = absl::StrCat("policy.", common::AsAbsl(k.str()));
     if (k.str() == "auto_reserve") {
       TS_ASSIGN_OR_RETURN(policy->auto_reserve, GetBool(key, node));
     } else if (k.str() == "hardware_profiles") {
@@ -138,8 +137,9 @@ absl::Status ParsePolicy(const toml::table& table, ReservationPolicy* policy) {
 
 absl::Status CheckHostPort(std::string_view key, std::string_view value, int min_port) {
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(Sv(key), ": \"", Sv(value.substr(0, 200)),
-                                                   "\" is not host:port (", Sv(why), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(common::AsAbsl(key), ": \"", common::AsAbsl(value.substr(0, 200)),
+                     "\" is not host:port (", common::AsAbsl(why), ")"));
   };
   size_t colon = value.rfind(':');
   if (colon == std::string_view::npos) return bad("no ':port'");
@@ -154,7 +154,8 @@ absl::Status CheckHostPort(std::string_view key, std::string_view value, int min
     if (c <= ' ' || c == '/' || c == '"') return bad("bad character in host");
   }
   int port = 0;
-  if (port_text.empty() || port_text.size() > 5 || !absl::SimpleAtoi(Sv(port_text), &port)) {
+  if (port_text.empty() || port_text.size() > 5 ||
+      !absl::SimpleAtoi(common::AsAbsl(port_text), &port)) {
     return bad("port is not a number");
   }
   for (char c : port_text) {
@@ -173,8 +174,9 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
   } catch (const toml::parse_error& e) {
     // toml++ reports syntax errors by exception; this is the one place they are caught.
     const auto& begin = e.source().begin;
-    return absl::InvalidArgumentError(absl::StrCat(Sv(source), ":", begin.line, ":", begin.column,
-                                                   ": TOML syntax error: ", Sv(e.description())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(common::AsAbsl(source), ":", begin.line, ":", begin.column,
+                     ": TOML syntax error: ", common::AsAbsl(e.description())));
   }
   HostConfig config;
   for (auto&& [k, node] : root) {
@@ -212,7 +214,7 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
       TS_RETURN_IF_ERROR(ParsePolicy(*table, &config.policy));
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat(Sv(key), ": unknown key (value ", Describe(node), ")"));
+          absl::StrCat(common::AsAbsl(key), ": unknown key (value ", Describe(node), ")"));
     }
   }
   return config;
@@ -259,7 +261,7 @@ void ApplyOverrides(const HostConfigOverrides& overrides, HostConfig* config) {
 absl::Status ValidateHostConfig(const HostConfig& config) {
   auto required = [](std::string_view key, const std::string& value) -> absl::Status {
     if (value.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(Sv(key), ": required, not set"));
+      return absl::InvalidArgumentError(absl::StrCat(common::AsAbsl(key), ": required, not set"));
     }
     return absl::OkStatus();
   };

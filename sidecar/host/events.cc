@@ -3,13 +3,12 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/absl_view.h"
 #include "common/amount.h"
 #include "common/status.h"
 
 namespace ts::sidecar {
 namespace {
-
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // Reads the attributes of one event, naming the event type in every error.
 class Reader {
@@ -73,12 +72,12 @@ class Reader {
  private:
   absl::Status Missing(std::string_view key) const {
     return absl::InvalidArgumentError(
-        absl::StrCat(event_.type().substr(0, 64), ": attribute ", Sv(key), " missing"));
+        absl::StrCat(event_.type().substr(0, 64), ": attribute ", common::AsAbsl(key), " missing"));
   }
   absl::Status Bad(std::string_view key, std::string_view value, std::string_view why) const {
-    return absl::InvalidArgumentError(absl::StrCat(event_.type().substr(0, 64), ": attribute ",
-                                                   Sv(key), "=\"", Sv(value.substr(0, 64)), "\" ",
-                                                   Sv(why)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(event_.type().substr(0, 64), ": attribute ", common::AsAbsl(key), "=\"",
+                     common::AsAbsl(value.substr(0, 64)), "\" ", common::AsAbsl(why)));
   }
 
   const tendermint::abci::Event& event_;
@@ -91,7 +90,7 @@ absl::StatusOr<std::string> EventAttribute(const tendermint::abci::Event& event,
   for (const auto& attribute : event.attributes()) {
     if (attribute.key() == key) return attribute.value();
   }
-  return absl::NotFoundError(absl::StrCat("attribute ", Sv(key), " missing"));
+  return absl::NotFoundError(absl::StrCat("attribute ", common::AsAbsl(key), " missing"));
 }
 
 absl::StatusOr<ShardProposedEvent> ParseShardProposed(const tendermint::abci::Event& event) {

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/module/tx.h"
+#include "common/absl_view.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
@@ -30,11 +31,9 @@ constexpr int kMaxStoredAttributes = 128;
 constexpr size_t kMaxStoredValueBytes = 4096;
 constexpr size_t kMaxLogBytes = 300;
 
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 std::string Truncate(std::string_view s, size_t n) {
   if (s.size() <= n) return std::string(s);
-  return absl::StrCat(Sv(s.substr(0, n)), "...");
+  return absl::StrCat(common::AsAbsl(s.substr(0, n)), "...");
 }
 
 tendermint::abci::Event CappedCopy(const tendermint::abci::Event& event) {
@@ -118,9 +117,10 @@ std::optional<uint64_t> TxSequence(const pb::PendingTx& tx) {
 }
 
 std::optional<uint64_t> ReservePurposeShard(std::string_view purpose) {
-  if (!absl::StartsWith(Sv(purpose), Sv(kPurposeReservePrefix))) return std::nullopt;
+  if (!absl::StartsWith(common::AsAbsl(purpose), common::AsAbsl(kPurposeReservePrefix)))
+    return std::nullopt;
   uint64_t id = 0;
-  if (!absl::SimpleAtoi(Sv(purpose.substr(kPurposeReservePrefix.size())), &id)) {
+  if (!absl::SimpleAtoi(common::AsAbsl(purpose.substr(kPurposeReservePrefix.size())), &id)) {
     return std::nullopt;
   }
   return id;
@@ -587,7 +587,7 @@ absl::StatusOr<HostCore::SignedReservation> HostCore::BuildReservationTx(uint64_
       bridge::BuildSignedTx(key_, chain_id_, account_number, sequence, {bridge::PackMsg(msg)});
   out.pending.set_txhash(bridge::TxHash(tx_bytes));
   out.pending.set_tx_bytes(std::move(tx_bytes));
-  out.pending.set_purpose(absl::StrCat(Sv(kPurposeReservePrefix), shard_id));
+  out.pending.set_purpose(absl::StrCat(common::AsAbsl(kPurposeReservePrefix), shard_id));
   out.pending.set_created_height(created_height);
   return out;
 }

@@ -4,12 +4,11 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/absl_view.h"
 #include "common/status.h"
 
 namespace ts::sidecar {
 namespace {
-
-absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // A directory caches at most this many shards; a flood of requests naming shards that do not
 // exist must not grow it without bound.
@@ -32,8 +31,8 @@ absl::Status CheckServing(const ShardView& view) {
 }
 
 absl::Status NotMember(uint64_t shard_id, std::string_view address) {
-  return absl::PermissionDeniedError(
-      absl::StrCat("host ", absl::CHexEscape(A(address)), " is not a member of shard ", shard_id));
+  return absl::PermissionDeniedError(absl::StrCat(
+      "host ", absl::CHexEscape(common::AsAbsl(address)), " is not a member of shard ", shard_id));
 }
 
 absl::Status ShardNotFound(uint64_t shard_id) {
