@@ -10,6 +10,7 @@ packages=(
   librocksdb-dev libssl-dev libsecp256k1-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev
+  libgloo-dev python3-numpy
 )
 
 missing=()

@@ -1,0 +1,2 @@
+// Placeholder until implemented (see aggregate.h).
+#include "sidecar/collective/aggregate.h"

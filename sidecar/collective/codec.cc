@@ -1,0 +1,2 @@
+// Placeholder until implemented (see codec.h).
+#include "sidecar/collective/codec.h"

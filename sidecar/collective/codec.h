@@ -1,0 +1,111 @@
+// Compression of fp32 vectors for the collective's wire: none (fp32), fp16, bf16, int8 with a
+// per-block scale, and top-k per block with low-bit values (SparseLoCo-style) plus the error
+// feedback that makes top-k converge. The byte layouts are in docs/collective.md ("Codecs"); the
+// decoders read bytes from peers and refuse anything malformed with INVALID_ARGUMENT naming the
+// field and the value, never reading out of bounds.
+//
+// Error bounds (|decoded − x| per element, for finite x; tested in codec_test.cc):
+//   kFp32   exact.
+//   kFp16   ≤ 2^-11 · |x| for 2^-14 ≤ |x| ≤ 65504 (round to nearest even); ≤ 2^-25 below
+//           (subnormals); |x| > 65504 saturates to ±65504 — the encoder refuses such input
+//           (OUT_OF_RANGE) instead of silently clipping.
+//   kBf16   ≤ 2^-8 · |x| (round to nearest even; fp32's exponent range, no saturation).
+//   kInt8   ≤ s / 2 where s = max|x| over the element's block / 127 (symmetric, round to nearest).
+//   kTopK   kept elements (the top k of each block by |x|): ≤ m / 2^(value_bits) where m is the
+//           largest |x| kept in the block; dropped elements decode to 0 (their error is what the
+//           ErrorFeedback carries to the next round).
+// Non-finite input (NaN, ±Inf) is refused by every encoder with INVALID_ARGUMENT naming the
+// index, since one NaN would poison every participant's sum.
+//
+// Dense codecs (all but kTopK) are "ring-compatible": a partial sum can be decoded, added to and
+// re-encoded at every hop of a ring. kTopK is not: its contributions are all-gathered.
+//
+// Thread-safety: free functions are pure; ErrorFeedback has one owner.
+#ifndef TS_SIDECAR_COLLECTIVE_CODEC_H_
+#define TS_SIDECAR_COLLECTIVE_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ts::sidecar {
+
+enum class Compression : uint8_t {
+  kFp32 = 0,
+  kFp16 = 1,
+  kBf16 = 2,
+  kInt8 = 3,
+  kTopK = 4,
+};
+
+// "fp32", "fp16", "bf16", "int8", "topk".
+std::string_view CompressionName(Compression c);
+// INVALID_ARGUMENT "compression: unknown value '<name>' (fp32|fp16|bf16|int8|topk)".
+absl::StatusOr<Compression> ParseCompression(std::string_view name);
+
+struct CodecSpec {
+  Compression kind = Compression::kFp32;
+  // Elements per block for kInt8 (one fp32 scale each) and kTopK (one scale, topk_per_block
+  // indices and values each). 1..65536.
+  uint32_t block_elements = 4096;
+  // kTopK: elements kept per block, 1..block_elements (64 of 4096 = 1.56 %).
+  uint32_t topk_per_block = 64;
+  // kTopK: bits per kept value including its sign, 2..8.
+  uint32_t value_bits = 2;
+};
+
+// INVALID_ARGUMENT naming the field and value when a spec is out of the ranges above.
+absl::Status ValidateCodecSpec(const CodecSpec& spec);
+
+// Exact size in bytes of Encode(spec, x) for x.size() == elements (the spec must be valid).
+size_t EncodedSize(const CodecSpec& spec, size_t elements);
+
+// Appends the encoding of `x` to `*out`. Errors: INVALID_ARGUMENT (bad spec, non-finite input
+// naming the index), OUT_OF_RANGE (fp16 overflow naming the index and value).
+absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string* out);
+
+// Decodes `bytes` (exactly EncodedSize(spec, out.size()) long) into `out`, overwriting it.
+// INVALID_ARGUMENT when the size differs (naming both), a scale is negative or not finite, a
+// top-k index is out of its block, or indices within a block are not strictly increasing.
+absl::Status Decode(const CodecSpec& spec, std::string_view bytes, std::span<float> out);
+
+// Decodes and adds: out[i] += decoded[i]. Same errors as Decode; on error `out` may be partly
+// updated (callers discard it: an operation that fails never yields a result).
+absl::Status DecodeAdd(const CodecSpec& spec, std::string_view bytes, std::span<float> out);
+
+// fp32 <-> bf16 / fp16 conversion, round to nearest even (exposed for bf16 buffers).
+uint16_t FloatToBf16(float x);
+float Bf16ToFloat(uint16_t b);
+uint16_t FloatToFp16(float x);  // saturates to ±65504 (callers check range first)
+float Fp16ToFloat(uint16_t h);
+
+// Error feedback for lossy codecs (SparseLoCo / EF-SGD): the residual of what compression
+// dropped is added to the next round's input, optionally decayed.
+//   e ← decay · e + x;  c ← Encode(e);  e ← e − Decode(c)
+// so the accumulated error stays bounded by what one round's compression can drop.
+class ErrorFeedback {
+ public:
+  // `decay` in [0, 1]; SparseLoCo uses 0.95 for top-k. Elements fixed at construction.
+  ErrorFeedback(size_t elements, float decay);
+
+  // Compresses x + residual; appends the encoding to *out and updates the residual. Errors as
+  // Encode plus INVALID_ARGUMENT when x.size() differs from the constructed size.
+  absl::Status Compress(const CodecSpec& spec, std::span<const float> x, std::string* out);
+
+  std::span<const float> residual() const { return residual_; }
+
+ private:
+  float decay_;
+  std::vector<float> residual_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_COLLECTIVE_CODEC_H_

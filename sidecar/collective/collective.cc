@@ -1,0 +1,2 @@
+// Placeholder until implemented (see collective.h).
+#include "sidecar/collective/collective.h"

@@ -1,0 +1,2 @@
+// Placeholder until implemented (see frame.h).
+#include "sidecar/collective/frame.h"

@@ -1,0 +1,2 @@
+// Placeholder until implemented (see gloo_collective.h).
+#include "sidecar/collective/gloo_collective.h"

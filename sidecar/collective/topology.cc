@@ -1,0 +1,2 @@
+// Placeholder until implemented (see topology.h).
+#include "sidecar/collective/topology.h"

@@ -1,0 +1,2 @@
+// Placeholder until implemented (see transport.h).
+#include "sidecar/collective/transport.h"
