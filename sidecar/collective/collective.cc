@@ -474,4 +474,75 @@ absl::StatusOr<OpStats> Collective::RobustAllReduce(const OpOptions& options,
   return stats;
 }
 
+absl::StatusOr<std::vector<size_t>> Collective::MeasureRingOrder(
+    const OpOptions& options, size_t probe_bytes, std::vector<std::vector<double>>* rates) {
+  const size_t n = mesh_->group().members.size();
+  const size_t r = mesh_->self_index();
+  const size_t chunk_bytes = std::max<size_t>(options.chunk_elements, 1) * sizeof(float);
+  const std::string zeros(std::min(chunk_bytes, std::max<size_t>(probe_bytes, 1)), '\0');
+  std::vector<double> row(n, 0.0);  // row[i]: bytes/s from member i to this member
+  OpStats stats;
+  for (uint32_t t = 1; t < n; ++t) {
+    Link* to = mesh_->link((r + t) % n);
+    Link* from = mesh_->link((r + n - t) % n);
+    FrameSender sender(to, options.deadline_ms);
+    // A one-byte start frame, then the probe in chunks: the receiver times from the start
+    // frame's arrival to the probe's last byte.
+    const size_t chunks = 1 + ChunksOf(probe_bytes, zeros.size());
+    for (size_t c = 0; c < chunks; ++c) {
+      Outgoing frame;
+      frame.header = DataHeader(options.op_id, t, static_cast<uint32_t>(c));
+      size_t size = c == 0 ? 1 : std::min(zeros.size(), probe_bytes - (c - 1) * zeros.size());
+      frame.view = std::string_view(zeros.data(), size);
+      frame.use_view = true;
+      sender.Push(std::move(frame));
+    }
+    int64_t start_ms = 0;
+    absl::Status status;
+    for (size_t c = 0; c < chunks; ++c) {
+      size_t size = c == 0 ? 1 : std::min(zeros.size(), probe_bytes - (c - 1) * zeros.size());
+      absl::StatusOr<Frame> frame =
+          RecvExpected(from, options.op_id, t, static_cast<uint32_t>(c), size, options.deadline_ms);
+      if (!frame.ok()) {
+        status = frame.status();
+        break;
+      }
+      if (c == 0) start_ms = clock_->MonotonicMs();
+      from->Recycle(std::move(frame->payload));
+    }
+    if (!status.ok()) {
+      absl::Status failure = Fail(mesh_, status);
+      sender.Finish().IgnoreError();
+      return failure;
+    }
+    if (absl::Status s = sender.Finish(); !s.ok()) return Fail(mesh_, s);
+    // Millisecond clock: a probe faster than 1 ms counts as taking 1 ms.
+    double seconds = std::max<int64_t>(clock_->MonotonicMs() - start_ms, 1) / 1000.0;
+    row[(r + n - t) % n] = static_cast<double>(probe_bytes) / seconds;
+  }
+  std::vector<char> all(n * n * sizeof(double));
+  std::memcpy(all.data() + r * n * sizeof(double), row.data(), n * sizeof(double));
+  TS_RETURN_IF_ERROR(GatherRing(mesh_, options.op_id, kRevealStepBase, n * sizeof(double),
+                                chunk_bytes, options.deadline_ms, all, &stats));
+  // all holds, per receiver j, the rates from every i: transpose into rates[i][j].
+  std::vector<std::vector<double>> matrix(n, std::vector<double>(n, 0.0));
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t i = 0; i < n; ++i) {
+      double v;
+      std::memcpy(&v, all.data() + (j * n + i) * sizeof(double), sizeof(double));
+      if (!std::isfinite(v) || v < 0) {
+        return Fail(
+            mesh_,
+            PeerFailure(absl::StatusCode::kInvalidArgument, mesh_->group().members[j].address,
+                        absl::StrCat("measured rate from member ", i, ": ", v, " is not a rate")));
+      }
+      matrix[i][j] = v;
+    }
+  }
+  absl::StatusOr<std::vector<size_t>> order = ChooseRingOrder(matrix);
+  if (!order.ok()) return Fail(mesh_, order.status());
+  if (rates != nullptr) *rates = std::move(matrix);
+  return order;
+}
+
 }  // namespace ts::sidecar

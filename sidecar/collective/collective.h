@@ -29,12 +29,14 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
 #include "sidecar/collective/aggregate.h"
 #include "sidecar/collective/codec.h"
+#include "sidecar/collective/topology.h"
 #include "sidecar/collective/transport.h"
 
 namespace ts::sidecar {
@@ -65,8 +67,7 @@ class Collective {
  public:
   // `mesh`, `key` and `clock` are not owned and must outlive this object. `key` signs
   // commitments (RobustAllReduce); `chain_id` goes into their sign bytes.
-  Collective(Mesh* mesh, const common::PrivateKey* key, std::string chain_id,
-             common::Clock* clock);
+  Collective(Mesh* mesh, const common::PrivateKey* key, std::string chain_id, common::Clock* clock);
 
   // In place: data ← reduce over members of data. Every member passes the same size and
   // options. INVALID_ARGUMENT for a bad codec spec or non-finite input (before anything is
@@ -84,6 +85,14 @@ class Collective {
   // commitment is not signed by its key.
   absl::StatusOr<OpStats> RobustAllReduce(const OpOptions& options, const AggregateSpec& aggregate,
                                           std::span<float> data);
+
+  // Measures the rate of every ordered pair of members — n − 1 rounds in which each member
+  // sends `probe_bytes` to the member t places after it while receiving from the one t places
+  // before — gathers the matrix so every member holds the same bytes, and returns
+  // ChooseRingOrder of it (the same order on every member). rates[i][j] is bytes/s from i to
+  // j as j measured it. The caller then connects a mesh with the members in that order.
+  absl::StatusOr<std::vector<size_t>> MeasureRingOrder(const OpOptions& options, size_t probe_bytes,
+                                                       std::vector<std::vector<double>>* rates);
 
  private:
   Mesh* const mesh_;

@@ -63,6 +63,7 @@ struct Flags {
   int64_t dead_after_ms = 0;
   int64_t start_at_unix_ms = 0;
   uint32_t chunk_elements = 256u << 10;
+  size_t measure_ring_bytes = 0;
   std::string report;
   // Gloo
   std::string store_dir;
@@ -146,6 +147,35 @@ void SleepUntilUnixMs(int64_t t) {
   }
 }
 
+// Measures every pair's rate on the connected mesh, then reconnects with the members in the
+// ring order chosen from the measurements (every member computes the same order).
+absl::Status MeasureAndReorder(const Flags& f, const common::PrivateKey* key, common::Clock& clock,
+                               TcpTransport* transport, GroupSpec* group, uint64_t* session,
+                               std::unique_ptr<Mesh>* mesh, Reporter* reporter) {
+  Collective collective(mesh->get(), key, f.chain_id, &clock);
+  OpOptions op;
+  op.op_id = uint64_t{1} << 40;
+  op.deadline_ms = clock.MonotonicMs() + f.deadline_ms;
+  std::vector<std::vector<double>> rates;
+  TS_ASSIGN_OR_RETURN(std::vector<size_t> order,
+                      collective.MeasureRingOrder(op, f.measure_ring_bytes, &rates));
+  std::vector<GroupMember> ordered;
+  nlohmann::json addresses = nlohmann::json::array();
+  for (size_t i : order) {
+    ordered.push_back(group->members[i]);
+    addresses.push_back(group->members[i].address);
+  }
+  reporter->Write({{"ring_order", addresses}, {"rates_bytes_per_s", rates}});
+  mesh->reset();
+  group->members = std::move(ordered);
+  group->session = ++*session;
+  size_t self_index = 0;
+  while (group->members[self_index].address != transport->address()) ++self_index;
+  TS_ASSIGN_OR_RETURN(*mesh,
+                      transport->Connect(*group, self_index, clock.MonotonicMs() + f.deadline_ms));
+  return absl::OkStatus();
+}
+
 int RunTs(const Flags& f) {
   common::Clock& clock = common::SystemClock();
   Reporter reporter(f.report);
@@ -207,6 +237,10 @@ int RunTs(const Flags& f) {
             (*transport)->Connect(group, self_index, clock.MonotonicMs() + f.deadline_ms);
         if (connected.ok()) {
           mesh = std::move(*connected);
+          if (it == 0 && f.measure_ring_bytes > 0) {
+            status = MeasureAndReorder(f, &*key, clock, transport->get(), &group, &session, &mesh,
+                                       &reporter);
+          }
           if (it == 0) SleepUntilUnixMs(f.start_at_unix_ms);
         } else {
           status = connected.status();
@@ -366,6 +400,8 @@ int main(int argc, char** argv) {
   app.add_option("--dead-after-ms", f.dead_after_ms);
   app.add_option("--start-at-unix-ms", f.start_at_unix_ms);
   app.add_option("--chunk-elements", f.chunk_elements);
+  app.add_option("--measure-ring-bytes", f.measure_ring_bytes,
+                 "measure pair rates with this many bytes and order the ring by them");
   app.add_option("--report", f.report, "append one JSON line per operation here");
   app.add_option("--store-dir", f.store_dir, "Gloo FileStore directory");
   app.add_option("--bind-ip", f.bind_ip, "Gloo: address to bind");

@@ -2,6 +2,7 @@
 // bit-identity, codecs, commitments, failures) and over the real TCP transport on loopback.
 #include "sidecar/collective/collective.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -50,7 +51,7 @@ class MemLink final : public Link {
 class MemHub {
  public:
   // Called for every frame sent; may change the payload (a corrupting member).
-  using Tamper = std::function<void(size_t from, size_t to, const FrameHeader&, std::string*)>;
+  using Tamper = std::function<void(size_t from, size_t to, FrameHeader*, std::string*)>;
 
   explicit MemHub(GroupSpec group) : group_(std::move(group)) {}
   const GroupSpec& group() const { return group_; }
@@ -76,7 +77,7 @@ class MemHub {
     frame.header = header;
     frame.header.payload_size = static_cast<uint32_t>(payload.size());
     frame.payload.assign(payload);
-    if (tamper_) tamper_(from, to, frame.header, &frame.payload);
+    if (tamper_) tamper_(from, to, &frame.header, &frame.payload);
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
     queues_[{from, to}].push_back(std::move(frame));
@@ -343,8 +344,8 @@ TEST(CollectiveMem, RevealThatBreaksItsCommitmentIsNamed) {
   Members m = MakeMembers(n);
   MemHub hub(m.group);
   // Member 1 changes its contribution after committing: its reveal frames are altered.
-  hub.set_tamper([](size_t from, size_t, const FrameHeader& h, std::string* payload) {
-    if (from == 1 && h.step == (1u << 16) && !payload->empty()) (*payload)[0] ^= 1;
+  hub.set_tamper([](size_t from, size_t, FrameHeader* h, std::string* payload) {
+    if (from == 1 && h->step == (1u << 16) && !payload->empty()) (*payload)[0] ^= 1;
   });
   auto inputs = RandomInputs(n, 300, 19);
   AggregateSpec spec;
@@ -395,6 +396,31 @@ TEST(CollectiveMem, KilledMemberIsNamedAndSurvivorsSucceed) {
   }
 }
 
+TEST(CollectiveMem, WrongSizedOrForeignFramesAreNamed) {
+  for (int mode = 0; mode < 3; ++mode) {
+    SCOPED_TRACE(mode);
+    const size_t n = 4;
+    Members m = MakeMembers(n);
+    MemHub hub(m.group);
+    // Member 3's second data frame is one byte longer, names another operation, or another step.
+    int sent = 0;
+    hub.set_tamper([&, mode](size_t from, size_t, FrameHeader* h, std::string* payload) {
+      if (from != 3 || ++sent != 2) return;
+      if (mode == 0) payload->push_back('x');
+      if (mode == 1) h->op_id += 1;
+      if (mode == 2) h->step += 1;
+    });
+    auto data = RandomInputs(n, 20000, 37);
+    auto results = RunAll(&hub, m, [&](Collective& c, size_t i) {
+      return c.AllReduce(Options(Compression::kFp32, ReduceOp::kMean, 1024), data[i]).status();
+    });
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_FALSE(results[i].ok()) << i;
+      EXPECT_EQ(FailedPeerOf(results[i]), m.group.members[3].address) << results[i];
+    }
+  }
+}
+
 TEST(CollectiveMem, NonFiniteInputBlamesItsOwner) {
   const size_t n = 3;
   Members m = MakeMembers(n);
@@ -407,6 +433,36 @@ TEST(CollectiveMem, NonFiniteInputBlamesItsOwner) {
   for (size_t i = 0; i < n; ++i) {
     ASSERT_FALSE(results[i].ok());
     EXPECT_EQ(FailedPeerOf(results[i]), m.group.members[1].address) << results[i];
+  }
+}
+
+TEST(CollectiveMem, MeasuredRingOrderIsTheSameOnEveryMember) {
+  const size_t n = 4;
+  Members m = MakeMembers(n);
+  MemHub hub(m.group);
+  std::vector<std::vector<size_t>> orders(n);
+  std::vector<std::vector<std::vector<double>>> rates(n);
+  auto results = RunAll(&hub, m, [&](Collective& c, size_t i) {
+    auto order = c.MeasureRingOrder(Options(Compression::kFp32, ReduceOp::kMean, 4096),
+                                    /*probe_bytes=*/1 << 20, &rates[i]);
+    if (order.ok()) orders[i] = *order;
+    return order.status();
+  });
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i];
+    EXPECT_EQ(orders[i], orders[0]);
+    EXPECT_EQ(rates[i], rates[0]);
+  }
+  std::vector<size_t> sorted = orders[0];
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(orders[0][0], 0u);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      if (i != j) {
+        EXPECT_GT(rates[0][i][j], 0.0) << i << "->" << j;
+      }
+    }
   }
 }
 
