@@ -87,8 +87,9 @@ class Group:
 
 
 def start(cmd, log):
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    with open(log, "w") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
 
 
 def reports(path):
