@@ -9,11 +9,15 @@
 //   kFp16   ≤ 2^-11 · |x| for 2^-14 ≤ |x| ≤ 65504 (round to nearest even); ≤ 2^-25 below
 //           (subnormals); |x| > 65504 saturates to ±65504 — the encoder refuses such input
 //           (OUT_OF_RANGE) instead of silently clipping.
-//   kBf16   ≤ 2^-8 · |x| (round to nearest even; fp32's exponent range, no saturation).
-//   kInt8   ≤ s / 2 where s = max|x| over the element's block / 127 (symmetric, round to nearest).
+//   kBf16   ≤ 2^-8 · |x| for |x| ≥ 2^-126 (round to nearest even; fp32's exponent range); ≤ 2^-134
+//           below (fp32 subnormals); |x| ≥ 2^128 · (1 − 2^-9) ≈ 3.39618e38 would round to Inf and
+//           is refused (OUT_OF_RANGE).
+//   kInt8   ≤ s / 2 where s = max|x| over the element's block / 127 (symmetric, round to nearest),
+//           plus fp32 rounding of at most s · 2^-16, for a normal s (max|x| ≥ 127 · 2^-126).
 //   kTopK   kept elements (the top k of each block by |x|): ≤ m / 2^(value_bits) where m is the
-//           largest |x| kept in the block; dropped elements decode to 0 (their error is what the
-//           ErrorFeedback carries to the next round).
+//           largest |x| kept in the block, plus fp32 rounding of at most m · 2^-23; dropped
+//           elements decode to 0 (their error is what the ErrorFeedback carries to the next
+//           round).
 // Non-finite input (NaN, ±Inf) is refused by every encoder with INVALID_ARGUMENT naming the
 // index, since one NaN would poison every participant's sum.
 //
@@ -71,8 +75,11 @@ size_t EncodedSize(const CodecSpec& spec, size_t elements);
 absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string* out);
 
 // Decodes `bytes` (exactly EncodedSize(spec, out.size()) long) into `out`, overwriting it.
-// INVALID_ARGUMENT when the size differs (naming both), a scale is negative or not finite, a
-// top-k index is out of its block, or indices within a block are not strictly increasing.
+// INVALID_ARGUMENT when the size differs (naming both), an fp32/fp16/bf16 element is Inf or NaN,
+// a scale is negative or not finite (int8: or 127 · scale overflows), an int8 value is −128, a
+// top-k index is out of its block, indices within a block are not strictly increasing, or top-k
+// padding bits are not zero — anything an encoder never writes, so every decoded value is finite
+// and an encoding is canonical.
 absl::Status Decode(const CodecSpec& spec, std::string_view bytes, std::span<float> out);
 
 // Decodes and adds: out[i] += decoded[i]. Same errors as Decode; on error `out` may be partly
