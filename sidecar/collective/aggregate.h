@@ -2,16 +2,20 @@
 // contributions binding before any is revealed.
 //
 // Every aggregator is a deterministic function of the contributions in the order given (the
-// group's member order), using only fp32 arithmetic in a fixed order, so every honest
+// group's member order), using only IEEE arithmetic in a fixed order, so every honest
 // participant computes bit-identical output from the same inputs on any x86-64/ARM64 build
-// (no FMA contraction: the library is built with -ffp-contract=off).
+// (no FMA contraction: the library is built with -ffp-contract=off). Mean, median and trimmed
+// mean compute in fp32; centered clipping keeps its center, differences and norms in fp64 so
+// that values near FLT_MAX cannot overflow a difference or a squared norm into Inf/NaN.
 //
 // Aggregators (n contributions, f the number an aggregator is meant to tolerate):
-//   kMean          plain mean; no robustness.
+//   kMean          plain mean (fp32 sum in contribution order, then one division); no
+//                  robustness.
 //   kMedian        coordinate-wise median (mean of the two middle values for even n);
 //                  tolerates f < n/2.
 //   kTrimmedMean   coordinate-wise: drop the `trim` largest and `trim` smallest values, mean
-//                  of the rest; needs n > 2·trim (trim from EffectiveTrim).
+//                  of the rest (summed in ascending order); needs n > 2·trim (trim from
+//                  EffectiveTrim).
 //   kCenteredClip  centered clipping (Karimireddy et al. 2021): start from the coordinate
 //                  median v, then `clip_iterations` times v ← v + mean_i clip_τ(x_i − v) with
 //                  clip_τ(d) = d · min(1, τ/‖d‖₂); τ = clip_tau if > 0, else the median of
@@ -53,16 +57,17 @@ struct AggregateSpec {
   uint32_t clip_iterations = 3;
 };
 
-// The trim actually used for n contributions: spec.trim if non-zero, else max(1, (n − 1) / 4)
-// for n ≥ 3 and 0 below.
+// The trim actually used for n contributions: spec.trim if non-zero, else max(1, (n − 1) / 3)
+// for n ≥ 3 and 0 below — the f of n = 3f + 1 (1 of 4, 2 of 7), the usual Byzantine bound.
 uint32_t EffectiveTrim(const AggregateSpec& spec, size_t n);
 
-// Aggregates `contributions` (each of out.size() elements) into `out`.
+// Aggregates `contributions` (each of out.size() elements) into `out`, which must not overlap
+// them.
 // INVALID_ARGUMENT: no contributions, a contribution of another length (naming its index and
 // length), trim too large for n (naming both), clip_iterations > 100, negative or non-finite
 // clip_tau, or a non-finite value in a contribution (naming contribution and index).
-absl::Status Aggregate(const AggregateSpec& spec, std::span<const std::span<const float>> contributions,
-                       std::span<float> out);
+absl::Status Aggregate(const AggregateSpec& spec,
+                       std::span<const std::span<const float>> contributions, std::span<float> out);
 
 // A contribution's commitment: SHA-256("gonka-trainshard/v1/collective_commit" || u64 op_id ||
 // u32 member index || payload), all integers big-endian. Payload is the encoded contribution
