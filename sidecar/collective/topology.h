@@ -16,13 +16,18 @@ namespace ts::sidecar {
 
 // rates[i][j]: bytes/s measured from member i to member j (the diagonal is ignored; 0 means
 // unreachable). Returns a permutation of 0..n−1 starting with 0: the ring visits members in
-// that order. Exhaustive for n ≤ 9; above that a greedy tour improved by 2-opt moves (bounded
-// number of passes). INVALID_ARGUMENT when the matrix is not n×n (n ≥ 2), holds a negative or
-// non-finite rate, or n > 256.
+// that order. Exhaustive for n ≤ 9. Above that: the best greedy tour, improved by local search
+// (segment reversals and relocations, bounded sweeps), then a branch-and-bound search for a
+// better slowest link (bounded steps: exact when it finishes, as it does on random rates up to
+// about 16 members; a good ring otherwise), then local search again for the total rate.
+// INVALID_ARGUMENT when the matrix is not n×n (n ≥ 2), holds a negative or non-finite rate, or
+// n > 256.
 absl::StatusOr<std::vector<size_t>> ChooseRingOrder(const std::vector<std::vector<double>>& rates);
 
-// The slowest link's rate of the ring `order` over `rates`.
-double RingBottleneck(const std::vector<std::vector<double>>& rates, const std::vector<size_t>& order);
+// The slowest link's rate of the ring `order` over `rates` (0 for fewer than two members). Every
+// member of `order` must index the square matrix `rates` (a programmer error otherwise: checked).
+double RingBottleneck(const std::vector<std::vector<double>>& rates,
+                      const std::vector<size_t>& order);
 
 }  // namespace ts::sidecar
 
