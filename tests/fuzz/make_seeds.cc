@@ -17,7 +17,13 @@
 #include "cosmos/crypto/secp256k1/keys.pb.h"
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "gonka/trainshard/v1/shard.pb.h"
+#include "proto/deterministic.h"
 #include "sidecar/artifacts/manifest.h"
+#include "sidecar/collective/codec.h"
+#include "sidecar/collective/frame.h"
+#include "sidecar/collective/tcp_transport.h"
+#include "sidecar/peer/peer_auth.h"
+#include "tests/fuzz/collective_frame_input.h"
 #include "tests/fuzz/sign_bytes_input.h"
 
 namespace {
@@ -191,6 +197,110 @@ void WriteManifestSeeds(const fs::path& dir) {
   Write(dir, "name_encoded", "a%2f..%2fb");
 }
 
+// A hello (or ack) from member `from` to member `to` of the fuzz target's fixed group, signed
+// as SignPeerRequest signs but with a fixed nonce and the target's fixed time, and checked to
+// verify as the target verifies it.
+std::string SignedCollectiveHello(size_t from, size_t to, bool ack) {
+  namespace pb = gonka::trainshard::v1;
+  const ts::sidecar::GroupSpec& group = ts::fuzz::CollectiveGroup();
+  const std::string_view method =
+      ack ? ts::sidecar::kCollectiveHelloAckMethod : ts::sidecar::kCollectiveHelloMethod;
+  pb::CollectiveHello hello;
+  hello.set_shard_id(group.shard_id);
+  hello.set_mesh_id(ts::fuzz::CollectiveMeshId());
+  hello.set_member_index(static_cast<uint32_t>(from));
+  if (ack) hello.set_answers_nonce(std::string(16, '\x5a'));
+  pb::PeerRequestAuth* auth = hello.mutable_auth();
+  auth->set_signer(group.members[from].address);
+  auth->set_audience(group.members[to].address);
+  auth->set_issued_unix_ms(ts::fuzz::kCollectiveNowUnixMs);
+  auth->set_expires_unix_ms(ts::fuzz::kCollectiveNowUnixMs + 30000);
+  auth->set_nonce(std::string(16, static_cast<char>(ack ? 0xa2 : 0xa1)));
+  pb::PeerRequestStatement statement;
+  statement.set_method(std::string(method));
+  statement.set_signer(auth->signer());
+  statement.set_audience(auth->audience());
+  statement.set_expires_unix_ms(auth->expires_unix_ms());
+  statement.set_nonce(auth->nonce());
+  statement.set_body_sha256(ts::common::Sha256(ts::sidecar::RequestBodyBytes(hello)));
+  statement.set_issued_unix_ms(auth->issued_unix_ms());
+  auto signature = ts::common::SignStatement(
+      ts::fuzz::CollectiveKey(from), ts::sidecar::kPeerRequestSignKind,
+      ts::fuzz::kCollectiveChainId, group.shard_id, ts::DeterministicBytes(statement));
+  TS_CHECK(signature.ok());
+  auth->set_signature(*signature);
+
+  ts::fuzz::FixedClock clock;
+  ts::sidecar::PeerRequestVerifier verifier(group.members[to].address,
+                                            std::string(ts::fuzz::kCollectiveChainId), &clock);
+  auto signer = verifier.VerifyRequest(hello, method, group.shard_id);
+  TS_CHECK(signer.ok() && *signer == group.members[from].address);
+  if (!ack) {
+    TS_CHECK(ts::sidecar::CheckHelloMember(hello, *signer, group, ts::fuzz::CollectiveMeshId(), to)
+                 .ok());
+  }
+  return hello.SerializeAsString();
+}
+
+std::string CollectiveFrame(uint8_t mode, ts::sidecar::FrameType type, std::string_view payload,
+                            uint32_t step = 0, uint32_t chunk = 0) {
+  ts::sidecar::FrameHeader header;
+  header.type = type;
+  header.op_id = 7;
+  header.step = step;
+  header.chunk = chunk;
+  header.payload_size = static_cast<uint32_t>(payload.size());
+  return std::string(1, static_cast<char>(mode)) + ts::sidecar::EncodeFrameHeader(header) +
+         std::string(payload);
+}
+
+// Frames, aborts, hellos and codec payloads as the collective sends them.
+void WriteCollectiveFrameSeeds(const fs::path& dir) {
+  using ts::sidecar::Compression;
+  using ts::sidecar::FrameType;
+  const std::string hello =
+      SignedCollectiveHello(ts::fuzz::kCollectiveDialer, ts::fuzz::kCollectiveListener, false);
+  const std::string ack =
+      SignedCollectiveHello(ts::fuzz::kCollectiveListener, ts::fuzz::kCollectiveDialer, true);
+  Write(dir, "frame_hello", CollectiveFrame(ts::fuzz::kModeFrame, FrameType::kHello, hello));
+  Write(dir, "frame_ack", CollectiveFrame(ts::fuzz::kModeFrame, FrameType::kHelloAck, ack));
+  Write(dir, "hello", std::string(1, ts::fuzz::kModeHello) + hello);
+  Write(dir, "frame_heartbeat", CollectiveFrame(ts::fuzz::kModeFrame, FrameType::kHeartbeat, ""));
+  Write(dir, "frame_close", CollectiveFrame(ts::fuzz::kModeFrame, FrameType::kClose, ""));
+  const std::string abort = ts::sidecar::EncodeAbort(ts::fuzz::CollectiveGroup().members[2].address,
+                                                     "no frame or heartbeat for 450 ms");
+  Write(dir, "frame_abort", CollectiveFrame(ts::fuzz::kModeFrame, FrameType::kAbort, abort));
+  Write(dir, "abort", std::string(1, ts::fuzz::kModeAbort) + abort);
+  Write(dir, "abort_utf8",
+        std::string(1, ts::fuzz::kModeAbort) +
+            ts::sidecar::EncodeAbort("", "op 3: größe — 12 bytes"));
+
+  std::vector<float> x(300);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(static_cast<int>((i * 37) % 101) - 50) / 16.0f;
+  }
+  struct Codec {
+    const char* name;
+    ts::sidecar::CodecSpec spec;
+  };
+  const std::vector<Codec> codecs = {
+      {"fp32", {Compression::kFp32, 4096, 64, 2}}, {"fp16", {Compression::kFp16, 4096, 64, 2}},
+      {"bf16", {Compression::kBf16, 4096, 64, 2}}, {"int8", {Compression::kInt8, 128, 64, 2}},
+      {"topk", {Compression::kTopK, 128, 8, 2}},   {"topk_4bit", {Compression::kTopK, 64, 16, 4}},
+  };
+  for (const Codec& c : codecs) {
+    std::string bytes;
+    TS_CHECK(ts::sidecar::Encode(c.spec, x, &bytes).ok());
+    TS_CHECK(bytes.size() == ts::sidecar::EncodedSize(c.spec, x.size()));
+    Write(dir, std::string("codec_") + c.name,
+          std::string(1, ts::fuzz::kModeCodec) +
+              ts::fuzz::SerializeCodecInput(c.spec, x.size(), bytes));
+    Write(dir, std::string("frame_data_") + c.name,
+          CollectiveFrame(ts::fuzz::kModeFrame, FrameType::kData, bytes,
+                          ts::fuzz::StepOfCodec(c.spec, x.size()), ts::fuzz::ChunkOfCodec(c.spec)));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,5 +313,6 @@ int main(int argc, char** argv) {
   WriteSignBytesSeeds(root / "fuzz_sign_bytes");
   WriteAddressSeeds(root / "fuzz_address");
   WriteManifestSeeds(root / "fuzz_manifest");
+  WriteCollectiveFrameSeeds(root / "fuzz_collective_frame");
   return 0;
 }
