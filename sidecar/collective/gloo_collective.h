@@ -23,8 +23,8 @@ namespace ts::sidecar {
 struct GlooOptions {
   int rank = 0;
   int size = 0;
-  std::string store_dir;   // FileStore directory (created if missing)
-  std::string prefix;      // separates groups sharing a store_dir
+  std::string store_dir;  // FileStore directory (created if missing)
+  std::string prefix;     // separates groups sharing a store_dir
   std::string bind_ip = "127.0.0.1";
   int64_t timeout_ms = 30000;
 };

@@ -105,9 +105,8 @@ class Transport {
   // INVALID_ARGUMENT from ValidateGroup or when self_index is out of range or its address is
   // not this host's. UNAVAILABLE / PERMISSION_DENIED / UNAUTHENTICATED naming the peer when a
   // member cannot be reached or refuses, or answers with the wrong identity.
-  virtual absl::StatusOr<std::unique_ptr<Mesh>> Connect(const GroupSpec& group,
-                                                         size_t self_index,
-                                                         int64_t deadline_ms) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Mesh>> Connect(const GroupSpec& group, size_t self_index,
+                                                        int64_t deadline_ms) = 0;
 };
 
 // A status of `code` with message "peer <address>: <message>" and the address in a payload.
