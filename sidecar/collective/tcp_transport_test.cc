@@ -1345,42 +1345,5 @@ TEST(HandshakeCheckTest, CheckHelloMember) {
   EXPECT_TRUE(ParseCollectiveHello("").ok());
 }
 
-// ---------------------------------------------------------------------------------------------
-// Throughput (not a check; run with --gtest_also_run_disabled_tests).
-
-TEST(TcpTransportTest, DISABLED_LoopbackThroughput) {
-  std::vector<common::PrivateKey> keys = {common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate()};
-  auto t0 = StartOrDie(keys[0]);
-  auto t1 = StartOrDie(keys[1]);
-  GroupSpec g;
-  g.members = {{t0->address(), t0->endpoint()}, {t1->address(), t1->endpoint()}};
-  auto meshes = ConnectAll({t0.get(), t1.get()}, g, Now() + 5000);
-  ASSERT_TRUE(meshes[0].ok() && meshes[1].ok());
-  for (size_t frame : {size_t{64} << 10, size_t{1} << 20, size_t{4} << 20}) {
-    const size_t total = size_t{1} << 30;
-    const std::string payload(frame, 'p');
-    const auto start = std::chrono::steady_clock::now();
-    auto sender = std::async(std::launch::async, [&] {
-      FrameHeader h;
-      for (size_t sent = 0; sent < total; sent += frame) {
-        absl::Status s = meshes[0].value()->link(1)->Send(h, payload, Now() + 10000);
-        if (!s.ok()) return s;
-      }
-      return absl::OkStatus();
-    });
-    for (size_t got = 0; got < total;) {
-      auto f = meshes[1].value()->link(0)->Recv(Now() + 10000);
-      ASSERT_TRUE(f.ok()) << f.status();
-      got += f->payload.size();
-      meshes[1].value()->link(0)->Recycle(std::move(f->payload));
-    }
-    ASSERT_TRUE(sender.get().ok());
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::cout << "1 GiB in " << (frame >> 10) << " KiB frames: " << total / s / 1e6 << " MB/s\n";
-  }
-}
-
 }  // namespace
 }  // namespace ts::sidecar
