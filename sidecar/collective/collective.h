@@ -86,6 +86,13 @@ class Collective {
   absl::StatusOr<OpStats> RobustAllReduce(const OpOptions& options, const AggregateSpec& aggregate,
                                           std::span<float> data);
 
+  // All-gathers one value from every member and returns the smallest (the same on every
+  // member). After a failure, members of the retry mesh may have got different distances
+  // through the failed run — a member whose last receive arrived before the peer died finished
+  // an operation the others did not — so they agree on the step to resume from before any
+  // data moves. Uses `options.op_id` and `options.deadline_ms` only.
+  absl::StatusOr<uint64_t> MinimumOf(const OpOptions& options, uint64_t value);
+
   // Measures the rate of every ordered pair of members — n − 1 rounds in which each member
   // sends `probe_bytes` to the member t places after it while receiving from the one t places
   // before — gathers the matrix so every member holds the same bytes, and returns

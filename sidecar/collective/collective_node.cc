@@ -213,107 +213,124 @@ int RunTs(const Flags& f) {
   uint64_t session = 1;
   std::unique_ptr<Mesh> mesh;
   bool last_ok = false;
+  bool first_mesh = true;
+  // Set after a failure: the retry mesh first agrees on the iteration to resume from.
+  bool resume = false;
+  int attempts_left = f.retry ? static_cast<int>(group.members.size()) - 2 : 0;
   std::string result;
-  for (int it = 0; it < f.iterations; ++it) {
-    int attempts_left = f.retry ? static_cast<int>(group.members.size()) - 2 : 0;
-    while (true) {
-      nlohmann::json line = {{"iteration", it},
-                             {"engine", "ts"},
-                             {"codec", f.codec},
-                             {"op", f.op},
-                             {"elements", f.elements}};
-      nlohmann::json addresses = nlohmann::json::array();
-      for (const auto& m : group.members) addresses.push_back(m.address);
-      line["members"] = addresses;
-      size_t self_index = 0;
-      while (self_index < group.members.size() && group.members[self_index].address != self) {
-        ++self_index;
-      }
-      absl::Status status;
-      OpStats stats;
-      if (!mesh) {
-        group.session = session;
-        auto connected =
-            (*transport)->Connect(group, self_index, clock.MonotonicMs() + f.deadline_ms);
-        if (connected.ok()) {
-          mesh = std::move(*connected);
-          if (it == 0 && f.measure_ring_bytes > 0) {
-            status = MeasureAndReorder(f, &*key, clock, transport->get(), &group, &session, &mesh,
-                                       &reporter);
-          }
-          if (it == 0) SleepUntilUnixMs(f.start_at_unix_ms);
-        } else {
-          status = connected.status();
-        }
-      }
-      std::vector<float> data = *input;
-      if (status.ok()) {
-        Collective collective(mesh.get(), &*key, f.chain_id, &clock);
-        OpOptions op;
-        op.op_id = static_cast<uint64_t>(it) + 1;
-        op.codec.kind = *compression;
-        op.codec.block_elements = f.block;
-        op.codec.topk_per_block = f.topk;
-        op.codec.value_bits = f.value_bits;
-        op.reduce = f.reduce == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
-        op.deadline_ms = clock.MonotonicMs() + f.deadline_ms;
-        op.chunk_elements = f.chunk_elements;
-        absl::StatusOr<OpStats> done;
-        if (f.op == "allgather") {
-          std::string out(group.members.size() * data.size() * 4, '\0');
-          done = collective.AllGather(
-              op,
-              std::span<const char>(reinterpret_cast<const char*>(data.data()), data.size() * 4),
-              std::span<char>(out.data(), out.size()));
-          if (done.ok()) result = std::move(out);
-        } else if (f.op == "robust") {
-          AggregateSpec aggregate;
-          aggregate.kind = *aggregator;
-          aggregate.trim = f.trim;
-          aggregate.clip_tau = f.clip_tau;
-          done = collective.RobustAllReduce(op, aggregate, data);
-          if (done.ok()) result.assign(reinterpret_cast<const char*>(data.data()), data.size() * 4);
-        } else if (f.dtype == "bf16") {
-          std::vector<uint16_t> bf(data.size());
-          for (size_t e = 0; e < data.size(); ++e) bf[e] = FloatToBf16(data[e]);
-          done = collective.AllReduceBf16(op, bf);
-          if (done.ok()) result.assign(reinterpret_cast<const char*>(bf.data()), bf.size() * 2);
-        } else {
-          done = collective.AllReduce(op, data);
-          if (done.ok()) result.assign(reinterpret_cast<const char*>(data.data()), data.size() * 4);
-        }
-        if (done.ok()) {
-          stats = *done;
-        } else {
-          status = done.status();
-        }
-      }
-      line["ok"] = status.ok();
-      if (status.ok()) {
-        line["seconds"] = stats.seconds;
-        line["raw_bytes"] = stats.raw_bytes;
-        line["payload_bytes_sent"] = stats.payload_bytes_sent;
-        line["wire_bytes_sent"] = stats.wire_bytes_sent;
-        line["payload_bytes_received"] = stats.payload_bytes_received;
-        reporter.Write(line);
-        last_ok = true;
-        break;
-      }
-      std::string failed = FailedPeerOf(status);
-      line["error"] = std::string(status.ToString());
-      line["failed_peer"] = failed;
-      line["failed_at_unix_ms"] = clock.NowUnixMs();
-      reporter.Write(line);
-      last_ok = false;
-      mesh.reset();
-      ++session;
-      // Retry without the member at fault, unless it is this host or unknown.
-      size_t at = 0;
-      while (at < group.members.size() && group.members[at].address != failed) ++at;
-      if (attempts_left-- <= 0 || failed == self || at == group.members.size()) break;
-      group.members.erase(group.members.begin() + static_cast<std::ptrdiff_t>(at));
+  int it = 0;
+  while (it < f.iterations) {
+    absl::Status status;
+    OpStats stats;
+    size_t self_index = 0;
+    while (self_index < group.members.size() && group.members[self_index].address != self) {
+      ++self_index;
     }
-    if (!last_ok) break;
+    if (!mesh) {
+      group.session = session;
+      auto connected =
+          (*transport)->Connect(group, self_index, clock.MonotonicMs() + f.deadline_ms);
+      if (connected.ok()) {
+        mesh = std::move(*connected);
+        if (resume) {
+          // Op id 0 is never an iteration's (those are it + 1).
+          Collective agree(mesh.get(), &*key, f.chain_id, &clock);
+          OpOptions op;
+          op.op_id = 0;
+          op.deadline_ms = clock.MonotonicMs() + f.deadline_ms;
+          absl::StatusOr<uint64_t> least = agree.MinimumOf(op, static_cast<uint64_t>(it));
+          if (least.ok()) {
+            it = static_cast<int>(std::min<uint64_t>(*least, static_cast<uint64_t>(it)));
+            resume = false;
+          } else {
+            status = least.status();
+          }
+        }
+        if (status.ok() && first_mesh && f.measure_ring_bytes > 0) {
+          status = MeasureAndReorder(f, &*key, clock, transport->get(), &group, &session, &mesh,
+                                     &reporter);
+        }
+        if (status.ok() && first_mesh) SleepUntilUnixMs(f.start_at_unix_ms);
+        first_mesh = false;
+      } else {
+        status = connected.status();
+      }
+    }
+    nlohmann::json line = {{"iteration", it},
+                           {"engine", "ts"},
+                           {"codec", f.codec},
+                           {"op", f.op},
+                           {"elements", f.elements}};
+    nlohmann::json addresses = nlohmann::json::array();
+    for (const auto& m : group.members) addresses.push_back(m.address);
+    line["members"] = addresses;
+    std::vector<float> data = *input;
+    if (status.ok()) {
+      Collective collective(mesh.get(), &*key, f.chain_id, &clock);
+      OpOptions op;
+      op.op_id = static_cast<uint64_t>(it) + 1;
+      op.codec.kind = *compression;
+      op.codec.block_elements = f.block;
+      op.codec.topk_per_block = f.topk;
+      op.codec.value_bits = f.value_bits;
+      op.reduce = f.reduce == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
+      op.deadline_ms = clock.MonotonicMs() + f.deadline_ms;
+      op.chunk_elements = f.chunk_elements;
+      absl::StatusOr<OpStats> done;
+      if (f.op == "allgather") {
+        std::string out(group.members.size() * data.size() * 4, '\0');
+        done = collective.AllGather(
+            op, std::span<const char>(reinterpret_cast<const char*>(data.data()), data.size() * 4),
+            std::span<char>(out.data(), out.size()));
+        if (done.ok()) result = std::move(out);
+      } else if (f.op == "robust") {
+        AggregateSpec aggregate;
+        aggregate.kind = *aggregator;
+        aggregate.trim = f.trim;
+        aggregate.clip_tau = f.clip_tau;
+        done = collective.RobustAllReduce(op, aggregate, data);
+        if (done.ok()) result.assign(reinterpret_cast<const char*>(data.data()), data.size() * 4);
+      } else if (f.dtype == "bf16") {
+        std::vector<uint16_t> bf(data.size());
+        for (size_t e = 0; e < data.size(); ++e) bf[e] = FloatToBf16(data[e]);
+        done = collective.AllReduceBf16(op, bf);
+        if (done.ok()) result.assign(reinterpret_cast<const char*>(bf.data()), bf.size() * 2);
+      } else {
+        done = collective.AllReduce(op, data);
+        if (done.ok()) result.assign(reinterpret_cast<const char*>(data.data()), data.size() * 4);
+      }
+      if (done.ok()) {
+        stats = *done;
+      } else {
+        status = done.status();
+      }
+    }
+    line["ok"] = status.ok();
+    if (status.ok()) {
+      line["seconds"] = stats.seconds;
+      line["raw_bytes"] = stats.raw_bytes;
+      line["payload_bytes_sent"] = stats.payload_bytes_sent;
+      line["wire_bytes_sent"] = stats.wire_bytes_sent;
+      line["payload_bytes_received"] = stats.payload_bytes_received;
+      reporter.Write(line);
+      last_ok = true;
+      ++it;
+      continue;
+    }
+    std::string failed = FailedPeerOf(status);
+    line["error"] = std::string(status.ToString());
+    line["failed_peer"] = failed;
+    line["failed_at_unix_ms"] = clock.NowUnixMs();
+    reporter.Write(line);
+    last_ok = false;
+    mesh.reset();
+    ++session;
+    // Retry without the member at fault, unless it is this host or unknown.
+    size_t at = 0;
+    while (at < group.members.size() && group.members[at].address != failed) ++at;
+    if (attempts_left-- <= 0 || failed == self || at == group.members.size()) break;
+    group.members.erase(group.members.begin() + static_cast<std::ptrdiff_t>(at));
+    resume = true;
   }
   mesh.reset();
   if (last_ok) {

@@ -469,6 +469,25 @@ TEST(CollectiveMem, MeasuredRingOrderIsTheSameOnEveryMember) {
   }
 }
 
+TEST(CollectiveMem, MinimumOfIsTheSameOnEveryMember) {
+  const size_t n = 3;
+  Members m = MakeMembers(n);
+  MemHub hub(m.group);
+  // Values past 2^32 and differing only in high bytes check the wire encoding.
+  const std::vector<uint64_t> values = {(uint64_t{7} << 40) + 5, (uint64_t{3} << 40) + 9,
+                                        (uint64_t{3} << 40) + 11};
+  std::vector<uint64_t> got(n);
+  auto results = RunAll(&hub, m, [&](Collective& c, size_t i) {
+    auto least = c.MinimumOf(Options(Compression::kFp32, ReduceOp::kMean, 4096), values[i]);
+    if (least.ok()) got[i] = *least;
+    return least.status();
+  });
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i];
+    EXPECT_EQ(got[i], (uint64_t{3} << 40) + 9) << "member " << i;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The same operations over the real TCP transport on loopback.
 

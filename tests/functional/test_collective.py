@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -273,12 +274,7 @@ class CollectiveTest(unittest.TestCase):
         fake_group = os.path.join(self.root, "fake-group.txt")
         group.write_group(range(n), path=fake_group, replace={1: outsider["address"]})
         out_rep = os.path.join(self.root, "outsider.jsonl")
-        outsider_proc = start(group.command(1, "--elements", 10, "--report", out_rep,
-                                            "--deadline-ms", 8000, key=outsider,
-                                            group_file=fake_group,
-                                            listen=f"127.0.0.1:{harness.free_port()}"),
-                              os.path.join(self.root, "outsider.log"))
-        # Garbage at member 0's listener while the real group runs.
+        # Garbage at member 0's listener while the real group is up.
         host, port = group.endpoints[0].rsplit(":", 1)
 
         def garbage():
@@ -299,17 +295,28 @@ class CollectiveTest(unittest.TestCase):
         rng = np.random.default_rng(5)
         inputs = [rng.uniform(-1, 1, 10).astype(np.float32) for _ in range(n)]
         tag = time.monotonic_ns()
+        # The real group connects at once and holds its mesh until start_at, long enough for the
+        # outsider's hello (a mesh nobody here connects) to be parked for the listener's
+        # handshake timeout (5 s) and then refused.
+        start_at = int(time.time() * 1000) + 12000
         procs, outs = [], []
         for i in range(n):
             inp = os.path.join(self.root, f"in-{tag}-{i}.f32")
             inputs[i].astype("<f4").tofile(inp)
             outs.append(os.path.join(self.root, f"out-{tag}-{i}.bin"))
             procs.append(start(group.command(i, "--elements", 10, "--input", inp, "--output",
-                                             outs[i], "--deadline-ms", 20000),
+                                             outs[i], "--deadline-ms", 30000,
+                                             "--start-at-unix-ms", start_at),
                                os.path.join(self.root, f"log-{tag}-o{i}.txt")))
-            if i == 0:
-                time.sleep(0.3)
-                garbage()
+        time.sleep(0.5)
+        garbler = threading.Thread(target=garbage)
+        garbler.start()
+        outsider_proc = start(group.command(1, "--elements", 10, "--report", out_rep,
+                                            "--deadline-ms", 9000, key=outsider,
+                                            group_file=fake_group,
+                                            listen=f"127.0.0.1:{harness.free_port()}"),
+                              os.path.join(self.root, "outsider.log"))
+        garbler.join()
         for i, p in enumerate(procs):
             self.assertEqual(p.wait(timeout=60), 0, f"member {i}")
         self.assertNotEqual(outsider_proc.wait(timeout=60), 0)
