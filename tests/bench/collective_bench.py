@@ -20,11 +20,9 @@ is missed.
 
 Times are the slowest member's `seconds` for an operation (each member times its own op, all
 started at one agreed instant); the ratios use the best of the operations every member completed
-(--iterations of them at least), the median is printed too. ts_collective_node runs one
-operation more than --iterations: when the first member to finish its last operation exits, the
-transport's close can reset a link whose last frame is still queued behind tbf (the neighbour's
-last operation then fails); that one failure is tolerated, counted (teardown_resets) and printed,
-any other fails the bench. Run as root:
+(--iterations of them), the median is printed too. Any failed operation fails the bench (a
+mesh's close waits until its last frames are acknowledged, so a member that finishes first and
+exits does not cut its neighbour's last operation short). Run as root:
 
   TS_BUILD_DIR=build /usr/bin/python3 tests/bench/collective_bench.py [--size-mib 64]
       [--rate-mbit 100] [--hosts 4] [--iterations 3] [--heartbeat-ms 500] [--only FIGURE]
@@ -131,7 +129,6 @@ class Bench:
         self.results = {}
         self.runs = 0
         self.port = 21000
-        self.teardown_resets = 0
         self.topo = None
         self.root = None
 
@@ -222,10 +219,8 @@ class Bench:
         return codes
 
     def timed(self, name, engine, extra=(), output=False):
-        """Runs --iterations operations (ts: one more, see teardown_resets); returns (best,
-        median, per-operation times, run) over the operations every member completed."""
-        iterations = self.args.iterations
-        ops = iterations + (1 if engine == "ts" else 0)
+        """Runs --iterations operations; returns (best, median, per-operation times, run)."""
+        ops = self.args.iterations
         cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall0 = time.monotonic()
         run = self.start_group(name, engine, list(extra), ops, output=output)
@@ -238,34 +233,16 @@ class Bench:
         members = range(len(run.reports))
         ok = {(i, r["iteration"]): r for i in members for r in run.lines(i)
               if r.get("ok") and "iteration" in r}
-        index_of = {k["address"]: i for i, k in enumerate(self.keys)}
         times = []
         for it in range(ops):
-            if all((i, it) in ok for i in members):
-                times.append(max(float(ok[(i, it)]["seconds"]) for i in members))
-                continue
-            # The one failure tolerated: in the last operation, a member that had completed it
-            # exited while its last frame to a neighbour was still queued behind the tbf, and the
-            # neighbour's connection was reset (the transport's close does not wait for queued
-            # bytes); the failure then spreads to the members still running.
-            done = [i for i in members if (i, it) in ok]
-            if it != ops - 1 or not done:
-                bad = next(i for i in members if (i, it) not in ok)
-                raise RuntimeError(f"{run.name}: member {bad} operation {it} failed (exit "
-                                   f"{codes[bad]}): {run.lines(bad)[-1:]} {run.log_tail(bad)}")
-            for i in members:
-                if (i, it) in ok:
-                    continue
-                fail = [r for r in run.lines(i) if r.get("iteration") == it and not r.get("ok")]
-                blamed = index_of.get(fail[-1].get("failed_peer"), "nobody") if fail else "?"
-                self.teardown_resets += 1
-                say(f"  {run.name}: last operation completed by members {done} (who exited), "
-                    f"failed on member {i} blaming member {blamed}: "
-                    f"{fail[-1].get('error', '')[:200] if fail else run.log_tail(i, 3)}")
-        if len(times) < iterations:
-            raise RuntimeError(f"{run.name}: {len(times)} complete operations, want {iterations}")
+            bad = [i for i in members if (i, it) not in ok]
+            if bad:
+                raise RuntimeError(f"{run.name}: member {bad[0]} operation {it} failed (exit "
+                                   f"{codes[bad[0]]}): {run.lines(bad[0])[-1:]} "
+                                   f"{run.log_tail(bad[0])}")
+            times.append(max(float(ok[(i, it)]["seconds"]) for i in members))
         for i in members:
-            if codes[i] != 0 and (i, ops - 1) in ok:
+            if codes[i] != 0:
                 raise RuntimeError(f"{run.name}: member {i} exited {codes[i]} {run.log_tail(i)}")
         run.ops = ops
         say(f"  {run.name}: {ops} operations; the members' processes used {run.cpu_s:.1f} CPU-s "
@@ -307,8 +284,7 @@ class Bench:
             f"{median / bound:.3f}; target <= 1.15); {best / tcp_bound:.3f} of the bound at the "
             f"raw TCP rate; member 0 sent {stats['wire_bytes_sent']} bytes "
             f"({stats['wire_bytes_sent'] / (bound * self.rate):.4f} of the optimal amount); "
-            f"results bit-identical on {same} of {self.n} members"
-            f"{'' if same == self.n else ' (the others: last operation reset, above)'}")
+            f"results bit-identical on {same} of {self.n} members")
         self.results.update(fp32_seconds=round(best, 3), fp32_median_seconds=round(median, 3),
                             fp32_bound_seconds=round(bound, 3),
                             fp32_ratio=round(best / bound, 4),
@@ -479,7 +455,7 @@ class Bench:
                 say(f"work dir (reports, logs) kept: {self.root}")
             elif self.root:
                 shutil.rmtree(self.root, ignore_errors=True)
-        self.results.update(teardown_resets=self.teardown_resets, size_mib=a.size_mib,
+        self.results.update(size_mib=a.size_mib,
                             hosts=self.n, rate_mbit=a.rate_mbit, iterations=a.iterations,
                             heartbeat_ms=a.heartbeat_ms, date=time.strftime("%Y-%m-%d"))
         print(json.dumps({"bench": "collective", **self.results}), flush=True)
