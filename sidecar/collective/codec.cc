@@ -594,30 +594,48 @@ size_t EncodedSize(const CodecSpec& spec, size_t elements) {
   return 0;
 }
 
+absl::Status EncodeInto(const CodecSpec& spec, std::span<const float> x, std::span<char> out) {
+  TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
+  const size_t want = EncodedSize(spec, x.size());
+  if (out.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("encode: output holds ", out.size(),
+                                                   " bytes, the encoding of ", x.size(),
+                                                   " elements is ", want));
+  }
+  char* dst = out.data();
+  switch (spec.kind) {
+    case Compression::kFp32:
+      return EncodeFp32(x, dst);
+    case Compression::kFp16:
+    case Compression::kBf16:
+      return EncodeHalf(spec.kind, x, dst);
+    case Compression::kInt8:
+      return EncodeInt8(spec, x, dst);
+    case Compression::kTopK:
+      return EncodeTopK(spec, x, dst);
+  }
+  return absl::InvalidArgumentError("encode: unknown codec");
+}
+
 absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string* out) {
   TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
   const size_t start = out->size();
   out->resize(start + EncodedSize(spec, x.size()));
-  char* dst = out->data() + start;
-  absl::Status status;
-  switch (spec.kind) {
-    case Compression::kFp32:
-      status = EncodeFp32(x, dst);
-      break;
-    case Compression::kFp16:
-    case Compression::kBf16:
-      status = EncodeHalf(spec.kind, x, dst);
-      break;
-    case Compression::kInt8:
-      status = EncodeInt8(spec, x, dst);
-      break;
-    case Compression::kTopK:
-      status = EncodeTopK(spec, x, dst);
-      break;
-  }
+  absl::Status status =
+      EncodeInto(spec, x, std::span<char>(out->data() + start, out->size() - start));
   // A refused input leaves nothing behind: the caller's buffer is as it was.
   if (!status.ok()) out->resize(start);
   return status;
+}
+
+absl::Status CheckFinite(std::span<const float> x) {
+  for (size_t base = 0; base < x.size(); base += kChunk) {
+    const size_t n = std::min(kChunk, x.size() - base);
+    if (MaxAbsBits(x.data() + base, n) >= kFloatExpBits) {
+      return NonFiniteInput(Compression::kFp32, x.data() + base, n, base);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Decode(const CodecSpec& spec, std::string_view bytes, std::span<float> out) {

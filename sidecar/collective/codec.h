@@ -73,6 +73,12 @@ size_t EncodedSize(const CodecSpec& spec, size_t elements);
 // Appends the encoding of `x` to `*out`. Errors: INVALID_ARGUMENT (bad spec, non-finite input
 // naming the index), OUT_OF_RANGE (fp16 overflow naming the index and value).
 absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string* out);
+// The same into `out`, which must be exactly EncodedSize(spec, x.size()) bytes (INVALID_ARGUMENT
+// naming both sizes otherwise); on error its contents are unspecified.
+absl::Status EncodeInto(const CodecSpec& spec, std::span<const float> x, std::span<char> out);
+// What Encode refuses for fp32: INVALID_ARGUMENT naming the first Inf or NaN. For a sender
+// that passes fp32 values on the wire as they are, without a copy.
+absl::Status CheckFinite(std::span<const float> x);
 
 // Decodes `bytes` (exactly EncodedSize(spec, out.size()) long) into `out`, overwriting it.
 // INVALID_ARGUMENT when the size differs (naming both), an fp32/fp16/bf16 element is Inf or NaN,

@@ -442,6 +442,33 @@ TEST(CodecEncode, RefusesNonFiniteNamingTheIndex) {
   }
 }
 
+TEST(CodecEncode, IntoAReusedBufferMatchesEncode) {
+  const std::vector<float> x = Normal(10000, 1.0f, 11);
+  for (Compression kind : kAllKinds) {
+    const CodecSpec spec = Spec(kind, 1000, 10, 3);
+    std::string want;
+    ASSERT_TRUE(Encode(spec, x, &want).ok()) << CompressionName(kind);
+    // A buffer holding other bytes (a reused one): every byte is overwritten.
+    std::string out(want.size(), '\xa5');
+    ASSERT_TRUE(EncodeInto(spec, x, std::span<char>(out.data(), out.size())).ok());
+    EXPECT_EQ(out, want) << CompressionName(kind);
+    std::string short_out(want.size() - 1, '\0');
+    const absl::Status s = EncodeInto(spec, x, std::span<char>(short_out.data(), short_out.size()));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("holds ", want.size() - 1, " bytes")));
+  }
+}
+
+TEST(CodecEncode, CheckFiniteNamesTheIndex) {
+  std::vector<float> x = Normal(5000, 1.0f, 4);
+  EXPECT_TRUE(CheckFinite(x).ok());
+  x[3999] = std::numeric_limits<float>::infinity();
+  const absl::Status s = CheckFinite(x);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("element 3999 is not finite"));
+}
+
 TEST(CodecEncode, RangeRefusals) {
   std::vector<float> x(100, 1.0f);
   x[42] = -70000.0f;

@@ -59,6 +59,9 @@ struct Outgoing {
   std::string owned;
   std::string_view view;
   bool use_view = false;
+  // Where `owned` goes once sent (a received payload forwarded unchanged goes back to the
+  // pool of the link it came from); the sender's own free list when null.
+  Link* recycle_to = nullptr;
 };
 
 // Sends queued frames to one link on its own thread, so receiving, reducing and sending
@@ -74,13 +77,18 @@ class FrameSender {
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(frame));
   }
-  // A cleared buffer with capacity from earlier frames where one is free.
-  std::string TakeBuffer() {
-    absl::MutexLock lock(&mu_);
-    if (free_.empty()) return std::string();
-    std::string buffer = std::move(free_.back());
-    free_.pop_back();
-    buffer.clear();
+  // A buffer of `size` bytes (contents unspecified), reusing one sent earlier where one is
+  // free: frames of one operation have one size, so no new memory is touched.
+  std::string TakeBuffer(size_t size) {
+    std::string buffer;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!free_.empty()) {
+        buffer = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    buffer.resize(size);
     return buffer;
   }
   // Stops after the queued frames are sent (or a send fails) and returns the first error.
@@ -120,7 +128,12 @@ class FrameSender {
         closing_ = true;
         return;
       }
-      if (!frame.use_view && free_.size() < 8) free_.push_back(std::move(frame.owned));
+      if (frame.use_view) continue;
+      if (frame.recycle_to != nullptr) {
+        frame.recycle_to->Recycle(std::move(frame.owned));
+      } else if (free_.size() < 8) {
+        free_.push_back(std::move(frame.owned));
+      }
     }
   }
 
@@ -241,6 +254,21 @@ absl::StatusOr<OpStats> Collective::AllReduce(const OpOptions& options, std::spa
   };
 
   FrameSender sender(next, options.deadline_ms);
+  // A frame's payload for `values`. fp32 goes on the wire as it is, read by the sender from
+  // `data` itself: that region is not written again before the frame has reached the next
+  // member (its final value comes back around the ring only after that). Other codecs encode
+  // into a reused buffer.
+  auto fill = [&](std::span<const float> values, Outgoing* out) -> absl::Status {
+    if (codec.kind == Compression::kFp32) {
+      TS_RETURN_IF_ERROR(CheckFinite(values));
+      out->use_view = true;
+      out->view = std::string_view(reinterpret_cast<const char*>(values.data()),
+                                   values.size() * sizeof(float));
+      return absl::OkStatus();
+    }
+    out->owned = sender.TakeBuffer(EncodedSize(codec, values.size()));
+    return EncodeInto(codec, values, std::span<char>(out->owned.data(), out->owned.size()));
+  };
   // Step 0: this member's own part of segment r.
   {
     Range segment = SegmentOf(data.size(), n, segment_sent_at(0));
@@ -248,9 +276,7 @@ absl::StatusOr<OpStats> Collective::AllReduce(const OpOptions& options, std::spa
       Range part = ChunkOf(segment, chunk, c);
       Outgoing out;
       out.header = DataHeader(options.op_id, 0, static_cast<uint32_t>(c));
-      out.owned = sender.TakeBuffer();
-      if (absl::Status s = Encode(codec, data.subspan(part.begin, part.size), &out.owned);
-          !s.ok()) {
+      if (absl::Status s = fill(data.subspan(part.begin, part.size), &out); !s.ok()) {
         absl::Status failure = Fail(mesh_, s);
         sender.Finish().IgnoreError();
         return failure;
@@ -289,14 +315,14 @@ absl::StatusOr<OpStats> Collective::AllReduce(const OpOptions& options, std::spa
       out.header = DataHeader(options.op_id, g + 1, static_cast<uint32_t>(c));
       if (!reduce_scatter) {
         out.owned = std::move(frame->payload);  // forward the owner's bytes unchanged
+        out.recycle_to = prev;
       } else {
         prev->Recycle(std::move(frame->payload));
         const bool owner = g + 2 == n;  // the segment is now complete here
         if (owner && options.reduce == ReduceOp::kMean) {
           for (float& x : values) x = x / count;
         }
-        out.owned = sender.TakeBuffer();
-        status = Encode(codec, values, &out.owned);
+        status = fill(values, &out);
         if (!status.ok()) break;
         // The owner keeps what the others will decode, so every member ends with the same
         // bits.

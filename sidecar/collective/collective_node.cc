@@ -71,6 +71,15 @@ struct Flags {
   int size = 0;
 };
 
+// Wall-clock milliseconds with microsecond resolution: when an operation was entered and left,
+// so a benchmark on one machine can time an operation from the last member's entry to the last
+// member's exit.
+double UnixMsPrecise() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Deterministic input: element e of member `index` from splitmix64(seed, index, e), a multiple
 // of 2^-23 in [-1, 1) (exact in fp32), so a test can rebuild it independently.
 float SeededValue(uint64_t seed, uint64_t index, uint64_t e) {
@@ -276,31 +285,41 @@ int RunTs(const Flags& f) {
       op.reduce = f.reduce == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
       op.deadline_ms = clock.MonotonicMs() + f.deadline_ms;
       op.chunk_elements = f.chunk_elements;
+      // Buffers are made before the entry stamp and results copied after the exit stamp, so
+      // the two bracket the operation alone.
+      const bool gather = f.op == "allgather";
+      const bool robust = !gather && f.op == "robust";
+      const bool bf16 = !gather && !robust && f.dtype == "bf16";
+      std::string gathered(gather ? group.members.size() * data.size() * 4 : 0, '\0');
+      std::vector<uint16_t> bf(bf16 ? data.size() : 0);
+      for (size_t e = 0; e < bf.size(); ++e) bf[e] = FloatToBf16(data[e]);
+      AggregateSpec aggregate;
+      aggregate.kind = *aggregator;
+      aggregate.trim = f.trim;
+      aggregate.clip_tau = f.clip_tau;
       absl::StatusOr<OpStats> done;
-      if (f.op == "allgather") {
-        std::string out(group.members.size() * data.size() * 4, '\0');
+      line["started_unix_ms"] = UnixMsPrecise();
+      if (gather) {
         done = collective.AllGather(
             op, std::span<const char>(reinterpret_cast<const char*>(data.data()), data.size() * 4),
-            std::span<char>(out.data(), out.size()));
-        if (done.ok()) result = std::move(out);
-      } else if (f.op == "robust") {
-        AggregateSpec aggregate;
-        aggregate.kind = *aggregator;
-        aggregate.trim = f.trim;
-        aggregate.clip_tau = f.clip_tau;
+            std::span<char>(gathered.data(), gathered.size()));
+      } else if (robust) {
         done = collective.RobustAllReduce(op, aggregate, data);
-        if (done.ok()) result.assign(reinterpret_cast<const char*>(data.data()), data.size() * 4);
-      } else if (f.dtype == "bf16") {
-        std::vector<uint16_t> bf(data.size());
-        for (size_t e = 0; e < data.size(); ++e) bf[e] = FloatToBf16(data[e]);
+      } else if (bf16) {
         done = collective.AllReduceBf16(op, bf);
-        if (done.ok()) result.assign(reinterpret_cast<const char*>(bf.data()), bf.size() * 2);
       } else {
         done = collective.AllReduce(op, data);
-        if (done.ok()) result.assign(reinterpret_cast<const char*>(data.data()), data.size() * 4);
       }
+      line["ended_unix_ms"] = UnixMsPrecise();
       if (done.ok()) {
         stats = *done;
+        if (gather) {
+          result = std::move(gathered);
+        } else if (bf16) {
+          result.assign(reinterpret_cast<const char*>(bf.data()), bf.size() * 2);
+        } else {
+          result.assign(reinterpret_cast<const char*>(data.data()), data.size() * 4);
+        }
       } else {
         status = done.status();
       }
@@ -361,6 +380,7 @@ int RunGloo(const Flags& f) {
   std::vector<float> data;
   for (int it = 0; it < f.iterations; ++it) {
     data = *input;
+    const double started_unix_ms = UnixMsPrecise();
     auto start = std::chrono::steady_clock::now();
     absl::Status status = (*gloo)->AllReduce(data, f.reduce == "mean");
     double seconds =
@@ -369,7 +389,9 @@ int RunGloo(const Flags& f) {
                            {"engine", "gloo"},
                            {"ok", status.ok()},
                            {"elements", f.elements},
-                           {"raw_bytes", f.elements * 4}};
+                           {"raw_bytes", f.elements * 4},
+                           {"started_unix_ms", started_unix_ms},
+                           {"ended_unix_ms", UnixMsPrecise()}};
     if (status.ok()) {
       line["seconds"] = seconds;
     } else {
