@@ -18,9 +18,11 @@ is missed.
              links: the time from the signal to the survivors' failure (max over survivors) /
              the heartbeat interval (target <= 2)
 
-Times are the slowest member's `seconds` for an operation (each member times its own op, all
-started at one agreed instant); the ratios use the best of the operations every member completed
-(--iterations of them), the median is printed too. Any failed operation fails the bench (a
+An operation's time runs from the last member's entry to the last member's exit (each member
+reports both instants; all run on this machine, so on one clock): the collective cannot start
+before every member has entered, and a member that finished the previous operation early waits
+in the next one. The first operation starts at one agreed instant. The ratios use the best of
+--iterations operations, the median is printed too, and so is the slowest member's own timer. Any failed operation fails the bench (a
 mesh's close waits until its last frames are acknowledged, so a member that finishes first and
 exits does not cut its neighbour's last operation short). Run as root:
 
@@ -184,6 +186,8 @@ class Bench:
             if engine == "ts":
                 cmd += ["--group", group, "--key-file", self.keys[i]["file"], "--listen",
                         endpoints[i], "--heartbeat-ms", str(self.args.heartbeat_ms)]
+                if self.args.chunk_elements:
+                    cmd += ["--chunk-elements", str(self.args.chunk_elements)]
             else:
                 cmd += ["--size", str(len(members)), "--store-dir", os.path.join(work, "store"),
                         "--bind-ip", self.topo.ip[self.names[i]]]
@@ -233,20 +237,30 @@ class Bench:
         members = range(len(run.reports))
         ok = {(i, r["iteration"]): r for i in members for r in run.lines(i)
               if r.get("ok") and "iteration" in r}
-        times = []
+        times, own = [], []
         for it in range(ops):
             bad = [i for i in members if (i, it) not in ok]
             if bad:
                 raise RuntimeError(f"{run.name}: member {bad[0]} operation {it} failed (exit "
                                    f"{codes[bad[0]]}): {run.lines(bad[0])[-1:]} "
                                    f"{run.log_tail(bad[0])}")
-            times.append(max(float(ok[(i, it)]["seconds"]) for i in members))
+            # From the last member's entry to the last member's exit: members finish an
+            # operation at different instants and the early ones wait in the next, so a member's
+            # own timer counts that wait too (the agreed start removes it from the first only).
+            # All members run on this machine, so their wall clocks are one clock.
+            rows = [ok[(i, it)] for i in members]
+            times.append((max(r["ended_unix_ms"] for r in rows) -
+                          max(r["started_unix_ms"] for r in rows)) / 1000)
+            own.append(max(float(r["seconds"]) for r in rows))
         for i in members:
             if codes[i] != 0:
                 raise RuntimeError(f"{run.name}: member {i} exited {codes[i]} {run.log_tail(i)}")
         run.ops = ops
-        say(f"  {run.name}: {ops} operations; the members' processes used {run.cpu_s:.1f} CPU-s "
-            f"in {run.wall_s:.1f}s ({os.cpu_count()} cores; load {os.getloadavg()[0]:.1f})")
+        say(f"  {run.name}: {ops} operations, last entry to last exit "
+            f"{', '.join(f'{t:.3f}' for t in times)}s (the slowest member's own timer "
+            f"{', '.join(f'{t:.3f}' for t in own)}s); the members' processes used "
+            f"{run.cpu_s:.1f} CPU-s in {run.wall_s:.1f}s ({os.cpu_count()} cores; load "
+            f"{os.getloadavg()[0]:.1f})")
         run.ok_members = [i for i in members if codes[i] == 0]
         run.last_ok = {i: max((r for (j, _), r in ok.items() if j == i),
                               key=lambda r: r["iteration"]) for i in members}
@@ -469,6 +483,8 @@ def main():
     p.add_argument("--iterations", type=int, default=3,
                    help="operations per figure (ratios use the best; the median is printed)")
     p.add_argument("--heartbeat-ms", type=int, default=500)
+    p.add_argument("--chunk-elements", type=int, default=0,
+                   help="elements per data frame of our runs (default: the node's, 256Ki)")
     p.add_argument("--burst", default=netns.DEFAULT_BURST)
     p.add_argument("--latency", default=netns.DEFAULT_LATENCY)
     p.add_argument("--only", choices=["all"] + FIGURES, default="all",
