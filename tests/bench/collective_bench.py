@@ -14,6 +14,7 @@ is missed.
              (target <= 1.0)
   unlimited  fp32 and Gloo over unshaped veths (in-kernel, like loopback): our time / Gloo's
              (target <= 1.3)
+  loopback   the same with every member in the bench's namespace on 127.0.0.1 (target <= 1.3)
   death      a member SIGKILLed, then (another run) SIGSTOPped, mid-operation on the limited
              links: the time from the signal to the survivors' failure (max over survivors) /
              the heartbeat interval (target <= 2)
@@ -52,7 +53,7 @@ from artifact_bench import raw_tcp  # noqa: E402
 
 NODE = os.path.join(harness.BUILD_DIR, "sidecar", "collective", "ts_collective_node")
 MIB = 1 << 20
-FIGURES = ["fp32", "int8", "topk", "gloo", "unlimited", "death"]
+FIGURES = ["fp32", "int8", "topk", "gloo", "unlimited", "loopback", "death"]
 # Codec settings of the int8 and top-k figures (the codec's defaults).
 BLOCK = 4096
 TOPK = 64
@@ -133,6 +134,7 @@ class Bench:
         self.port = 21000
         self.topo = None
         self.root = None
+        self.loopback = False  # members in this namespace on 127.0.0.1 (the loopback figure)
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self):
@@ -165,7 +167,11 @@ class Bench:
         work = os.path.join(self.root, tag)
         os.makedirs(work)
         self.port += 1  # fresh listeners each run: no TIME_WAIT or stale peers in the way
-        endpoints = {i: f"{self.topo.ip[self.names[i]]}:{self.port}" for i in members}
+        if self.loopback:
+            self.port += len(members)
+            endpoints = {i: f"127.0.0.1:{self.port - pos}" for pos, i in enumerate(members)}
+        else:
+            endpoints = {i: f"{self.topo.ip[self.names[i]]}:{self.port}" for i in members}
         group = os.path.join(work, "group.txt")
         with open(group, "w") as f:
             for i in members:
@@ -190,12 +196,13 @@ class Bench:
                     cmd += ["--chunk-elements", str(self.args.chunk_elements)]
             else:
                 cmd += ["--size", str(len(members)), "--store-dir", os.path.join(work, "store"),
-                        "--bind-ip", self.topo.ip[self.names[i]]]
+                        "--bind-ip", endpoints[i].rsplit(":", 1)[0]]
             if out:
                 cmd += ["--output", out]
             cmd += extra
             with open(log, "w") as logf:
-                procs.append(subprocess.Popen(self.topo.prefix_args(self.names[i]) + cmd,
+                prefix = [] if self.loopback else self.topo.prefix_args(self.names[i])
+                procs.append(subprocess.Popen(prefix + cmd,
                                               stdout=logf, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL))
             reports.append(rep)
@@ -228,7 +235,7 @@ class Bench:
         cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall0 = time.monotonic()
         run = self.start_group(name, engine, list(extra), ops, output=output)
-        per_op = self.bound(self.size) if self.topo.shaped else 10
+        per_op = self.bound(self.size) if self.topo.shaped and not self.loopback else 10
         codes = self.finish(run, 60 + 4 * per_op * ops, expect_ok=False)
         cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         # CPU of the whole processes (key, input, connect and output included), all members.
@@ -351,7 +358,7 @@ class Bench:
         best, median, times, run = self.timed(f"gloo-{label}", "gloo", output=True)
         if label == "limited":
             self.compare_gloo(run)
-        target = 1.0 if label == "limited" else 1.3
+        target = 1.0 if label == "limited" else 1.3  # unlimited veths and loopback
         say(f"Gloo ring allreduce, {label} links: best {best:.2f}s, median {median:.2f}s; ours "
             f"{ours:.2f}s; ours / Gloo {ours / best:.3f} (best of each; target <= {target})")
         self.results.update({f"gloo_{label}_seconds": round(best, 3),
@@ -373,6 +380,19 @@ class Bench:
         say(f"  results: ours and Gloo's differ by at most {diff:.3g} (summation order)")
         if diff > 1e-5:
             raise RuntimeError(f"ours and Gloo's means differ by {diff}")
+
+    def on_loopback(self):
+        """fp32 and Gloo with every member in this namespace on 127.0.0.1 (no veth, no bridge)."""
+        self.loopback = True
+        try:
+            best, median, _, _ = self.timed("fp32-loopback", "ts", ["--codec", "fp32"])
+            say(f"fp32 allreduce, loopback: best {best:.2f}s, median {median:.2f}s "
+                f"({self.size / best / 1e6:.0f} MB/s of buffer); load {os.getloadavg()[0]:.1f}")
+            self.results.update(loopback_seconds=round(best, 3),
+                                loopback_median_seconds=round(median, 3))
+            self.gloo("loopback", best)
+        finally:
+            self.loopback = False
 
     def unlimited(self):
         best, median, _, _ = self.timed("fp32-unlimited", "ts", ["--codec", "fp32"])
@@ -439,7 +459,7 @@ class Bench:
         done = False
         try:
             self.setup()
-            limited = [f for f in want if f != "unlimited"]
+            limited = [f for f in want if f not in ("unlimited", "loopback")]
             if limited:
                 self.shape_all()
                 self.raw_tcp_figure()
@@ -458,6 +478,8 @@ class Bench:
             if "unlimited" in want:
                 self.unshape_all()
                 self.unlimited()
+            if "loopback" in want:
+                self.on_loopback()
             done = True
         finally:
             if self.topo:
