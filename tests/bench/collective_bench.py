@@ -28,7 +28,7 @@ mesh's close waits until its last frames are acknowledged, so a member that fini
 exits does not cut its neighbour's last operation short). Run as root:
 
   TS_BUILD_DIR=build /usr/bin/python3 tests/bench/collective_bench.py [--size-mib 64]
-      [--rate-mbit 100] [--hosts 4] [--iterations 3] [--heartbeat-ms 500] [--only FIGURE]
+      [--rate-mbit 100] [--hosts 4] [--iterations 5] [--heartbeat-ms 500] [--only FIGURE]
 """
 
 import argparse
@@ -502,7 +502,7 @@ def main():
     p.add_argument("--size-mib", type=int, default=64)
     p.add_argument("--rate-mbit", type=int, default=100)
     p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--iterations", type=int, default=3,
+    p.add_argument("--iterations", type=int, default=5,
                    help="operations per figure (ratios use the best; the median is printed)")
     p.add_argument("--heartbeat-ms", type=int, default=500)
     p.add_argument("--chunk-elements", type=int, default=0,
