@@ -10,6 +10,9 @@
 namespace ts::sidecar {
 namespace {
 
+// Protobuf reads a field tag or a length in at most 5 bytes.
+constexpr int kMaxTagBytes = 5;
+
 // Reads protobuf wire data across the pieces of a message.
 class PieceReader {
  public:
@@ -18,9 +21,11 @@ class PieceReader {
   }
   size_t left() const { return left_; }
 
-  bool Varint(uint64_t* value) {
+  // A varint of at most `max_bytes` bytes (protobuf reads tags and lengths in at most 5, other
+  // varints in at most 10; a longer encoding of the same value is refused, as protobuf does).
+  bool Varint(uint64_t* value, int max_bytes = 10) {
     *value = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t byte;
       if (!Copy(reinterpret_cast<char*>(&byte), 1)) return false;
       *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
@@ -71,7 +76,7 @@ absl::Status DecodeChunkData(const std::vector<std::string_view>& pieces, std::s
   *data_size = 0;
   while (in.left() > 0) {
     uint64_t tag;
-    if (!in.Varint(&tag) || tag > UINT32_MAX) {
+    if (!in.Varint(&tag, kMaxTagBytes) || tag > UINT32_MAX) {
       return absl::InvalidArgumentError("truncated or oversized field tag");
     }
     const uint64_t field = tag >> 3;
@@ -92,7 +97,9 @@ absl::Status DecodeChunkData(const std::vector<std::string_view>& pieces, std::s
         length = 4;
         break;
       case 2:  // length-delimited
-        if (!in.Varint(&length)) return absl::InvalidArgumentError("truncated length");
+        if (!in.Varint(&length, kMaxTagBytes)) {
+          return absl::InvalidArgumentError("truncated or oversized length");
+        }
         break;
       default:
         return absl::InvalidArgumentError(

@@ -88,7 +88,10 @@ TEST(ChunkWireTest, RefusesMalformedAnswers) {
   };
   const std::vector<Case> cases = {
       {good.substr(0, good.size() - 1), 16, "field 2: 4 bytes, 3 left"},
-      {std::string("\x0a", 1), 16, "truncated length"},
+      {std::string("\x0a", 1), 16, "truncated or oversized length"},
+      // Tags and lengths longer than 5 bytes, though their values fit: protobuf refuses them.
+      {std::string("\xa2\xa2\xa2\xa2\x89\x00\x00", 7), 16, "truncated or oversized field tag"},
+      {std::string("\x0a\x80\x80\x80\x80\x80\x00", 7), 16, "truncated or oversized length"},
       {std::string("\x80", 1), 16, "truncated or oversized field tag"},
       {std::string("\x08\x01", 2), 16, "field 1 is not bytes"},
       {std::string("\x11", 1) + std::string(8, 'a'), 16, "field 2 is not bytes"},
