@@ -181,13 +181,8 @@ size_t TopKBlockBytes(const CodecSpec& spec, size_t len) {
 // ---- fp32 ----------------------------------------------------------------------------------
 
 absl::Status EncodeFp32(std::span<const float> x, char* dst) {
-  for (size_t base = 0; base < x.size(); base += kChunk) {
-    const size_t n = std::min(kChunk, x.size() - base);
-    if (MaxAbsBits(x.data() + base, n) >= kFloatExpBits) {
-      return NonFiniteInput(Compression::kFp32, x.data() + base, n, base);
-    }
-    std::memcpy(dst + 4 * base, x.data() + base, 4 * n);
-  }
+  TS_RETURN_IF_ERROR(CheckFinite(x));
+  if (!x.empty()) std::memcpy(dst, x.data(), 4 * x.size());
   return absl::OkStatus();
 }
 
@@ -594,15 +589,10 @@ size_t EncodedSize(const CodecSpec& spec, size_t elements) {
   return 0;
 }
 
-absl::Status EncodeInto(const CodecSpec& spec, std::span<const float> x, std::span<char> out) {
-  TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
-  const size_t want = EncodedSize(spec, x.size());
-  if (out.size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat("encode: output holds ", out.size(),
-                                                   " bytes, the encoding of ", x.size(),
-                                                   " elements is ", want));
-  }
-  char* dst = out.data();
+namespace {
+
+// Encodes into exactly EncodedSize(spec, x.size()) bytes at dst; the spec is valid.
+absl::Status EncodeValid(const CodecSpec& spec, std::span<const float> x, char* dst) {
   switch (spec.kind) {
     case Compression::kFp32:
       return EncodeFp32(x, dst);
@@ -617,12 +607,24 @@ absl::Status EncodeInto(const CodecSpec& spec, std::span<const float> x, std::sp
   return absl::InvalidArgumentError("encode: unknown codec");
 }
 
+}  // namespace
+
+absl::Status EncodeInto(const CodecSpec& spec, std::span<const float> x, std::span<char> out) {
+  TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
+  const size_t want = EncodedSize(spec, x.size());
+  if (out.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("encode: output holds ", out.size(),
+                                                   " bytes, the encoding of ", x.size(),
+                                                   " elements is ", want));
+  }
+  return EncodeValid(spec, x, out.data());
+}
+
 absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string* out) {
   TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
   const size_t start = out->size();
   out->resize(start + EncodedSize(spec, x.size()));
-  absl::Status status =
-      EncodeInto(spec, x, std::span<char>(out->data() + start, out->size() - start));
+  absl::Status status = EncodeValid(spec, x, out->data() + start);
   // A refused input leaves nothing behind: the caller's buffer is as it was.
   if (!status.ok()) out->resize(start);
   return status;

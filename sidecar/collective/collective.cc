@@ -431,21 +431,14 @@ absl::StatusOr<OpStats> Collective::AllGather(const OpOptions& options, std::spa
 
 absl::StatusOr<uint64_t> Collective::MinimumOf(const OpOptions& options, uint64_t value) {
   const size_t n = mesh_->group().members.size();
-  // Little-endian on the wire.
   char mine[sizeof(uint64_t)];
-  for (size_t b = 0; b < sizeof(uint64_t); ++b) mine[b] = static_cast<char>(value >> (8 * b));
+  PutU64(mine, value);
   std::string all(n * sizeof(uint64_t), '\0');
   TS_RETURN_IF_ERROR(AllGather(options, std::span<const char>(mine, sizeof(mine)),
                                std::span<char>(all.data(), all.size()))
                          .status());
   uint64_t least = value;
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t v = 0;
-    for (size_t b = 0; b < sizeof(uint64_t); ++b) {
-      v |= static_cast<uint64_t>(static_cast<uint8_t>(all[i * sizeof(uint64_t) + b])) << (8 * b);
-    }
-    least = std::min(least, v);
-  }
+  for (size_t i = 0; i < n; ++i) least = std::min(least, GetU64(all.data() + i * sizeof(uint64_t)));
   return least;
 }
 

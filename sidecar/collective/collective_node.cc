@@ -249,7 +249,7 @@ int RunTs(const Flags& f) {
           op.deadline_ms = clock.MonotonicMs() + f.deadline_ms;
           absl::StatusOr<uint64_t> least = agree.MinimumOf(op, static_cast<uint64_t>(it));
           if (least.ok()) {
-            it = static_cast<int>(std::min<uint64_t>(*least, static_cast<uint64_t>(it)));
+            it = static_cast<int>(*least);  // at most `it`: this member's value is in it
             resume = false;
           } else {
             status = least.status();

@@ -17,10 +17,6 @@ void PutU32(char* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
-void PutU64(char* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
 uint16_t GetU16(const char* in) {
   return static_cast<uint16_t>(static_cast<uint8_t>(in[0]) |
                                (static_cast<uint16_t>(static_cast<uint8_t>(in[1])) << 8));
@@ -29,12 +25,6 @@ uint16_t GetU16(const char* in) {
 uint32_t GetU32(const char* in) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(in[i])) << (8 * i);
-  return v;
-}
-
-uint64_t GetU64(const char* in) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
   return v;
 }
 
@@ -82,6 +72,16 @@ size_t Utf8SequenceAt(std::string_view s, size_t at, uint32_t* code_point) {
 bool IsControl(uint32_t cp) { return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f); }
 
 }  // namespace
+
+void PutU64(char* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t GetU64(const char* in) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
+  return v;
+}
 
 void EncodeFrameHeader(const FrameHeader& header, char* out) {
   PutU32(out, kFrameMagic);

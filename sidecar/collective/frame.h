@@ -69,6 +69,10 @@ struct AbortPayload {
 std::string EncodeAbort(std::string_view blamed_address, std::string_view reason);
 absl::StatusOr<AbortPayload> DecodeAbort(std::string_view payload);
 
+// The wire's little-endian u64 (frame headers, and small values the operations gather).
+void PutU64(char* out, uint64_t v);
+uint64_t GetU64(const char* in);
+
 }  // namespace ts::sidecar
 
 #endif  // TS_SIDECAR_COLLECTIVE_FRAME_H_
