@@ -336,6 +336,16 @@ grpc::Status ArtifactOperatorService::Fetch(grpc::ServerContext* context,
   if (valid.ok() && !request->out_dir().empty()) {
     valid = CheckAbsolutePath("out_dir", request->out_dir());
   }
+  FetcherOptions fetcher_options = options_.fetcher;
+  if (valid.ok()) {
+    const std::string& transport = request->transport();
+    if (transport == "grpc") {
+      fetcher_options.use_chunk_stream = false;
+    } else if (!transport.empty() && transport != "auto") {
+      valid = absl::InvalidArgumentError(absl::StrCat(
+          "transport: \"", common::AsAbsl(transport.substr(0, 64)), "\" is not auto or grpc"));
+    }
+  }
   if (!valid.ok()) return ToGrpc(valid);
 
   OperationSlot slot(&operations_, options_.max_concurrent_operations);
@@ -409,7 +419,7 @@ grpc::Status ArtifactOperatorService::Fetch(grpc::ServerContext* context,
         fetch_context.clock = clock_;
         fetch_context.progress = progress;
         fetch_context.cancelled = cancelled;
-        auto result = FetchArtifact(fetch_context, fetch, options_.fetcher);
+        auto result = FetchArtifact(fetch_context, fetch, fetcher_options);
         if (!result.ok()) {
           // UNAVAILABLE from the fetcher means the peers, not this host, could not be reached;
           // the client must not take it for its own connection failing.

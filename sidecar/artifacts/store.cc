@@ -631,16 +631,23 @@ struct ArtifactStore::Impl {
     }
     return absl::OkStatus();
   }
+  // A stored chunk opened for reading: a regular file of at most kMaxChunkSize bytes.
+  absl::StatusOr<UniqueFd> OpenChunkFile(std::string_view hash, uint64_t* size) const {
+    const std::string hex = Hex(hash);
+    TS_ASSIGN_OR_RETURN(UniqueFd fd,
+                        chunks.OpenRead(ChunkName(hex), /*refuse_hardlinks=*/true, size));
+    if (*size > kMaxChunkSize) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunk ", hex, ": ", *size, " bytes, more than ", kMaxChunkSize));
+    }
+    return fd;
+  }
+
   absl::Status ReadChunkFile(std::string_view hash,
                              const std::function<char*(size_t size)>& buffer_for) const {
     const std::string hex = Hex(hash);
     uint64_t size = 0;
-    TS_ASSIGN_OR_RETURN(UniqueFd fd,
-                        chunks.OpenRead(ChunkName(hex), /*refuse_hardlinks=*/true, &size));
-    if (size > kMaxChunkSize) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("chunk ", hex, ": ", size, " bytes, more than ", kMaxChunkSize));
-    }
+    TS_ASSIGN_OR_RETURN(UniqueFd fd, OpenChunkFile(hash, &size));
     char* out = buffer_for(static_cast<size_t>(size));
     if (out == nullptr) {
       return absl::ResourceExhaustedError(
@@ -1059,6 +1066,13 @@ absl::Status ArtifactStore::ReadChunkInto(
     return absl::InvalidArgumentError(absl::StrCat("chunk hash: ", hash.size(), " bytes, want 32"));
   }
   return impl_->ReadChunkFile(hash, buffer_for);
+}
+
+absl::StatusOr<UniqueFd> ArtifactStore::OpenChunk(std::string_view hash, uint64_t* size) const {
+  if (hash.size() != common::kSha256Size) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk hash: ", hash.size(), " bytes, want 32"));
+  }
+  return impl_->OpenChunkFile(hash, size);
 }
 
 bool ArtifactStore::HasChunk(std::string_view hash) const {

@@ -132,6 +132,9 @@ class ArtifactStore {
   // into an outgoing message; on error the buffer's content is unspecified.
   absl::Status ReadChunkInto(std::string_view hash,
                              const std::function<char*(size_t size)>& buffer_for) const;
+  // The same checks, handing out the open file and its size instead: for serving a chunk with
+  // sendfile (the chunk stream). The descriptor reads the file as it was when opened.
+  absl::StatusOr<UniqueFd> OpenChunk(std::string_view hash, uint64_t* size) const;
   bool HasChunk(std::string_view hash) const;
 
   // Index rows of this shard, complete ones only unless include_incomplete.

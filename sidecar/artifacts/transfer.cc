@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -26,6 +28,7 @@
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/status.h"
+#include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/chunk_wire.h"
 
 namespace ts::sidecar {
@@ -66,15 +69,15 @@ grpc::Status Serve(Fn&& fn) {
   }
 }
 
-std::string CodeName(grpc::StatusCode code) {
-  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-}
-
-std::string CallFailure(const grpc::Status& status) {
-  std::string name = CodeName(status.error_code());
+std::string CallFailure(const absl::Status& status) {
+  std::string name = absl::StatusCodeToString(status.code());
   std::transform(name.begin(), name.end(), name.begin(),
                  [](char c) { return c == '_' ? ' ' : static_cast<char>(std::tolower(c)); });
-  return absl::StrCat(name, ": ", status.error_message());
+  return absl::StrCat(name, ": ", status.message());
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 size_t VarintBytes(uint64_t value) {
@@ -148,64 +151,68 @@ grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
   });
 }
 
+absl::StatusOr<ChunkServing> ArtifactTransferService::BeginChunks(
+    const pb::GetChunksRequest& request, std::string_view method) {
+  TS_ASSIGN_OR_RETURN(std::string signer,
+                      verifier_->VerifyRequest(request, method, request.shard_id()));
+  TS_RETURN_IF_ERROR(directory_->CheckMember(request.shard_id(), signer));
+  TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request.artifact_id()));
+  const size_t count = static_cast<size_t>(request.chunks_size());
+  if (count == 0) return absl::InvalidArgumentError("chunks: empty");
+  if (count > options_.max_chunks_per_request) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunks: ", count, " hashes, at most ", options_.max_chunks_per_request, " per request"));
+  }
+  absl::flat_hash_set<std::string_view> wanted;
+  for (size_t i = 0; i < count; ++i) {
+    const std::string& hash = request.chunks(static_cast<int>(i));
+    if (hash.size() != common::kSha256Size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks[", i, "]: ", hash.size(), " bytes, want ", common::kSha256Size));
+    }
+    wanted.insert(hash);
+  }
+
+  // The stream slot is taken only once the request is known to be worth serving, so
+  // refused requests cannot crowd out members' transfers.
+  if (streams_.fetch_add(1) >= options_.max_concurrent_streams) {
+    streams_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "chunk requests: ", options_.max_concurrent_streams, " streams already running here"));
+  }
+  ChunkServing slot(/*store=*/nullptr, &streams_);  // given back on every early return
+
+  TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request.shard_id()));
+  TS_ASSIGN_OR_RETURN(VerifiedManifest manifest,
+                      store->GetManifest(request.artifact_id(), /*complete_only=*/true));
+  // One pass over the manifest against the (at most a few hundred) wanted hashes, rather than
+  // a set of every chunk of a possibly large manifest per call.
+  absl::flat_hash_set<std::string_view> named;
+  for (const pb::ManifestFile& file : manifest.body.files()) {
+    for (const std::string& hash : file.chunks()) {
+      if (wanted.contains(hash)) named.insert(hash);
+    }
+    if (named.size() == wanted.size()) break;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const std::string& hash = request.chunks(static_cast<int>(i));
+    if (!named.contains(hash)) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "]: ", Hex(hash),
+                                                     " is not named by the manifest of ",
+                                                     Hex(request.artifact_id())));
+    }
+  }
+  return ChunkServing(store, slot.Release());
+}
+
 grpc::Status ArtifactTransferService::ServeChunks(grpc::ServerContext* context,
                                                   const pb::GetChunksRequest& request_message,
                                                   const ChunkSender& send) {
   const pb::GetChunksRequest* request = &request_message;
   return Serve([&]() -> absl::Status {
-    TS_ASSIGN_OR_RETURN(std::string signer,
-                        verifier_->VerifyRequest(*request, kMethodGetChunks, request->shard_id()));
-    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
-    TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request->artifact_id()));
+    TS_ASSIGN_OR_RETURN(ChunkServing serving, BeginChunks(*request, kMethodGetChunks));
+    ArtifactStore* store = serving.store();
     const size_t count = static_cast<size_t>(request->chunks_size());
-    if (count == 0) return absl::InvalidArgumentError("chunks: empty");
-    if (count > options_.max_chunks_per_request) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunks: ", count, " hashes, at most ", options_.max_chunks_per_request, " per request"));
-    }
-    absl::flat_hash_set<std::string_view> wanted;
-    for (size_t i = 0; i < count; ++i) {
-      const std::string& hash = request->chunks(static_cast<int>(i));
-      if (hash.size() != common::kSha256Size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("chunks[", i, "]: ", hash.size(), " bytes, want ", common::kSha256Size));
-      }
-      wanted.insert(hash);
-    }
-
-    // The stream slot is taken only once the request is known to be worth serving, so
-    // refused requests cannot crowd out members' transfers.
-    if (streams_.fetch_add(1) >= options_.max_concurrent_streams) {
-      streams_.fetch_sub(1);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "GetChunks: ", options_.max_concurrent_streams, " streams already running here"));
-    }
-    struct Slot {
-      std::atomic<size_t>* streams;
-      ~Slot() { streams->fetch_sub(1); }
-    } slot{&streams_};
-
-    TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
-    TS_ASSIGN_OR_RETURN(VerifiedManifest manifest,
-                        store->GetManifest(request->artifact_id(), /*complete_only=*/true));
-    // One pass over the manifest against the (at most a few hundred) wanted hashes, rather than
-    // a set of every chunk of a possibly large manifest per call.
-    absl::flat_hash_set<std::string_view> named;
-    for (const pb::ManifestFile& file : manifest.body.files()) {
-      for (const std::string& hash : file.chunks()) {
-        if (wanted.contains(hash)) named.insert(hash);
-      }
-      if (named.size() == wanted.size()) break;
-    }
-    for (size_t i = 0; i < count; ++i) {
-      const std::string& hash = request->chunks(static_cast<int>(i));
-      if (!named.contains(hash)) {
-        return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "]: ", Hex(hash),
-                                                       " is not named by the manifest of ",
-                                                       Hex(request->artifact_id())));
-      }
-    }
-
     for (size_t i = 0; i < count; ++i) {
       if (context->IsCancelled()) return absl::CancelledError("GetChunks: cancelled by the peer");
       // The receiver hashes every chunk before storing it, so serving skips a second hash; a
@@ -271,6 +278,19 @@ grpc::Status ArtifactTransferService::ListArtifacts(grpc::ServerContext* context
     TS_ASSIGN_OR_RETURN(std::vector<pb::ArtifactSummary> list,
                         store->List(/*include_incomplete=*/false));
     for (pb::ArtifactSummary& summary : list) *response->add_artifacts() = std::move(summary);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ArtifactTransferService::GetChunkStream(grpc::ServerContext* context,
+                                                     const pb::GetChunkStreamRequest* request,
+                                                     pb::GetChunkStreamResponse* response) {
+  return Serve([&]() -> absl::Status {
+    TS_ASSIGN_OR_RETURN(
+        std::string signer,
+        verifier_->VerifyRequest(*request, kMethodGetChunkStream, request->shard_id()));
+    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
+    response->set_port(options_.chunk_stream_port);
     return absl::OkStatus();
   });
 }
@@ -367,11 +387,23 @@ class Fetcher {
     // GetChunks called without the generated stub, to read each answer as received (slices)
     // and decode it straight into the stream's chunk buffer.
     std::unique_ptr<grpc::internal::RpcMethod> get_chunks;
+    // The chunk stream's port, asked for once by the peer's first stream (0: GetChunks).
+    std::unique_ptr<std::once_flag> stream_once = std::make_unique<std::once_flag>();
+    uint16_t stream_port = 0;
+    std::string stream_host;
     // The rest is guarded by mu_.
     bool dropped = false;
     int failures = 0;  // consecutive failed calls
     uint64_t bytes = 0;
-    std::vector<grpc::ClientContext*> calls;  // in flight; cancelled when the peer is dropped
+    std::vector<grpc::ClientContext*> calls;     // in flight; cancelled when the peer is dropped
+    std::vector<ChunkStreamCall*> stream_calls;  // the same for chunk stream calls
+  };
+  // What one call for a batch came to.
+  struct CallResult {
+    size_t delivered = 0;
+    std::string corrupt;  // why the peer's data was refused
+    absl::Status fatal;   // a failure of this host, not of the peer
+    absl::Status status;  // how the call itself ended
   };
   enum class Outcome { kOk, kFailed, kCorrupt };
 
@@ -393,6 +425,15 @@ class Fetcher {
   // One GetChunks call for plan_.missing[k], k in batch: stores what arrives, puts the rest
   // back in the queue and judges the peer.
   void Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* buffer);
+  void CallGrpc(size_t index, const pb::GetChunksRequest& request, const std::vector<size_t>& batch,
+                ChunkBuffer* buffer, CallResult* result);
+  void CallStream(size_t index, const pb::GetChunksRequest& request,
+                  const std::vector<size_t>& batch, ChunkBuffer* buffer, CallResult* result);
+  // Stores one received chunk (the batch's next) or says why not; true if stored.
+  bool Deliver(size_t index, const std::vector<size_t>& batch, std::string_view hash,
+               std::string_view data, CallResult* result);
+  // Asks the peer for its chunk stream port (once per peer; 0 when it has none).
+  void ResolveStream(size_t index);
 
   bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPeerLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -596,12 +637,14 @@ void Fetcher::Drop(size_t index, std::string reason, bool corrupt) {
   fault.set_reason(std::move(reason));
   fault.set_corrupt(corrupt);
   for (grpc::ClientContext* call : peer.calls) call->TryCancel();
+  for (ChunkStreamCall* call : peer.stream_calls) call->Cancel();
 }
 
 void Fetcher::StopLocked() {
   stop_ = true;
   for (Peer& peer : peers_) {
     for (grpc::ClientContext* call : peer.calls) call->TryCancel();
+    for (ChunkStreamCall* call : peer.stream_calls) call->Cancel();
   }
 }
 
@@ -706,104 +749,191 @@ void Fetcher::StreamLoop(size_t index) {
   }
 }
 
+void Fetcher::ResolveStream(size_t index) {
+  Peer& peer = peers_[index];
+  if (!options_.use_chunk_stream) return;
+  pb::GetChunkStreamRequest request;
+  request.set_shard_id(request_.shard_id);
+  absl::StatusOr<pb::PeerRequestAuth> auth = SignPeerRequest(
+      *context_.key, context_.store->chain_id(), request_.shard_id, kMethodGetChunkStream,
+      peer.peer.address, request, context_.clock->NowUnixMs(), options_.request_lifetime_ms);
+  if (!auth.ok()) return;  // the GetChunks path signs the same way and reports it
+  *request.mutable_auth() = *std::move(auth);
+  grpc::ClientContext call;
+  call.set_deadline(DeadlineAfter(options_.manifest_deadline_ms));
+  pb::GetChunkStreamResponse response;
+  // Any failure (an older host answers UNIMPLEMENTED) leaves the peer on GetChunks, whose
+  // calls then judge it.
+  if (!peer.stub->GetChunkStream(&call, request, &response).ok()) return;
+  if (response.port() == 0 || response.port() > 65535) return;
+  const std::string& endpoint = peer.peer.endpoint;
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon == 0) return;
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  peer.stream_host = std::move(host);
+  peer.stream_port = static_cast<uint16_t>(response.port());
+}
+
+bool Fetcher::Deliver(size_t index, const std::vector<size_t>& batch, std::string_view hash,
+                      std::string_view data, CallResult* result) {
+  Peer& peer = peers_[index];
+  if (result->delivered == batch.size()) {
+    result->corrupt = absl::StrCat("sent more than the ", batch.size(), " chunks asked for");
+    return false;
+  }
+  const std::string& want = plan_.missing[batch[result->delivered]];
+  if (hash != want) {
+    result->corrupt = absl::StrCat("sent chunk ", Hex(hash), " where ", Hex(want),
+                                   " was asked for (out of order or not requested)");
+    return false;
+  }
+  absl::Status put = context_.store->PutChunk(request_.artifact_id, want, data);
+  if (absl::IsDataLoss(put) || absl::IsInvalidArgument(put)) {
+    result->corrupt = absl::StrCat("chunk ", Hex(want), " failed verification: ", put.message());
+    return false;
+  }
+  if (!put.ok()) {
+    result->fatal = put;
+    return false;
+  }
+  ++result->delivered;
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    ++chunks_fetched_;
+    bytes_fetched_ += data.size();
+    peer.bytes += data.size();
+  }
+  Progress(/*force=*/false);
+  return true;
+}
+
+void Fetcher::CallGrpc(size_t index, const pb::GetChunksRequest& request,
+                       const std::vector<size_t>& batch, ChunkBuffer* buffer, CallResult* result) {
+  Peer& peer = peers_[index];
+  grpc::ClientContext call;
+  call.set_deadline(DeadlineAfter(options_.chunks_deadline_ms));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ || peer.dropped) return;
+    peer.calls.push_back(&call);
+  }
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          peer.channel.get(), *peer.get_chunks, &call, request));
+  grpc::ByteBuffer message;
+  std::string hash;
+  size_t data_size = 0;
+  while (reader->Read(&message)) {
+    absl::Status decoded = DecodeChunkAnswer(message, &hash, buffer, &data_size);
+    message.Clear();
+    if (!decoded.ok()) {
+      result->corrupt =
+          result->delivered < batch.size()
+              ? absl::StrCat("sent a malformed answer for chunk ",
+                             Hex(plan_.missing[batch[result->delivered]]), ": ", decoded.message())
+              : absl::StrCat("sent more than the ", batch.size(), " chunks asked for");
+      break;
+    }
+    if (!Deliver(index, batch, hash, std::string_view(buffer->data(), data_size), result)) break;
+  }
+  if (!result->corrupt.empty() || !result->fatal.ok()) call.TryCancel();
+  result->status = FromGrpc(reader->Finish());
+  absl::MutexLock lock(&mu_);
+  peer.calls.erase(std::find(peer.calls.begin(), peer.calls.end(), &call));
+}
+
+void Fetcher::CallStream(size_t index, const pb::GetChunksRequest& request,
+                         const std::vector<size_t>& batch, ChunkBuffer* buffer,
+                         CallResult* result) {
+  Peer& peer = peers_[index];
+  ChunkStreamCall call(context_.clock, context_.clock->MonotonicMs() + options_.chunks_deadline_ms);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ || peer.dropped) return;
+    peer.stream_calls.push_back(&call);
+  }
+  result->status = call.Start(peer.stream_host, peer.stream_port, request);
+  while (result->status.ok()) {
+    absl::StatusOr<ChunkStreamFrame> frame = call.Next(buffer->data(), buffer->capacity());
+    if (!frame.ok()) {
+      // A malformed frame is the peer's doing; a refusal (error frame) or a broken connection
+      // is judged like a failed call.
+      if (absl::IsInvalidArgument(frame.status()) &&
+          absl::StartsWith(frame.status().message(), "chunk stream frame")) {
+        result->corrupt =
+            absl::StrCat("sent a malformed chunk stream frame: ", frame.status().message());
+      } else {
+        result->status = frame.status();
+      }
+      break;
+    }
+    if (frame->type == ChunkStreamFrameType::kEnd) {
+      if (frame->index != result->delivered) {
+        result->corrupt = absl::StrCat("ended its chunk stream claiming ", frame->index,
+                                       " chunks sent after ", result->delivered);
+      }
+      break;
+    }
+    if (frame->index != result->delivered) {
+      result->corrupt = absl::StrCat("sent chunk stream position ", frame->index, " where ",
+                                     result->delivered, " was next");
+      break;
+    }
+    if (!Deliver(index, batch, frame->hash, std::string_view(buffer->data(), frame->size),
+                 result)) {
+      break;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  peer.stream_calls.erase(std::find(peer.stream_calls.begin(), peer.stream_calls.end(), &call));
+}
+
 void Fetcher::Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* buffer) {
   Peer& peer = peers_[index];
-  ArtifactStore* store = context_.store;
+  std::call_once(*peer.stream_once, [this, index]() { ResolveStream(index); });
+  const bool stream = peer.stream_port != 0;
   pb::GetChunksRequest request;
   request.set_shard_id(request_.shard_id);
   request.set_artifact_id(request_.artifact_id);
   for (size_t k : batch) request.add_chunks(plan_.missing[k]);
 
-  size_t delivered = 0;
-  std::string corrupt;  // why the peer's data was refused
-  absl::Status fatal;   // a failure of this host, not of the peer
-  grpc::Status status;
-  absl::StatusOr<pb::PeerRequestAuth> auth = SignPeerRequest(
-      *context_.key, store->chain_id(), request_.shard_id, kMethodGetChunks, peer.peer.address,
-      request, context_.clock->NowUnixMs(), options_.request_lifetime_ms);
+  CallResult result;
+  absl::StatusOr<pb::PeerRequestAuth> auth =
+      SignPeerRequest(*context_.key, context_.store->chain_id(), request_.shard_id,
+                      stream ? kMethodChunkStream : kMethodGetChunks, peer.peer.address, request,
+                      context_.clock->NowUnixMs(), options_.request_lifetime_ms);
   if (!auth.ok()) {
-    fatal = auth.status();
+    result.fatal = auth.status();
   } else {
     *request.mutable_auth() = *std::move(auth);
-    grpc::ClientContext call;
-    call.set_deadline(DeadlineAfter(options_.chunks_deadline_ms));
-    bool started = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!stop_ && !peer.dropped) {
-        peer.calls.push_back(&call);
-        started = true;
-      }
-    }
-    if (started) {
-      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-              peer.channel.get(), *peer.get_chunks, &call, request));
-      grpc::ByteBuffer message;
-      std::string hash;
-      size_t data_size = 0;
-      while (reader->Read(&message)) {
-        if (delivered == batch.size()) {
-          corrupt = absl::StrCat("sent more than the ", batch.size(), " chunks asked for");
-          break;
-        }
-        const std::string& want = plan_.missing[batch[delivered]];
-        absl::Status decoded = DecodeChunkAnswer(message, &hash, buffer, &data_size);
-        message.Clear();
-        if (!decoded.ok()) {
-          corrupt = absl::StrCat("sent a malformed answer for chunk ", Hex(want), ": ",
-                                 decoded.message());
-          break;
-        }
-        if (hash != want) {
-          corrupt = absl::StrCat("sent chunk ", Hex(hash), " where ", Hex(want),
-                                 " was asked for (out of order or not requested)");
-          break;
-        }
-        absl::Status put = store->PutChunk(request_.artifact_id, want,
-                                           std::string_view(buffer->data(), data_size));
-        if (absl::IsDataLoss(put) || absl::IsInvalidArgument(put)) {
-          corrupt = absl::StrCat("chunk ", Hex(want), " failed verification: ", put.message());
-          break;
-        }
-        if (!put.ok()) {
-          fatal = put;
-          break;
-        }
-        const uint64_t size = data_size;
-        ++delivered;
-        {
-          absl::MutexLock lock(&mu_);
-          --outstanding_;
-          ++chunks_fetched_;
-          bytes_fetched_ += size;
-          peer.bytes += size;
-        }
-        Progress(/*force=*/false);
-      }
-      if (!corrupt.empty() || !fatal.ok()) call.TryCancel();
-      status = reader->Finish();
-      absl::MutexLock lock(&mu_);
-      peer.calls.erase(std::find(peer.calls.begin(), peer.calls.end(), &call));
+    if (stream) {
+      CallStream(index, request, batch, buffer, &result);
+    } else {
+      CallGrpc(index, request, batch, buffer, &result);
     }
   }
 
   absl::MutexLock lock(&mu_);
   // Whatever was not stored goes back for any peer to take.
+  const size_t delivered = result.delivered;
   for (size_t k = delivered; k < batch.size(); ++k) queue_.push_back(batch[k]);
   outstanding_ -= batch.size() - delivered;
-  if (!fatal.ok()) {
-    Fail(std::move(fatal));
-  } else if (!corrupt.empty()) {
-    Drop(index, std::move(corrupt), /*corrupt=*/true);
+  if (!result.fatal.ok()) {
+    Fail(std::move(result.fatal));
+  } else if (!result.corrupt.empty()) {
+    Drop(index, std::move(result.corrupt), /*corrupt=*/true);
   } else if (stop_ || peer.dropped) {
     // Cancelled by this fetch; not the peer's failure.
-  } else if (status.error_code() == grpc::StatusCode::DATA_LOSS) {
-    Drop(index, CallFailure(status), /*corrupt=*/true);
-  } else if (!status.ok() || delivered < batch.size()) {
-    std::string reason = !status.ok() ? CallFailure(status)
-                                      : absl::StrCat("stream ended after ", delivered, " of ",
-                                                     batch.size(), " chunks");
+  } else if (absl::IsDataLoss(result.status)) {
+    Drop(index, CallFailure(result.status), /*corrupt=*/true);
+  } else if (!result.status.ok() || delivered < batch.size()) {
+    std::string reason = !result.status.ok() ? CallFailure(result.status)
+                                             : absl::StrCat("stream ended after ", delivered,
+                                                            " of ", batch.size(), " chunks");
     if (++peer.failures >= options_.max_call_failures_per_peer) {
       Drop(index, std::move(reason), /*corrupt=*/false);
     }

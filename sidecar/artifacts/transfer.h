@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -51,6 +52,12 @@ inline constexpr std::string_view kMethodGetChunks =
     "/gonka.trainshard.v1.ArtifactTransfer/GetChunks";
 inline constexpr std::string_view kMethodListArtifacts =
     "/gonka.trainshard.v1.ArtifactTransfer/ListArtifacts";
+inline constexpr std::string_view kMethodGetChunkStream =
+    "/gonka.trainshard.v1.ArtifactTransfer/GetChunkStream";
+// What a chunk stream request (chunk_stream.h) is signed for: not a gRPC method, a name of its
+// own so a request signed for one path is never valid on the other.
+inline constexpr std::string_view kMethodChunkStream =
+    "/gonka.trainshard.v1.ArtifactTransfer/ChunkStream";
 // GetChunks' index among the ArtifactTransfer service's methods (shard.proto's order), for
 // grpc::Service::MarkMethodStreamed.
 inline constexpr int kGetChunksMethodIndex = 1;
@@ -71,7 +78,34 @@ class StoreRegistry {
 
 struct TransferServiceOptions {
   size_t max_chunks_per_request = kMaxChunksPerRequest;
+  // GetChunks calls and chunk stream requests being served at once, together.
   size_t max_concurrent_streams = 32;
+  // The port GetChunkStream announces (0: chunks over GetChunks only).
+  uint16_t chunk_stream_port = 0;
+};
+
+// A chunk request that passed the service's checks, holding one of its stream slots until it
+// is destroyed. Move-only.
+class ChunkServing {
+ public:
+  ChunkServing(ArtifactStore* store, std::atomic<size_t>* streams)
+      : store_(store), streams_(streams) {}
+  ~ChunkServing() {
+    if (streams_ != nullptr) streams_->fetch_sub(1);
+  }
+  ChunkServing(ChunkServing&& other) noexcept
+      : store_(other.store_), streams_(std::exchange(other.streams_, nullptr)) {}
+  ChunkServing& operator=(ChunkServing&&) = delete;
+  ChunkServing(const ChunkServing&) = delete;
+  ChunkServing& operator=(const ChunkServing&) = delete;
+
+  ArtifactStore* store() const { return store_; }
+  // Hands the slot to the caller (who must give it back).
+  std::atomic<size_t>* Release() { return std::exchange(streams_, nullptr); }
+
+ private:
+  ArtifactStore* store_;
+  std::atomic<size_t>* streams_;
 };
 
 class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
@@ -86,6 +120,9 @@ class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
                          grpc::ServerWriter<pb::ChunkData>* writer) override;
   grpc::Status ListArtifacts(grpc::ServerContext* context, const pb::ListArtifactsRequest* request,
                              pb::ListArtifactsResponse* response) override;
+  grpc::Status GetChunkStream(grpc::ServerContext* context,
+                              const pb::GetChunkStreamRequest* request,
+                              pb::GetChunkStreamResponse* response) override;
   // GetChunks as gRPC calls it on this service: each ChunkData is encoded by hand around the
   // chunk file's bytes, read straight into the outgoing message, where the generated handler
   // would copy every chunk once more to serialize it. The constructor installs it for
@@ -94,6 +131,15 @@ class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
   grpc::Status GetChunksRaw(
       grpc::ServerContext* context,
       grpc::ServerSplitStreamer<pb::GetChunksRequest, grpc::ByteBuffer>* stream);
+
+  // The checks every chunk request passes before anything is sent, whichever path it came by:
+  // auth signed for `method` (kMethodGetChunks or kMethodChunkStream), the signer a member of
+  // the shard, the artifact id, 1..max_chunks_per_request hashes of 32 bytes each, every one
+  // named by the artifact's complete manifest, and a free stream slot. UNAUTHENTICATED /
+  // PERMISSION_DENIED (auth, membership), INVALID_ARGUMENT (request), RESOURCE_EXHAUSTED (no
+  // slot), NOT_FOUND (no such complete artifact).
+  absl::StatusOr<ChunkServing> BeginChunks(const pb::GetChunksRequest& request,
+                                           std::string_view method);
 
  private:
   // Sends each chunk, in request order, through `send` once the request is checked.
@@ -120,7 +166,7 @@ struct FetcherOptions {
   // busy, while many peers already give that; the total bounds the chunks partly received at
   // any moment (what a crash makes the resumed fetch receive again).
   int streams_per_peer = 2;
-  int streams_target = 8;
+  int streams_target = 4;
   int chunks_per_request = 16;
   int64_t manifest_deadline_ms = 10000;
   // Per GetChunks call; scaled up by nothing — keep chunks_per_request × chunk size / slowest
@@ -128,6 +174,8 @@ struct FetcherOptions {
   int64_t chunks_deadline_ms = 120000;
   int max_call_failures_per_peer = 2;
   int64_t request_lifetime_ms = kDefaultPeerRequestLifetimeMs;
+  // Chunks over a peer's chunk stream (chunk_stream.h) where it offers one; GetChunks otherwise.
+  bool use_chunk_stream = true;
 };
 
 struct FetchRequest {

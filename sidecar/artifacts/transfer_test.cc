@@ -1,6 +1,10 @@
 #include "sidecar/artifacts/transfer.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +30,7 @@
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/status.h"
+#include "sidecar/artifacts/chunk_stream.h"
 #include "state/db.h"
 #include "tests/util/temp_dir.h"
 
@@ -156,13 +161,27 @@ struct Host {
   }
   ~Host() { Stop(); }
 
-  void Serve(ShardDirectory* directory, TransferServiceOptions options = {}) {
+  // Serves the transfer service and, unless `stream` is false, the chunk stream beside it (as
+  // trainshardd does by default).
+  void Serve(ShardDirectory* directory, TransferServiceOptions options = {}, bool stream = true,
+             ChunkStreamServerOptions stream_options = {}) {
     verifier = std::make_unique<PeerRequestVerifier>(address, kChain, Clock());
+    if (stream) {
+      auto started = ChunkStreamServer::Start("127.0.0.1", Clock(), stream_options);
+      TS_CHECK(started.ok());
+      chunk_stream = *std::move(started);
+      options.chunk_stream_port = chunk_stream->port();
+    }
     service = std::make_unique<ArtifactTransferService>(registry.get(), directory, verifier.get(),
                                                         options);
+    if (chunk_stream) chunk_stream->Open(service.get());
     server = StartServer(service.get());
   }
   void Stop() {
+    if (chunk_stream) {
+      chunk_stream->Shutdown();
+      chunk_stream.reset();
+    }
     if (server.server) {
       server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
       server.server->Wait();
@@ -180,6 +199,7 @@ struct Host {
   std::unique_ptr<PeerRequestVerifier> verifier;
   std::unique_ptr<ArtifactTransferService> service;
   Server server;
+  std::unique_ptr<ChunkStreamServer> chunk_stream;
 };
 
 // A peer that misbehaves in one chosen way, serving from a real store, without checking who
@@ -1146,6 +1166,402 @@ TEST_F(ServiceAttackTest, ConcurrentStreamCap) {
     EXPECT_EQ(n, 2);
   }
   one_server.server->Shutdown();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk stream
+
+TEST_F(TransferTest, ChunksTravelOverTheStreamUnlessGrpcIsAsked) {
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer()}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(publisher_->chunk_stream->chunks_sent(), total_chunks_);
+  ExpectIdentical(d, "out");
+
+  Host* g = AddHost("g", 0x1f);
+  FetcherOptions options;
+  options.use_chunk_stream = false;
+  result = FetchArtifact(ContextFor(g), RequestFor({publisher_->AsPeer()}), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_);
+  EXPECT_EQ(publisher_->chunk_stream->chunks_sent(), total_chunks_);  // none more
+  const fs::path out = tmp_.path() / "out-grpc";
+  ASSERT_TRUE(g->store->Export(id_, out.string(), nullptr).ok());
+  EXPECT_EQ(Tree(out), Tree(tmp_.path() / "source"));
+}
+
+TEST_F(TransferTest, PeerWithoutAStreamServedOverGrpc) {
+  Host* c = AddHost("c", 0x0c);
+  c->Serve(&directory_, {}, /*stream=*/false);
+  UpdateDirectory();
+  ASSERT_TRUE(FetchArtifact(ContextFor(c), RequestFor({publisher_->AsPeer()})).ok());
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchArtifact(ContextFor(d), RequestFor({c->AsPeer()}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->bytes_by_peer().at(c->address), result->bytes_fetched());
+  ExpectIdentical(d, "out");
+}
+
+class ChunkStreamAttackTest : public TransferTest {
+ protected:
+  void SetUp() override {
+    TransferTest::SetUp();
+    if (HasFatalFailure()) return;
+    member_ = AddHost("m", 0x4d);
+    auto manifest = publisher_->store->GetManifest(id_, true);
+    ASSERT_TRUE(manifest.ok());
+    for (const auto& file : manifest->body.files()) {
+      for (const auto& h : file.chunks()) chunks_.push_back(h);
+    }
+  }
+
+  pb::GetChunksRequest Request(size_t n, const common::PrivateKey& key,
+                               std::string_view method = kMethodChunkStream,
+                               std::string audience = "") {
+    pb::GetChunksRequest request;
+    request.set_shard_id(kShard);
+    request.set_artifact_id(id_);
+    for (size_t i = 0; i < n; ++i) request.add_chunks(chunks_[i]);
+    if (audience.empty()) audience = publisher_->address;
+    auto auth = SignPeerRequest(key, kChain, kShard, method, audience, request,
+                                Clock()->NowUnixMs(), 30000);
+    TS_CHECK(auth.ok());
+    *request.mutable_auth() = *auth;
+    return request;
+  }
+
+  // Sends `request` on a new connection; returns the chunks received, or the first failure.
+  absl::StatusOr<std::vector<std::string>> Call(const pb::GetChunksRequest& request) {
+    ChunkStreamCall call(Clock(), Clock()->MonotonicMs() + 10000);
+    TS_RETURN_IF_ERROR(call.Start("127.0.0.1", publisher_->chunk_stream->port(), request));
+    std::vector<char> buffer(kMaxChunkSize);
+    std::vector<std::string> got;
+    while (true) {
+      TS_ASSIGN_OR_RETURN(ChunkStreamFrame frame, call.Next(buffer.data(), buffer.size()));
+      if (frame.type == ChunkStreamFrameType::kEnd) {
+        EXPECT_EQ(frame.index, got.size());
+        return got;
+      }
+      EXPECT_EQ(frame.index, got.size());
+      std::string data(buffer.data(), frame.size);
+      EXPECT_EQ(common::Sha256(data), frame.hash);
+      got.push_back(std::move(data));
+    }
+  }
+
+  // Connects and writes raw bytes; returns what the server sent back before closing.
+  std::string RawExchange(const std::string& bytes, int64_t wait_ms = 5000) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    TS_CHECK(fd >= 0);
+    struct sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(publisher_->chunk_stream->port());
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TS_CHECK(::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0);
+    if (!bytes.empty()) TS_CHECK(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) > 0);
+    struct timeval tv = {static_cast<time_t>(wait_ms / 1000),
+                         static_cast<suseconds_t>((wait_ms % 1000) * 1000)};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    return out;
+  }
+
+  // The status of the error frame that opens `answer`.
+  absl::Status ErrorIn(const std::string& answer) {
+    if (answer.size() < kChunkStreamFrameHeaderBytes) {
+      return absl::InternalError(absl::StrCat("answer of ", answer.size(), " bytes"));
+    }
+    auto frame =
+        DecodeChunkStreamFrameHeader(answer.substr(0, kChunkStreamFrameHeaderBytes), kMaxChunkSize);
+    TS_CHECK(frame.ok() && frame->type == ChunkStreamFrameType::kError);
+    return ChunkStreamErrorStatus(*frame, answer.substr(kChunkStreamFrameHeaderBytes));
+  }
+
+  Host* member_ = nullptr;
+  std::vector<std::string> chunks_;
+};
+
+TEST_F(ChunkStreamAttackTest, SignedMemberRequestServedInOrder) {
+  auto got = Call(Request(5, member_->key));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(common::Sha256((*got)[i]), chunks_[i]);
+}
+
+TEST_F(ChunkStreamAttackTest, RefusedRequests) {
+  pb::GetChunksRequest unsigned_request = Request(1, member_->key);
+  unsigned_request.clear_auth();
+  EXPECT_EQ(Call(unsigned_request).status().code(), absl::StatusCode::kUnauthenticated);
+
+  // Signed for GetChunks: not valid on the stream.
+  auto wrong_method = Call(Request(1, member_->key, kMethodGetChunks));
+  EXPECT_EQ(wrong_method.status().code(), absl::StatusCode::kUnauthenticated)
+      << wrong_method.status();
+
+  auto wrong_audience = Call(Request(1, member_->key, kMethodChunkStream, member_->address));
+  EXPECT_EQ(wrong_audience.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(wrong_audience.status().message(), HasSubstr("auth.audience"));
+
+  pb::GetChunksRequest once = Request(1, member_->key);
+  ASSERT_TRUE(Call(once).ok());
+  auto replayed = Call(once);
+  EXPECT_EQ(replayed.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(replayed.status().message(), HasSubstr("replay"));
+
+  Host* outsider = AddHost("x", 0x2a, /*member=*/false);
+  auto non_member = Call(Request(1, outsider->key));
+  EXPECT_EQ(non_member.status().code(), absl::StatusCode::kPermissionDenied);
+
+  pb::GetChunksRequest foreign = Request(0, member_->key);
+  foreign.add_chunks(std::string(32, 'z'));
+  foreign.clear_auth();
+  auto auth = SignPeerRequest(member_->key, kChain, kShard, kMethodChunkStream, publisher_->address,
+                              foreign, Clock()->NowUnixMs(), 30000);
+  ASSERT_TRUE(auth.ok());
+  *foreign.mutable_auth() = *auth;
+  auto not_named = Call(foreign);
+  EXPECT_EQ(not_named.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_named.status().message(), HasSubstr("not named by the manifest"));
+}
+
+TEST_F(ChunkStreamAttackTest, MalformedRequestsGetAnErrorAndNoChunk) {
+  absl::Status garbage = ErrorIn(RawExchange("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_EQ(garbage.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(garbage.message(), HasSubstr("magic"));
+
+  absl::Status oversize = ErrorIn(RawExchange(EncodeChunkStreamRequestHeader(1u << 30)));
+  EXPECT_EQ(oversize.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(oversize.message(), HasSubstr("length 1073741824"));
+
+  absl::Status junk =
+      ErrorIn(RawExchange(EncodeChunkStreamRequestHeader(8) + "\xff\xff\xff\xff\xff\xff\xff\xff"));
+  EXPECT_EQ(junk.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(junk.message(), HasSubstr("not a GetChunksRequest"));
+  EXPECT_EQ(publisher_->chunk_stream->chunks_sent(), 0u);
+}
+
+TEST_F(ChunkStreamAttackTest, SilentAndExcessConnectionsAreBounded) {
+  ChunkStreamServerOptions options;
+  options.max_connections = 2;
+  options.request_deadline_ms = 300;
+  publisher_->Stop();
+  publisher_->Serve(&directory_, {}, /*stream=*/true, options);
+  UpdateDirectory();
+
+  // A connection that never sends its request is closed after the deadline, nothing sent.
+  const int64_t start_ms = Clock()->MonotonicMs();
+  EXPECT_EQ(RawExchange(""), "");
+  EXPECT_GE(Clock()->MonotonicMs() - start_ms, 250);
+  EXPECT_LT(Clock()->MonotonicMs() - start_ms, 4000);
+
+  // Two silent connections hold both places; a third is closed at once with nothing sent.
+  std::vector<std::thread> holders;
+  for (int i = 0; i < 2; ++i) holders.emplace_back([this] { RawExchange(""); });
+  for (int i = 0; i < 100 && publisher_->chunk_stream->connections() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(publisher_->chunk_stream->connections(), 2u);
+  EXPECT_EQ(RawExchange(EncodeChunkStreamRequestHeader(8), 2000), "");
+  EXPECT_LE(publisher_->chunk_stream->connections(), 2u);
+  for (std::thread& t : holders) t.join();
+  // Once they are gone, requests are served again.
+  auto got = Call(Request(2, member_->key));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), 2u);
+}
+
+// A chunk stream peer that misbehaves in one chosen way, behind an honest gRPC service that
+// announces it.
+class ScriptedStreamPeer final : public pb::ArtifactTransfer::Service {
+ public:
+  enum class Mode {
+    kBadMagic,       // a frame header that is not one
+    kWrongPosition,  // the second chunk where the first belongs
+    kWrongData,      // the right header, other bytes
+    kOversize,       // a chunk larger than the artifact's chunk size
+    kCloseMidChunk,  // half a chunk, then the connection closes
+    kShortEnd,       // an end frame after fewer chunks than asked for
+    kDataLoss,       // an error frame with DATA_LOSS
+  };
+  ScriptedStreamPeer(ArtifactStore* store, Mode mode) : store_(store), mode_(mode) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TS_CHECK(::bind(listen_, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0);
+    TS_CHECK(::listen(listen_, 16) == 0);
+    socklen_t len = sizeof(addr);
+    TS_CHECK(::getsockname(listen_, reinterpret_cast<struct sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~ScriptedStreamPeer() override {
+    ::shutdown(listen_, SHUT_RDWR);
+    thread_.join();
+    ::close(listen_);
+  }
+  int connections() const { return connections_.load(); }
+
+  grpc::Status GetManifest(grpc::ServerContext*, const pb::GetManifestRequest* request,
+                           pb::GetManifestResponse* response) override {
+    auto manifest = store_->GetManifest(request->artifact_id(), /*complete_only=*/true);
+    if (!manifest.ok()) return bridge::ToGrpcStatus(manifest.status());
+    *response->mutable_manifest() = manifest->manifest;
+    return grpc::Status::OK;
+  }
+  grpc::Status GetChunkStream(grpc::ServerContext*, const pb::GetChunkStreamRequest*,
+                              pb::GetChunkStreamResponse* response) override {
+    response->set_port(port_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      ++connections_;
+      Answer(fd);
+      ::close(fd);
+    }
+  }
+  static bool ReadAll(int fd, char* out, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::recv(fd, out + done, n - done, 0);
+      if (r <= 0) return false;
+      done += static_cast<size_t>(r);
+    }
+    return true;
+  }
+  static void Send(int fd, const std::string& bytes) {
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
+  static std::string Header(uint32_t index, uint32_t size, const std::string& hash) {
+    std::string h(kChunkStreamFrameHeaderBytes, '\0');
+    EncodeChunkFrameHeader(index, size, hash, h.data());
+    return h;
+  }
+  void Answer(int fd) {
+    char header[kChunkStreamRequestHeaderBytes];
+    if (!ReadAll(fd, header, sizeof(header))) return;
+    auto length = DecodeChunkStreamRequestHeader(std::string_view(header, sizeof(header)), 1 << 16);
+    if (!length.ok()) return;
+    std::string body(*length, '\0');
+    if (!ReadAll(fd, body.data(), body.size())) return;
+    pb::GetChunksRequest request;
+    if (!request.ParseFromString(body)) return;
+    std::vector<std::string> data;
+    for (const std::string& hash : request.chunks()) {
+      auto chunk = store_->ReadChunk(hash);
+      if (!chunk.ok()) return;
+      data.push_back(*std::move(chunk));
+    }
+    const auto& hashes = request.chunks();
+    const uint32_t n = static_cast<uint32_t>(hashes.size());
+    switch (mode_) {
+      case Mode::kBadMagic:
+        Send(fd, std::string(kChunkStreamFrameHeaderBytes, 'X'));
+        return;
+      case Mode::kWrongPosition:
+        if (n < 2) break;
+        Send(fd, Header(0, static_cast<uint32_t>(data[1].size()), hashes[1]) + data[1]);
+        return;
+      case Mode::kWrongData: {
+        std::string other = data[0];
+        other[0] = static_cast<char>(other[0] ^ 1);
+        Send(fd, Header(0, static_cast<uint32_t>(other.size()), hashes[0]) + other);
+        return;
+      }
+      case Mode::kOversize:
+        Send(fd, Header(0, kChunk + 4096, hashes[0]) + std::string(kChunk + 4096, 'o'));
+        return;
+      case Mode::kCloseMidChunk:
+        Send(fd, Header(0, static_cast<uint32_t>(data[0].size()), hashes[0]) +
+                     data[0].substr(0, data[0].size() / 2));
+        return;
+      case Mode::kShortEnd: {
+        std::string end(kChunkStreamFrameHeaderBytes, '\0');
+        EncodeEndFrameHeader(n, end.data());
+        Send(fd, Header(0, static_cast<uint32_t>(data[0].size()), hashes[0]) + data[0] + end);
+        return;
+      }
+      case Mode::kDataLoss:
+        Send(fd, EncodeErrorFrame(absl::DataLossError("chunk file damaged")));
+        return;
+    }
+  }
+
+  ArtifactStore* store_;
+  const Mode mode_;
+  int listen_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+  std::atomic<int> connections_{0};
+};
+
+class MisbehavingStreamPeerTest : public TransferTest {
+ protected:
+  absl::StatusOr<pb::ArtifactProgress> FetchFrom(ScriptedStreamPeer::Mode mode, Host* fetcher) {
+    ScriptedStreamPeer peer(publisher_->store.get(), mode);
+    Server server = StartServer(&peer);
+    FetcherOptions options;
+    options.chunks_per_request = 4;
+    auto result = FetchArtifact(ContextFor(fetcher),
+                                RequestFor({FetchPeer{bad_address_, server.endpoint}}), options);
+    server.server->Shutdown();
+    return result;
+  }
+
+  // The bad peer is dropped (corrupt or not), nothing unverified is stored, and the publisher
+  // then completes the fetch.
+  void ExpectDropped(ScriptedStreamPeer::Mode mode, bool corrupt, const std::string& reason) {
+    Host* d = AddHost(absl::StrCat("d", static_cast<int>(mode)), 0x0d);
+    auto result = FetchFrom(mode, d);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(result.status().message(), HasSubstr(bad_address_));
+    EXPECT_THAT(result.status().message(), HasSubstr(reason));
+    if (corrupt) {
+      EXPECT_THAT(result.status().message(), HasSubstr("(corrupt)"));
+    } else {
+      EXPECT_THAT(result.status().message(), Not(HasSubstr("(corrupt)")));
+    }
+    auto verify = d->store->Verify();
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    EXPECT_EQ(verify->modified_size(), 0);
+    EXPECT_FALSE(HasComplete(d));
+    auto honest = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer()}));
+    ASSERT_TRUE(honest.ok()) << honest.status();
+    ExpectIdentical(d, absl::StrCat("out", static_cast<int>(mode)));
+  }
+
+  const std::string bad_address_ = AddressOf(KeyOf(0x3b));
+};
+
+TEST_F(MisbehavingStreamPeerTest, BadFrameHeader) {
+  ExpectDropped(ScriptedStreamPeer::Mode::kBadMagic, true, "malformed chunk stream frame");
+}
+TEST_F(MisbehavingStreamPeerTest, WrongPosition) {
+  ExpectDropped(ScriptedStreamPeer::Mode::kWrongPosition, true, "sent chunk");
+}
+TEST_F(MisbehavingStreamPeerTest, WrongData) {
+  ExpectDropped(ScriptedStreamPeer::Mode::kWrongData, true, "failed verification");
+}
+TEST_F(MisbehavingStreamPeerTest, OversizeChunk) {
+  ExpectDropped(ScriptedStreamPeer::Mode::kOversize, true, "more than the");
+}
+TEST_F(MisbehavingStreamPeerTest, ClosedMidChunkIsAFailureNotCorruption) {
+  ExpectDropped(ScriptedStreamPeer::Mode::kCloseMidChunk, false, "connection closed");
+}
+TEST_F(MisbehavingStreamPeerTest, ShortEndFrame) {
+  ExpectDropped(ScriptedStreamPeer::Mode::kShortEnd, true, "ended its chunk stream");
+}
+TEST_F(MisbehavingStreamPeerTest, DataLossErrorMarksCorrupt) {
+  ExpectDropped(ScriptedStreamPeer::Mode::kDataLoss, true, "chunk file damaged");
 }
 
 }  // namespace

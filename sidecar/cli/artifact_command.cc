@@ -205,6 +205,7 @@ struct FetchArgs {
   std::string id;
   std::vector<std::string> peers;
   std::string out;
+  std::string transport;
 };
 
 int RunFetch(Context& ctx, const FetchArgs& args) {
@@ -217,6 +218,11 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
   pb::FetchArtifactRequest request;
   request.set_shard_id(*shard);
   request.set_artifact_id(*id);
+  if (!args.transport.empty() && args.transport != "auto" && args.transport != "grpc") {
+    return ctx.BadInput(absl::InvalidArgumentError(
+        absl::StrCat("--transport ", Quote(args.transport), ": want auto or grpc")));
+  }
+  request.set_transport(args.transport);
   if (args.peers.size() > kFlagValuesMax) {
     return ctx.BadInput(absl::InvalidArgumentError(
         absl::StrCat("--peer: ", args.peers.size(), " values is more than ", kFlagValuesMax)));
@@ -418,6 +424,8 @@ void AddArtifactCommands(CLI::App& root, CommandTable& table) {
   fetch->add_option("--id", fetch_args->id, "artifact id (64 hex)")->required();
   fetch->add_option("--peer", fetch_args->peers,
                     "member address to fetch from, repeatable (default: every other member)");
+  fetch->add_option("--transport", fetch_args->transport,
+                    "auto (each peer's chunk stream where offered; the default) or grpc");
   fetch->add_option("--out", fetch_args->out,
                     "then write the files here (created; must not exist or be empty)");
   table.Add(fetch, [fetch_args](Context& ctx) { return RunFetch(ctx, *fetch_args); });

@@ -193,6 +193,8 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
       TS_ASSIGN_OR_RETURN(config.shard_endpoint, GetString(key, node));
     } else if (key == "shard_listen") {
       TS_ASSIGN_OR_RETURN(config.shard_listen, GetString(key, node));
+    } else if (key == "chunk_stream") {
+      TS_ASSIGN_OR_RETURN(config.chunk_stream, GetBool(key, node));
     } else if (key == "artifacts_dir") {
       TS_ASSIGN_OR_RETURN(config.artifacts_dir, GetString(key, node));
     } else if (key == "tls_cert_sha256") {

@@ -45,6 +45,9 @@ struct HostConfig {
   // host:port the peer-facing shard services (ArtifactTransfer) bind. Empty: the default,
   // "0.0.0.0:<port of shard_endpoint>" (ShardListenAddress).
   std::string shard_listen;
+  // Whether the shard listener also serves chunks over the chunk stream (plain TCP on a port of
+  // its own on the same host, announced to members by GetChunkStream; docs/artifacts.md).
+  bool chunk_stream = true;
   // Absolute directory of the shards' artifact stores. Empty: the default, <data_dir>/artifacts
   // (ArtifactsDir).
   std::string artifacts_dir;

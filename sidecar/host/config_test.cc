@@ -48,6 +48,7 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.policy.max_shards, 4u);
   EXPECT_EQ(c.policy.min_escrow_per_node, 0u);
   EXPECT_TRUE(c.shard_listen.empty());
+  EXPECT_TRUE(c.chunk_stream);
   EXPECT_TRUE(c.artifacts_dir.empty());
   EXPECT_EQ(ShardListenAddress(c), "0.0.0.0:7000");
   EXPECT_EQ(ArtifactsDir(c), "/tmp/d/artifacts");
@@ -58,6 +59,7 @@ TEST(ConfigTest, EveryKey) {
   HostConfig c = MustParse(std::string(kMinimal) + R"(
 listen = "0.0.0.0:9100"
 shard_listen = "10.0.0.1:7100"
+chunk_stream = false
 artifacts_dir = "/srv/artifacts"
 tls_cert_sha256 = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF"
 poll_interval_ms = 50
@@ -70,6 +72,7 @@ min_escrow_per_node = "123456789"
 )");
   EXPECT_EQ(c.listen, "0.0.0.0:9100");
   EXPECT_EQ(c.shard_listen, "10.0.0.1:7100");
+  EXPECT_FALSE(c.chunk_stream);
   EXPECT_EQ(ShardListenAddress(c), "10.0.0.1:7100");
   EXPECT_EQ(c.artifacts_dir, "/srv/artifacts");
   EXPECT_EQ(ArtifactsDir(c), "/srv/artifacts");
@@ -105,6 +108,7 @@ TEST(ConfigTest, BadValuesNameTheKeyAndValue) {
   ExpectBad("[policy]\nspeed = 1\n", {"policy.speed", "unknown key"});
   ExpectBad("policy = 3\n", {"policy", "table"});
   ExpectBad("shard_listen = 7000\n", {"shard_listen", "string", "7000"});
+  ExpectBad("chunk_stream = \"yes\"\n", {"chunk_stream", "boolean"});
   ExpectBad("artifacts_dir = [\"/a\"]\n", {"artifacts_dir", "string"});
 }
 

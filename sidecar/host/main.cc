@@ -216,7 +216,7 @@ int Main(int argc, char** argv) {
                               registry_options);
   ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock());
   auto shard_server = ShardServer::Start(ShardListenAddress(config), &registry, &directory, address,
-                                         &common::SystemClock());
+                                         &common::SystemClock(), config.chunk_stream);
   if (!shard_server.ok()) {
     LogError("cannot serve the shard services", shard_server.status());
     return kExitFailure;
@@ -247,6 +247,7 @@ int Main(int argc, char** argv) {
                {"address", address},
                {"operator", server->address},
                {"shard_listen", (*shard_server)->address()},
+               {"chunk_stream_port", std::to_string((*shard_server)->chunk_stream_port())},
                {"artifacts_dir", artifacts_dir},
                {"chain", config.chain_endpoint},
                {"data_dir", config.data_dir}});

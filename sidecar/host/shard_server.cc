@@ -45,6 +45,13 @@ class ShardServer::Gate final : public pb::ArtifactTransfer::Service {
     if (inner == nullptr) return NotReady();
     return inner->ListArtifacts(context, request, response);
   }
+  grpc::Status GetChunkStream(grpc::ServerContext* context,
+                              const pb::GetChunkStreamRequest* request,
+                              pb::GetChunkStreamResponse* response) override {
+    ArtifactTransferService* inner = inner_.load();
+    if (inner == nullptr) return NotReady();
+    return inner->GetChunkStream(context, request, response);
+  }
 
  private:
   static grpc::Status NotReady() {
@@ -65,7 +72,8 @@ ShardServer::ShardServer(StoreRegistry* stores, ShardDirectory* directory, std::
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const std::string& listen, StoreRegistry* stores, ShardDirectory* directory,
-    std::string self_address, common::Clock* clock, TransferServiceOptions options) {
+    std::string self_address, common::Clock* clock, bool chunk_stream,
+    TransferServiceOptions options) {
   std::unique_ptr<ShardServer> out(
       new ShardServer(stores, directory, std::move(self_address), clock, options));
   grpc::ServerBuilder builder;
@@ -79,6 +87,19 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     return absl::UnavailableError(absl::StrCat("shard_listen: cannot bind ", listen));
   }
   out->address_ = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  if (chunk_stream) {
+    std::string host = listen.substr(0, listen.rfind(':'));
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    auto stream = ChunkStreamServer::Start(host, clock);
+    if (!stream.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("shard_listen: chunk stream: ", stream.status().message()));
+    }
+    out->chunk_stream_ = *std::move(stream);
+    out->options_.chunk_stream_port = out->chunk_stream_->port();
+  }
   return out;
 }
 
@@ -95,6 +116,11 @@ void ShardServer::Activate(const std::string& chain_id) {
   service_ =
       std::make_unique<ArtifactTransferService>(stores_, directory_, verifier_.get(), options_);
   gate_->Open(service_.get());
+  if (chunk_stream_ != nullptr) chunk_stream_->Open(service_.get());
+}
+
+uint16_t ShardServer::chunk_stream_port() const {
+  return chunk_stream_ == nullptr ? 0 : chunk_stream_->port();
 }
 
 bool ShardServer::active() const {
@@ -111,6 +137,7 @@ void ShardServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   // Outside the lock: handlers in flight may still be running and never take it, but Activate
   // must not wait behind a shutdown's grace period.
   if (server_ != nullptr) server_->Shutdown(deadline);
+  if (chunk_stream_ != nullptr) chunk_stream_->Shutdown();
 }
 
 }  // namespace ts::sidecar

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/transfer.h"
 #include "sidecar/peer/peer_auth.h"
 #include "sidecar/peer/shard_directory.h"
@@ -29,17 +30,22 @@ class ShardServer {
  public:
   // Binds `listen` ("host:port", port 0 = any free port) with SO_REUSEPORT off, so a second
   // process asking for the same port fails here instead of silently sharing it (peers would
-  // reach either host at random). The pointers are not owned and must outlive the server.
-  // UNAVAILABLE naming the address if it cannot be bound.
+  // reach either host at random). With `chunk_stream`, also binds the chunk stream
+  // (chunk_stream.h) on the same host and a port the kernel picks, which GetChunkStream
+  // announces. The pointers are not owned and must outlive the server. UNAVAILABLE naming the
+  // address if it cannot be bound.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const std::string& listen, StoreRegistry* stores, ShardDirectory* directory,
-      std::string self_address, common::Clock* clock, TransferServiceOptions options = {});
+      std::string self_address, common::Clock* clock, bool chunk_stream = true,
+      TransferServiceOptions options = {});
   ~ShardServer();  // Shutdown()s with no grace period if not done yet.
   ShardServer(const ShardServer&) = delete;
   ShardServer& operator=(const ShardServer&) = delete;
 
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
+  // The chunk stream's port; 0 when not served.
+  uint16_t chunk_stream_port() const;
 
   // Starts serving peers of `chain_id`: creates the request verifier, whose start time is now
   // (requests issued earlier are refused, see peer_auth.h). Later calls are ignored.
@@ -58,7 +64,7 @@ class ShardServer {
   ShardDirectory* const directory_;
   const std::string self_address_;
   common::Clock* const clock_;
-  const TransferServiceOptions options_;
+  TransferServiceOptions options_;  // set in Start
   std::string address_;
   std::unique_ptr<Gate> gate_;
   std::unique_ptr<grpc::Server> server_;
@@ -66,6 +72,8 @@ class ShardServer {
   std::unique_ptr<PeerRequestVerifier> verifier_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ArtifactTransferService> service_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Set in Start; declared last so it is destroyed (its threads joined) before the service.
+  std::unique_ptr<ChunkStreamServer> chunk_stream_;
 };
 
 }  // namespace ts::sidecar

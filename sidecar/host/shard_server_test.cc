@@ -96,5 +96,38 @@ TEST_F(ShardServerTest, APortAlreadyTakenIsRefusedNotShared) {
               HasSubstr("shard_listen: cannot bind " + (*first)->address()));
 }
 
+// The chunk stream is bound beside the gRPC listener, answers with an UNAVAILABLE frame until
+// the chain id is known and then checks requests like GetChunks; without it, no port.
+TEST_F(ShardServerTest, ChunkStreamBoundAndGatedLikeTheService) {
+  auto server = ShardServer::Start("127.0.0.1:0", registry_.get(), &directory_, self_,
+                                   &common::SystemClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = (*server)->chunk_stream_port();
+  ASSERT_GT(port, 0);
+  pb::GetChunksRequest request;
+  request.set_shard_id(1);
+  request.set_artifact_id(std::string(32, 'a'));
+  request.add_chunks(std::string(32, 'c'));
+  auto next = [&]() {
+    ChunkStreamCall call(&common::SystemClock(), common::SystemClock().MonotonicMs() + 5000);
+    absl::Status started = call.Start("127.0.0.1", port, request);
+    if (!started.ok()) return started;
+    char buffer[16];
+    return call.Next(buffer, sizeof(buffer)).status();
+  };
+  absl::Status before = next();
+  EXPECT_EQ(before.code(), absl::StatusCode::kUnavailable) << before;
+  EXPECT_THAT(std::string(before.message()), HasSubstr("not reached its chain"));
+  (*server)->Activate("test-chain");
+  absl::Status after = next();
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnauthenticated) << after;
+  (*server)->Shutdown(std::chrono::system_clock::now());
+
+  auto plain = ShardServer::Start("127.0.0.1:0", registry_.get(), &directory_, self_,
+                                  &common::SystemClock(), /*chunk_stream=*/false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->chunk_stream_port(), 0);
+}
+
 }  // namespace
 }  // namespace ts::sidecar

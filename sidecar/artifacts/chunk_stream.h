@@ -1,0 +1,138 @@
+// The chunk stream: chunk bodies over plain TCP beside the ArtifactTransfer gRPC service, framed
+// as chunk_stream_wire.h says (docs/artifacts.md, "Chunk stream"). The request is the same
+// signed GetChunksRequest, checked by the same ArtifactTransferService::BeginChunks (auth under
+// its own method name kMethodChunkStream, membership, caps, every hash named by a complete
+// manifest, a stream slot shared with GetChunks); only the bytes travel differently: the server
+// sendfile()s each chunk file after a 48-byte header, the fetcher receives it into its
+// page-aligned buffer, hashes it and stores it (O_DIRECT) — no HTTP/2 framing, no copies in
+// user space on the sending side.
+//
+// ChunkStreamServer: one listening socket, one accept thread, one thread per connection (at
+// most max_connections open at once, authenticated or not; beyond that new connections are
+// closed at once). A connection must deliver its whole request within request_deadline_ms and
+// each send must progress within send_timeout_ms, so a slow or silent peer holds a thread for a
+// bounded time. Until Open() is called every request is answered with an UNAVAILABLE frame.
+//
+// ChunkStreamCall: the client side of one connection, used by the fetcher. Every read and the
+// connect honour one deadline; Cancel() from another thread makes a blocked call return.
+//
+// Thread-safety: ChunkStreamServer is thread-safe. A ChunkStreamCall is used by one thread,
+// except Cancel(), which any thread may call while the call is alive.
+#ifndef TS_SIDECAR_ARTIFACTS_CHUNK_STREAM_H_
+#define TS_SIDECAR_ARTIFACTS_CHUNK_STREAM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "gonka/trainshard/v1/shard.pb.h"
+#include "sidecar/artifacts/chunk_stream_wire.h"
+#include "sidecar/artifacts/safe_fs.h"
+
+namespace ts::sidecar {
+
+namespace pb = ::gonka::trainshard::v1;
+
+class ArtifactTransferService;
+
+struct ChunkStreamServerOptions {
+  size_t max_connections = 64;
+  int64_t request_deadline_ms = 10000;
+  int64_t send_timeout_ms = 30000;
+};
+
+class ChunkStreamServer {
+ public:
+  // Binds `host` (an IP address; port chosen by the kernel) and starts accepting. UNAVAILABLE
+  // naming the address if it cannot be bound.
+  // `clock` (not owned) times the request deadline and must outlive the server.
+  static absl::StatusOr<std::unique_ptr<ChunkStreamServer>> Start(
+      const std::string& host, common::Clock* clock, ChunkStreamServerOptions options = {});
+  ~ChunkStreamServer();  // Shutdown()
+  ChunkStreamServer(const ChunkStreamServer&) = delete;
+  ChunkStreamServer& operator=(const ChunkStreamServer&) = delete;
+
+  uint16_t port() const { return port_; }
+
+  // Requests are checked and served by `service` from now on (not owned; must outlive the
+  // server or the Shutdown() call).
+  void Open(ArtifactTransferService* service);
+
+  // Stops accepting, ends every connection and joins the threads. Idempotent.
+  void Shutdown();
+
+  // Connections open now (for tests of the bound).
+  size_t connections() const;
+  // Chunks sent since the start.
+  uint64_t chunks_sent() const { return chunks_sent_.load(); }
+
+ private:
+  struct Connection;
+  ChunkStreamServer(common::Clock* clock, ChunkStreamServerOptions options);
+  void AcceptLoop();
+  void Serve(Connection* connection);
+  absl::Status ServeRequest(int fd, uint32_t* chunks_sent);
+  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  common::Clock* const clock_;
+  const ChunkStreamServerOptions options_;
+  UniqueFd listen_fd_;
+  uint16_t port_ = 0;
+  std::atomic<ArtifactTransferService*> service_{nullptr};
+  std::atomic<uint64_t> chunks_sent_{0};
+  std::thread accept_thread_;
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+};
+
+// One chunk stream request on its own connection.
+class ChunkStreamCall {
+ public:
+  // `deadline_ms` is on `clock`'s monotonic time and bounds every step; `clock` is not owned.
+  ChunkStreamCall(common::Clock* clock, int64_t deadline_ms)
+      : clock_(clock), deadline_ms_(deadline_ms) {}
+  ~ChunkStreamCall();
+  ChunkStreamCall(const ChunkStreamCall&) = delete;
+  ChunkStreamCall& operator=(const ChunkStreamCall&) = delete;
+
+  // Connects to host:port (numeric or a name) and sends `request` (already signed for
+  // kMethodChunkStream). UNAVAILABLE if the host cannot be reached, DEADLINE_EXCEEDED,
+  // CANCELLED.
+  absl::Status Start(const std::string& host, uint16_t port, const pb::GetChunksRequest& request);
+
+  // Reads the next frame. For a chunk frame its `size` bytes are read into buffer[0, size);
+  // INVALID_ARGUMENT (a protocol violation: the peer is at fault) if size exceeds `capacity`
+  // or the header is malformed. An error frame comes back as that status (its code, the peer's
+  // message); an end frame as the frame itself. UNAVAILABLE if the connection closes early,
+  // DEADLINE_EXCEEDED, CANCELLED.
+  absl::StatusOr<ChunkStreamFrame> Next(char* buffer, size_t capacity);
+
+  // Makes a blocked Start or Next return CANCELLED. Thread-safe.
+  void Cancel();
+
+ private:
+  absl::Status ReadFull(char* out, size_t size);
+  absl::Status WaitReady(short events);
+
+  common::Clock* const clock_;
+  const int64_t deadline_ms_;
+  std::atomic<bool> cancelled_{false};
+  absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  // The descriptor as seen by the owning thread (only it closes it).
+  int own_fd_ = -1;
+};
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_ARTIFACTS_CHUNK_STREAM_H_
