@@ -925,51 +925,75 @@ absl::StatusOr<FetchPlan> ArtifactStore::BeginFetch(const VerifiedManifest& mani
   return plan;
 }
 
-absl::Status ArtifactStore::PutChunk(std::string_view artifact_id, std::string_view hash,
-                                     std::string_view data) {
+absl::StatusOr<VerifiedChunk> ArtifactStore::VerifyChunk(std::string_view artifact_id,
+                                                         std::string_view hash,
+                                                         std::string_view data) const {
   Impl& s = *impl_;
   if (hash.size() != common::kSha256Size) {
     return absl::InvalidArgumentError(absl::StrCat("chunk hash: ", hash.size(), " bytes, want 32"));
   }
-  const std::string id(artifact_id);
-  const std::string key(hash);
+  VerifiedChunk chunk;
+  chunk.artifact_id_.assign(artifact_id);
+  chunk.hash_.assign(hash);
+  chunk.data_ = data;
   uint32_t expected_size = 0;
-  bool covered = false;
   {
     absl::MutexLock lock(&s.mu);
-    auto it = s.fetches.find(id);
+    auto it = s.fetches.find(chunk.artifact_id_);
     if (it == s.fetches.end()) {
       return absl::FailedPreconditionError(
           absl::StrCat("artifact ", Hex(artifact_id), ": no fetch in progress"));
     }
-    auto size = it->second.info->sizes.find(key);
+    auto size = it->second.info->sizes.find(chunk.hash_);
     if (size == it->second.info->sizes.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk ", Hex(hash), ": not named by the manifest of artifact ", Hex(artifact_id)));
     }
     expected_size = size->second;
-    covered = it->second.reserved.contains(key);
   }
   if (data.size() != expected_size) {
     return absl::DataLossError(absl::StrCat("chunk ", Hex(hash), ": ", data.size(),
                                             " bytes, the manifest says ", expected_size));
   }
   const std::string actual = common::Sha256(data);
-  if (actual != key) {
+  if (actual != chunk.hash_) {
     return absl::DataLossError(
         absl::StrCat("chunk ", Hex(hash), ": the data hashes to ", Hex(actual)));
   }
+  return chunk;
+}
+
+absl::Status ArtifactStore::PutVerifiedChunk(const VerifiedChunk& chunk) {
+  Impl& s = *impl_;
+  const std::string& key = chunk.hash_;
+  bool covered = false;
+  {
+    absl::MutexLock lock(&s.mu);
+    auto it = s.fetches.find(chunk.artifact_id_);
+    if (it == s.fetches.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("artifact ", Hex(chunk.artifact_id_), ": no fetch in progress"));
+    }
+    covered = it->second.reserved.contains(key);
+  }
   absl::ReaderMutexLock io(&s.io_mu);
-  TS_ASSIGN_OR_RETURN(bool written, s.WriteChunk(key, data, covered));
+  TS_ASSIGN_OR_RETURN(bool written, s.WriteChunk(key, chunk.data_, covered));
   (void)written;
   absl::MutexLock lock(&s.mu);
-  auto it = s.fetches.find(id);
+  auto it = s.fetches.find(chunk.artifact_id_);
   if (it != s.fetches.end() && it->second.reserved.erase(key) > 0) {
-    s.ReleaseLocked(expected_size, 1);
-    it->second.reserved_bytes -= expected_size;
+    const uint64_t size = chunk.data_.size();
+    s.ReleaseLocked(size, 1);
+    it->second.reserved_bytes -= size;
     it->second.reserved_files -= 1;
   }
   return absl::OkStatus();
+}
+
+absl::Status ArtifactStore::PutChunk(std::string_view artifact_id, std::string_view hash,
+                                     std::string_view data) {
+  TS_ASSIGN_OR_RETURN(VerifiedChunk chunk, VerifyChunk(artifact_id, hash, data));
+  return PutVerifiedChunk(chunk);
 }
 
 absl::Status ArtifactStore::CompleteFetch(std::string_view artifact_id) {

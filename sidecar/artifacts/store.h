@@ -72,6 +72,24 @@ struct FetchPlan {
   uint64_t missing_bytes = 0;
 };
 
+// A chunk of a fetch in progress whose size and SHA-256 ArtifactStore::VerifyChunk has checked;
+// only VerifyChunk makes one, so PutVerifiedChunk cannot store unverified bytes. It views the
+// caller's data, which must stay unchanged until it is stored.
+class VerifiedChunk {
+ public:
+  VerifiedChunk(VerifiedChunk&&) = default;
+  VerifiedChunk& operator=(VerifiedChunk&&) = default;
+  const std::string& hash() const { return hash_; }
+  size_t size() const { return data_.size(); }
+
+ private:
+  friend class ArtifactStore;
+  VerifiedChunk() = default;
+  std::string artifact_id_;
+  std::string hash_;
+  std::string_view data_;
+};
+
 class ArtifactStore {
  public:
   // Opens (creating) `dir` (absolute) for shard `shard_id` of `chain_id`. `db` must have been
@@ -111,6 +129,12 @@ class ArtifactStore {
   // its size must match the manifest (DATA_LOSS). FAILED_PRECONDITION if no fetch of
   // `artifact_id` is in progress. Durable when it returns OK. Safe to call concurrently.
   absl::Status PutChunk(std::string_view artifact_id, std::string_view hash, std::string_view data);
+  // PutChunk in two steps, so a fetcher can hash the next chunk while this one is written:
+  // VerifyChunk runs PutChunk's checks (same errors) and writes nothing; PutVerifiedChunk writes
+  // the chunk durably (FAILED_PRECONDITION if the fetch has ended meanwhile; I/O errors).
+  absl::StatusOr<VerifiedChunk> VerifyChunk(std::string_view artifact_id, std::string_view hash,
+                                            std::string_view data) const;
+  absl::Status PutVerifiedChunk(const VerifiedChunk& chunk);
 
   // Marks the artifact complete (synced) if every chunk is present and releases what is left of
   // its reservation. FAILED_PRECONDITION naming how many chunks are missing otherwise.

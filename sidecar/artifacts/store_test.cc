@@ -589,6 +589,43 @@ TEST_F(StoreTest, BeginFetchSharesChunksAlreadyStored) {
   EXPECT_EQ(b.store->Usage().reserved_bytes, 100u);
 }
 
+// The two halves of PutChunk: verifying writes nothing, refuses what PutChunk refuses, and a
+// verified chunk is stored only while its fetch is in progress.
+TEST_F(StoreTest, VerifyThenPutVerifiedChunk) {
+  Host a = MakeHost("a");
+  auto published = Publish(a, MakeSource("src", 14));
+  ASSERT_TRUE(published.ok()) << published.status();
+  Host b = MakeHost("b");
+  ASSERT_TRUE(b.store->BeginFetch(*published).ok());
+  const std::string hash = published->body.files(2).chunks(0);
+  auto good = a.store->ReadChunk(hash);
+  ASSERT_TRUE(good.ok());
+  const std::vector<std::string> before = b.StoreFiles();
+
+  std::string flipped = *good;
+  flipped[7] ^= 0x01;
+  EXPECT_EQ(b.store->VerifyChunk(published->id, hash, flipped).status().code(),
+            absl::StatusCode::kDataLoss);
+  auto verified = b.store->VerifyChunk(published->id, hash, *good);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_EQ(verified->hash(), hash);
+  EXPECT_EQ(verified->size(), good->size());
+  EXPECT_EQ(b.StoreFiles(), before);  // verifying writes nothing
+  EXPECT_FALSE(b.store->HasChunk(hash));
+  ASSERT_TRUE(b.store->PutVerifiedChunk(*verified).ok());
+  EXPECT_TRUE(b.store->HasChunk(hash));
+
+  // Once the fetch has ended, a chunk verified during it is not stored.
+  const std::string other = published->body.files(2).chunks(1);
+  auto other_data = a.store->ReadChunk(other);
+  ASSERT_TRUE(other_data.ok());
+  auto late = b.store->VerifyChunk(published->id, other, *other_data);
+  ASSERT_TRUE(late.ok()) << late.status();
+  b.store->AbandonFetch(published->id);
+  EXPECT_EQ(b.store->PutVerifiedChunk(*late).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(b.store->HasChunk(other));
+}
+
 TEST_F(StoreTest, PutChunkRefusesBadData) {
   Host a = MakeHost("a");
   auto published = Publish(a, MakeSource("src", 13));

@@ -8,6 +8,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -424,14 +425,18 @@ class Fetcher {
   void StreamLoopGuarded(size_t index);
   // One GetChunks call for plan_.missing[k], k in batch: stores what arrives, puts the rest
   // back in the queue and judges the peer.
-  void Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* buffer);
+  class Pipeline;
+  void Call(size_t index, const std::vector<size_t>& batch, Pipeline* pipeline);
   void CallGrpc(size_t index, const pb::GetChunksRequest& request, const std::vector<size_t>& batch,
-                ChunkBuffer* buffer, CallResult* result);
+                Pipeline* pipeline, CallResult* result);
   void CallStream(size_t index, const pb::GetChunksRequest& request,
-                  const std::vector<size_t>& batch, ChunkBuffer* buffer, CallResult* result);
-  // Stores one received chunk (the batch's next) or says why not; true if stored.
+                  const std::vector<size_t>& batch, Pipeline* pipeline, CallResult* result);
+  // Verifies one received chunk (the batch's next) and hands it to the stream's writer, or says
+  // why not; true if handed on.
   bool Deliver(size_t index, const std::vector<size_t>& batch, std::string_view hash,
-               std::string_view data, CallResult* result);
+               std::string_view data, Pipeline* pipeline, CallResult* result);
+  // A chunk handed on by peer `index` was written (or failed to be).
+  void Stored(size_t index, uint64_t size, absl::Status status);
   // Asks the peer for its chunk stream port (once per peer; 0 when it has none).
   void ResolveStream(size_t index);
 
@@ -467,6 +472,75 @@ class Fetcher {
   absl::Mutex progress_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   int64_t last_progress_ms_ ABSL_GUARDED_BY(progress_mu_) = 0;
   bool progress_started_ ABSL_GUARDED_BY(progress_mu_) = false;
+};
+
+// A stream's two chunk buffers and its writer thread: the stream receives and verifies chunk
+// k + 1 into one buffer while the writer stores chunk k durably from the other, so the disk's
+// waits (fdatasync, the directory fsync) overlap the network and the hashing. Only verified
+// chunks reach the writer; what is unverified is at most the one chunk being received.
+class Fetcher::Pipeline {
+ public:
+  Pipeline(Fetcher* fetcher, size_t index)
+      : fetcher_(fetcher), index_(index), thread_([this] { WriterLoop(); }) {}
+  ~Pipeline() {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Pipeline::Idle));
+      done_ = true;
+    }
+    thread_.join();
+  }
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  absl::Status Reserve(size_t capacity) {
+    TS_RETURN_IF_ERROR(buffers_[0].Reserve(capacity));
+    return buffers_[1].Reserve(capacity);
+  }
+  // Where the next chunk is received; never the buffer being written.
+  ChunkBuffer* buffer() { return &buffers_[current_]; }
+
+  // Hands the verified chunk in buffer() to the writer, once the previous one is written.
+  void Submit(VerifiedChunk chunk) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Pipeline::Idle));
+    job_.emplace(std::move(chunk));
+    current_ = 1 - current_;
+  }
+
+ private:
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !job_.has_value(); }
+  bool WorkOrDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return job_.has_value() || done_; }
+
+  void WriterLoop() {
+    while (true) {
+      std::optional<VerifiedChunk> job;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &Pipeline::WorkOrDone));
+        if (!job_.has_value()) return;
+        job.emplace(std::move(*job_));
+      }
+      absl::Status stored;
+      try {
+        stored = fetcher_->context_.store->PutVerifiedChunk(*job);
+      } catch (const std::exception& e) {
+        stored = absl::InternalError(absl::StrCat("storing a chunk: ", e.what()));
+      }
+      fetcher_->Stored(index_, job->size(), std::move(stored));
+      absl::MutexLock lock(&mu_);
+      job_.reset();
+    }
+  }
+
+  Fetcher* const fetcher_;
+  const size_t index_;
+  ChunkBuffer buffers_[2];
+  int current_ = 0;  // used by the stream's thread only
+  mutable absl::Mutex mu_;
+  std::optional<VerifiedChunk> job_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: started once the rest is set up
 };
 
 absl::Status Fetcher::Validate() const {
@@ -698,9 +772,9 @@ void Fetcher::StreamLoopGuarded(size_t index) {
 void Fetcher::StreamLoop(size_t index) {
   Peer& peer = peers_[index];
   const size_t per_call = static_cast<size_t>(options_.chunks_per_request);
-  ChunkBuffer buffer;
+  Pipeline pipeline(this, index);
   {
-    absl::Status reserved = buffer.Reserve(plan_.manifest.body.chunk_size());
+    absl::Status reserved = pipeline.Reserve(plan_.manifest.body.chunk_size());
     if (!reserved.ok()) {
       absl::MutexLock lock(&mu_);
       Fail(std::move(reserved));
@@ -735,7 +809,7 @@ void Fetcher::StreamLoop(size_t index) {
       }
       outstanding_ += batch.size();
     }
-    Call(index, batch, &buffer);
+    Call(index, batch, &pipeline);
     absl::MutexLock lock(&mu_);
     if (peer.failures > 0 && !peer.dropped && !stop_) {
       // Interruptible pause before the retry, longer after each failure.
@@ -778,8 +852,7 @@ void Fetcher::ResolveStream(size_t index) {
 }
 
 bool Fetcher::Deliver(size_t index, const std::vector<size_t>& batch, std::string_view hash,
-                      std::string_view data, CallResult* result) {
-  Peer& peer = peers_[index];
+                      std::string_view data, Pipeline* pipeline, CallResult* result) {
   if (result->delivered == batch.size()) {
     result->corrupt = absl::StrCat("sent more than the ", batch.size(), " chunks asked for");
     return false;
@@ -790,29 +863,40 @@ bool Fetcher::Deliver(size_t index, const std::vector<size_t>& batch, std::strin
                                    " was asked for (out of order or not requested)");
     return false;
   }
-  absl::Status put = context_.store->PutChunk(request_.artifact_id, want, data);
-  if (absl::IsDataLoss(put) || absl::IsInvalidArgument(put)) {
-    result->corrupt = absl::StrCat("chunk ", Hex(want), " failed verification: ", put.message());
+  absl::StatusOr<VerifiedChunk> verified =
+      context_.store->VerifyChunk(request_.artifact_id, want, data);
+  if (absl::IsDataLoss(verified.status()) || absl::IsInvalidArgument(verified.status())) {
+    result->corrupt =
+        absl::StrCat("chunk ", Hex(want), " failed verification: ", verified.status().message());
     return false;
   }
-  if (!put.ok()) {
-    result->fatal = put;
+  if (!verified.ok()) {
+    result->fatal = verified.status();
     return false;
   }
   ++result->delivered;
-  {
-    absl::MutexLock lock(&mu_);
-    --outstanding_;
-    ++chunks_fetched_;
-    bytes_fetched_ += data.size();
-    peer.bytes += data.size();
-  }
-  Progress(/*force=*/false);
+  pipeline->Submit(*std::move(verified));
   return true;
 }
 
+void Fetcher::Stored(size_t index, uint64_t size, absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) {
+      Fail(std::move(status));
+      return;
+    }
+    Peer& peer = peers_[index];
+    --outstanding_;
+    ++chunks_fetched_;
+    bytes_fetched_ += size;
+    peer.bytes += size;
+  }
+  Progress(/*force=*/false);
+}
+
 void Fetcher::CallGrpc(size_t index, const pb::GetChunksRequest& request,
-                       const std::vector<size_t>& batch, ChunkBuffer* buffer, CallResult* result) {
+                       const std::vector<size_t>& batch, Pipeline* pipeline, CallResult* result) {
   Peer& peer = peers_[index];
   grpc::ClientContext call;
   call.set_deadline(DeadlineAfter(options_.chunks_deadline_ms));
@@ -828,6 +912,7 @@ void Fetcher::CallGrpc(size_t index, const pb::GetChunksRequest& request,
   std::string hash;
   size_t data_size = 0;
   while (reader->Read(&message)) {
+    ChunkBuffer* buffer = pipeline->buffer();
     absl::Status decoded = DecodeChunkAnswer(message, &hash, buffer, &data_size);
     message.Clear();
     if (!decoded.ok()) {
@@ -838,7 +923,10 @@ void Fetcher::CallGrpc(size_t index, const pb::GetChunksRequest& request,
               : absl::StrCat("sent more than the ", batch.size(), " chunks asked for");
       break;
     }
-    if (!Deliver(index, batch, hash, std::string_view(buffer->data(), data_size), result)) break;
+    if (!Deliver(index, batch, hash, std::string_view(buffer->data(), data_size), pipeline,
+                 result)) {
+      break;
+    }
   }
   if (!result->corrupt.empty() || !result->fatal.ok()) call.TryCancel();
   result->status = FromGrpc(reader->Finish());
@@ -847,8 +935,7 @@ void Fetcher::CallGrpc(size_t index, const pb::GetChunksRequest& request,
 }
 
 void Fetcher::CallStream(size_t index, const pb::GetChunksRequest& request,
-                         const std::vector<size_t>& batch, ChunkBuffer* buffer,
-                         CallResult* result) {
+                         const std::vector<size_t>& batch, Pipeline* pipeline, CallResult* result) {
   Peer& peer = peers_[index];
   ChunkStreamCall call(context_.clock, context_.clock->MonotonicMs() + options_.chunks_deadline_ms);
   {
@@ -858,6 +945,7 @@ void Fetcher::CallStream(size_t index, const pb::GetChunksRequest& request,
   }
   result->status = call.Start(peer.stream_host, peer.stream_port, request);
   while (result->status.ok()) {
+    ChunkBuffer* buffer = pipeline->buffer();
     absl::StatusOr<ChunkStreamFrame> frame = call.Next(buffer->data(), buffer->capacity());
     if (!frame.ok()) {
       // A malformed frame is the peer's doing; a refusal (error frame) or a broken connection
@@ -883,7 +971,7 @@ void Fetcher::CallStream(size_t index, const pb::GetChunksRequest& request,
                                      result->delivered, " was next");
       break;
     }
-    if (!Deliver(index, batch, frame->hash, std::string_view(buffer->data(), frame->size),
+    if (!Deliver(index, batch, frame->hash, std::string_view(buffer->data(), frame->size), pipeline,
                  result)) {
       break;
     }
@@ -892,7 +980,7 @@ void Fetcher::CallStream(size_t index, const pb::GetChunksRequest& request,
   peer.stream_calls.erase(std::find(peer.stream_calls.begin(), peer.stream_calls.end(), &call));
 }
 
-void Fetcher::Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* buffer) {
+void Fetcher::Call(size_t index, const std::vector<size_t>& batch, Pipeline* pipeline) {
   Peer& peer = peers_[index];
   std::call_once(*peer.stream_once, [this, index]() { ResolveStream(index); });
   const bool stream = peer.stream_port != 0;
@@ -911,9 +999,9 @@ void Fetcher::Call(size_t index, const std::vector<size_t>& batch, ChunkBuffer* 
   } else {
     *request.mutable_auth() = *std::move(auth);
     if (stream) {
-      CallStream(index, request, batch, buffer, &result);
+      CallStream(index, request, batch, pipeline, &result);
     } else {
-      CallGrpc(index, request, batch, buffer, &result);
+      CallGrpc(index, request, batch, pipeline, &result);
     }
   }
 

@@ -9,10 +9,12 @@
 // Fetcher: gets the manifest from the first peer that has it and verifies it (VerifyManifest,
 // then the publisher's membership), starts or resumes the fetch in the store (BeginFetch: quota,
 // incomplete index row), then asks for the missing chunks from all peers at once:
-// streams_per_peer GetChunks calls per peer, each for up to chunks_per_request chunks taken
-// from a shared queue, each with a deadline. Every chunk is handed to ArtifactStore::PutChunk as
-// it arrives (verified there before it is stored; nothing unverified is buffered beyond the one
-// chunk being read). A peer that sends a chunk failing verification is reported (corrupt) and
+// a few streams per peer — each peer's chunk stream (chunk_stream.h) where it offers one,
+// GetChunks calls otherwise — each for up to chunks_per_request chunks taken from a shared
+// queue, each with a deadline. Every chunk is verified as it arrives (ArtifactStore::
+// VerifyChunk: size and SHA-256) and then written durably by its stream's writer thread while
+// the stream receives the next (nothing unverified is buffered beyond the one chunk being
+// read). A peer that sends a chunk failing verification is reported (corrupt) and
 // dropped; a peer whose call fails (unreachable, deadline, refused) is retried once and then
 // dropped; the chunks it held go back to the queue for the others. The fetch fails with
 // UNAVAILABLE naming every dropped peer and its reason when no usable peer is left, and is then
@@ -160,11 +162,11 @@ struct FetchPeer {
 };
 
 struct FetcherOptions {
-  // Each peer gets max(streams_per_peer, streams_target / peers) concurrent GetChunks calls
-  // (at most 16): a chunk is written durably (fdatasync, rename, directory fsync) before its
-  // stream reads the next, so a lone peer needs several streams to keep the disk and the link
-  // busy, while many peers already give that; the total bounds the chunks partly received at
-  // any moment (what a crash makes the resumed fetch receive again).
+    // Each peer gets max(streams_per_peer, streams_target / peers) concurrent calls (at most 16):
+  // a lone peer needs a few to keep the disk, the hashing and the link busy at once, while many
+  // peers already give that; the total bounds the chunks partly received at any moment (what a
+  // crash makes the resumed fetch receive again). More than 4 for one peer costs more CPU than
+  // it gains on a 2-core host (docs/benchmarks.md).
   int streams_per_peer = 2;
   int streams_target = 4;
   int chunks_per_request = 16;
