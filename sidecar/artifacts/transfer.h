@@ -162,7 +162,7 @@ struct FetchPeer {
 };
 
 struct FetcherOptions {
-    // Each peer gets max(streams_per_peer, streams_target / peers) concurrent calls (at most 16):
+  // Each peer gets max(streams_per_peer, streams_target / peers) concurrent calls (at most 16):
   // a lone peer needs a few to keep the disk, the hashing and the link busy at once, while many
   // peers already give that; the total bounds the chunks partly received at any moment (what a
   // crash makes the resumed fetch receive again). More than 4 for one peer costs more CPU than
