@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev
   libgloo-dev python3-numpy
+  libtorch-dev libopenblas0-openmp libsentencepiece-dev python3-torch fortunes
 )
 
 missing=()

@@ -1,0 +1,214 @@
+"""The worker's maths against a PyTorch reference (issue acceptance point 1).
+
+ts_worker_tool writes, for a tiny model and fixed batches, the initial parameters, the
+parameters after H inner AdamW steps, the pseudo-gradient, and the parameters and momentum after
+one outer Nesterov step. This suite rebuilds the same model in PyTorch (Debian's python3-torch)
+from the flat parameter vector, does the same steps with torch.optim.AdamW and torch.optim.SGD,
+and compares. It also rebuilds the checkpoint encoding from docs/worker.md byte by byte and
+checks its SHA-256 against the root the tool printed.
+
+Tolerances (absolute, elementwise, on fp32): parameters after the inner steps and the
+pseudo-gradient within 1e-6 (the inner learning rate is 1e-3, so that is 0.1 % of one step);
+parameters after the outer step within 1e-6; the outer momentum buffer and the training losses
+within 1e-6. The two sides run the same libtorch kernels: the inner steps and the pseudo-gradient
+have come out bit-identical, and the outer step differs by at most 4e-9 (PyTorch's add with alpha
+fuses the multiply-add; the worker's outer step deliberately does not). The tolerances leave room
+for a few float ulps only.
+"""
+
+import hashlib
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BUILD_DIR = os.environ.get(
+    "TS_BUILD_DIR",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build"))
+TOOL = os.path.join(BUILD_DIR, "worker", "ts_worker_tool")
+
+TOL_INNER = 1e-6
+TOL_OUTER = 1e-6
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d = c["d_model"]
+        self.heads = c["heads"]
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        mask = torch.ones(c["context"], c["context"], dtype=torch.bool).tril()
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        hd = d // self.heads
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (y.view(b, t, self.heads, hd).transpose(1, 2) for y in (q, k, v))
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
+        y = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, h = c["d_model"], c["d_model"] * c["mlp_ratio"]
+        self.fc = nn.Linear(d, h)
+        self.proj = nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(c["d_model"])
+        self.attn = Attention(c)
+        self.ln2 = nn.LayerNorm(c["d_model"])
+        self.mlp = Mlp(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Gpt(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.wte = nn.Embedding(c["vocab"], c["d_model"])
+        self.wpe = nn.Embedding(c["context"], c["d_model"])
+        self.blocks = nn.ModuleList([Block(c) for _ in range(c["layers"])])
+        self.ln_f = nn.LayerNorm(c["d_model"])
+
+    def forward(self, tokens):
+        pos = torch.arange(tokens.shape[1])
+        x = self.wte(tokens) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return torch.matmul(self.ln_f(x), self.wte.weight.t())  # tied head
+
+
+def load_flat(model, layout, flat):
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for t in layout:
+            n = int(np.prod(t["shape"]))
+            src = torch.from_numpy(flat[t["offset"]:t["offset"] + n].copy()).view(t["shape"])
+            params[t["name"]].copy_(src)
+
+
+def store_flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def encode_checkpoint(ref, params, momentum):
+    """docs/worker.md "Checkpoint encoding", written from the spec."""
+    c = ref["config"]
+    out = bytearray(b"TSCK")
+    out += struct.pack("<I", 1)
+    for key in ("layers", "d_model", "heads", "context", "vocab", "mlp_ratio"):
+        out += struct.pack("<I", c[key])
+    out += struct.pack("<I", 1 if momentum is not None else 0)
+    out += struct.pack("<I", len(ref["layout"]))
+    for t in ref["layout"]:
+        name = t["name"].encode()
+        out += struct.pack("<H", len(name)) + name + struct.pack("<B", len(t["shape"]))
+        for d in t["shape"]:
+            out += struct.pack("<I", d)
+    out += params.astype("<f4").tobytes()
+    if momentum is not None:
+        out += momentum.astype("<f4").tobytes()
+    return bytes(out)
+
+
+class WorkerReferenceTest(unittest.TestCase):
+    def run_case(self, inner_steps, threads):
+        with tempfile.TemporaryDirectory() as out:
+            result = subprocess.run(
+                [TOOL, "reference", "--out", out, "--inner-steps", str(inner_steps),
+                 "--threads", str(threads)],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(out, "reference.json")) as f:
+                ref = json.load(f)
+            files = {k: os.path.join(out, v) for k, v in ref["files"].items()}
+            arrays = {k: np.load(v) for k, v in files.items() if v.endswith(".npy")}
+            with open(files["checkpoint"], "rb") as f:
+                checkpoint = f.read()
+        torch.set_num_threads(threads)
+        c, a, o = ref["config"], ref["adamw"], ref["outer"]
+
+        model = Gpt(c)
+        names = [n for n, _ in model.named_parameters()]
+        self.assertEqual(names, [t["name"] for t in ref["layout"]], "parameter order")
+        load_flat(model, ref["layout"], arrays["init"])
+        np.testing.assert_array_equal(store_flat(model), arrays["init"])
+
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": a["weight_decay"]},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"])
+        losses = []
+        for batch in torch.from_numpy(arrays["batches"]):
+            opt.zero_grad()
+            logits = model(batch[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), batch[:, 1:].reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a["grad_clip_norm"])
+            opt.step()
+            losses.append(loss.item())
+        local = store_flat(model)
+        delta = arrays["init"] - local
+
+        def report(what, got, want):
+            diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+            print(f"  H={inner_steps} threads={threads} {what}: max |diff| = {diff:.3g}")
+            return diff
+
+        self.assertLess(report("losses", np.array(losses), np.array(ref["losses"])), TOL_INNER)
+        self.assertLess(report("after_inner", local, arrays["after_inner"]), TOL_INNER)
+        self.assertLess(report("delta", delta, arrays["delta"]), TOL_INNER)
+
+        # The outer step: SGD(momentum, nesterov) with Δ as the gradient, from the tool's
+        # momentum buffer, applied to the base parameters.
+        theta = torch.from_numpy(arrays["init"].copy()).requires_grad_()
+        sgd = torch.optim.SGD([theta], lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"])
+        sgd.state[theta]["momentum_buffer"] = torch.from_numpy(arrays["momentum_in"].copy())
+        theta.grad = torch.from_numpy(arrays["delta"].copy())
+        sgd.step()
+        self.assertLess(report("after_outer", theta.detach().numpy(), arrays["after_outer"]),
+                        TOL_OUTER)
+        self.assertLess(report("momentum_out", sgd.state[theta]["momentum_buffer"].numpy(),
+                               arrays["momentum_out"]), TOL_OUTER)
+
+        # The checkpoint bytes follow the documented encoding, and the root is their SHA-256.
+        rebuilt = encode_checkpoint(ref, arrays["after_outer"], arrays["momentum_out"])
+        self.assertEqual(rebuilt, checkpoint)
+        self.assertEqual(hashlib.sha256(checkpoint).hexdigest(), ref["checkpoint_root"])
+
+    def test_one_inner_step(self):
+        self.run_case(inner_steps=1, threads=2)
+
+    def test_several_inner_steps_one_thread(self):
+        self.run_case(inner_steps=4, threads=1)
+
+
+if __name__ == "__main__":
+    if not os.path.exists(TOOL):
+        sys.exit(f"{TOOL} is missing: build ts_worker_tool (GCC builds only)")
+    unittest.main(verbosity=2)

@@ -1,0 +1,77 @@
+// The shape of the worker's model: a GPT-style decoder LM (docs/worker.md "Model"), its
+// validation, and the fixed order of its parameters as one flat fp32 vector. Everything here is
+// plain C++ (no libtorch), so the shard process can check a checkpoint's layout without the
+// worker.
+//
+// Thread-safety: pure functions.
+#ifndef TS_WORKER_MODEL_CONFIG_H_
+#define TS_WORKER_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ts::worker {
+
+struct ModelConfig {
+  uint32_t layers = 2;     // transformer blocks, 1..kLayersMax
+  uint32_t d_model = 64;   // width, 1..kDModelMax, a multiple of heads
+  uint32_t heads = 4;      // attention heads, 1..d_model
+  uint32_t context = 64;   // tokens per sequence (learned positions), 1..kContextMax
+  uint32_t vocab = 512;    // tokens, 2..kVocabMax
+  uint32_t mlp_ratio = 4;  // MLP hidden width = mlp_ratio * d_model, 1..kMlpRatioMax
+
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+inline constexpr uint32_t kLayersMax = 256;
+inline constexpr uint32_t kDModelMax = 16384;
+inline constexpr uint32_t kContextMax = 65536;
+inline constexpr uint32_t kVocabMax = 1u << 24;
+inline constexpr uint32_t kMlpRatioMax = 16;
+// 2^31 parameters = 8 GiB of fp32: larger models are refused before anything is allocated.
+inline constexpr uint64_t kParamsMax = uint64_t{1} << 31;
+
+// INVALID_ARGUMENT naming the field and value ("heads: 3 does not divide d_model 64"), or a
+// config whose parameter count exceeds kParamsMax.
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// "layers=2 d_model=64 heads=4 context=64 vocab=512 mlp_ratio=4".
+std::string ModelConfigString(const ModelConfig& config);
+
+// One named parameter tensor. `offset` is where it starts in the flat vector.
+struct TensorSpec {
+  std::string name;
+  std::vector<uint32_t> shape;
+  uint64_t numel = 0;
+  uint64_t offset = 0;
+};
+
+// The parameters in their fixed order — module registration order, the order PyTorch's
+// named_parameters() gives for the same module tree:
+//   wte.weight [vocab, d], wpe.weight [context, d],
+//   per block i: blocks.i.ln1.{weight,bias} [d], blocks.i.attn.qkv.{weight [3d, d], bias [3d]},
+//     blocks.i.attn.proj.{weight [d, d], bias [d]}, blocks.i.ln2.{weight,bias} [d],
+//     blocks.i.mlp.fc.{weight [r*d, d], bias [r*d]}, blocks.i.mlp.proj.{weight [d, r*d], bias [d]},
+//   ln_f.weight [d], ln_f.bias [d].
+// The output head is tied to wte.weight and has no parameters of its own. `config` must be
+// valid (checked: a programmer error otherwise).
+std::vector<TensorSpec> ParameterLayout(const ModelConfig& config);
+
+// Total number of fp32 parameters (sum of numel over ParameterLayout). `config` must be valid.
+uint64_t ParameterCount(const ModelConfig& config);
+
+// Initial parameters, a pure function of (config, seed) computed in plain C++ (no libtorch), in
+// ParameterLayout order. GPT-2's scheme: embeddings and Linear weights ~ N(0, 0.02²), the two
+// residual projections (attn.proj, mlp.proj) ~ N(0, (0.02/sqrt(2·layers))²), biases 0, LayerNorm
+// weights 1. Normals come from one SplitMix64 stream seeded with `seed`, drawn in layout order,
+// two uniforms per value (Box-Muller, in double); docs/worker.md "Initialization" has the exact
+// recipe. `config` must be valid.
+std::vector<float> InitParams(const ModelConfig& config, uint64_t seed);
+
+}  // namespace ts::worker
+
+#endif  // TS_WORKER_MODEL_CONFIG_H_

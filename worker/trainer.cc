@@ -1,0 +1,290 @@
+#include "worker/trainer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/model.h"
+
+namespace ts::worker {
+namespace {
+
+// Runs `fn`, turning a libtorch exception into INTERNAL: the library's boundary.
+template <typename Fn>
+auto Guard(absl::string_view what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": libtorch: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+absl::Status ValidateOptions(const AdamWOptions& a, const RuntimeOptions& r) {
+  auto bad = [](absl::string_view field, double v) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", v, " is out of range"));
+  };
+  if (!(a.lr > 0) || !std::isfinite(a.lr)) return bad("adamw.lr", a.lr);
+  if (!(a.beta1 >= 0 && a.beta1 < 1)) return bad("adamw.beta1", a.beta1);
+  if (!(a.beta2 >= 0 && a.beta2 < 1)) return bad("adamw.beta2", a.beta2);
+  if (!(a.eps > 0) || !std::isfinite(a.eps)) return bad("adamw.eps", a.eps);
+  if (!(a.weight_decay >= 0) || !std::isfinite(a.weight_decay)) {
+    return bad("adamw.weight_decay", a.weight_decay);
+  }
+  if (!std::isfinite(a.grad_clip_norm)) return bad("adamw.grad_clip_norm", a.grad_clip_norm);
+  if (r.num_threads < 1 || r.num_threads > 256) return bad("runtime.num_threads", r.num_threads);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  ModelConfig config;
+  AdamWOptions adamw;
+  RuntimeOptions runtime;
+  torch::Device device = torch::kCPU;
+  Gpt model{nullptr};
+  std::vector<TensorSpec> layout;
+  std::vector<torch::Tensor> params;  // layout order
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+
+  void MakeOptimizer() {
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const torch::Tensor& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    auto options = [&](double wd) {
+      return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw.lr)
+                                                              .betas({adamw.beta1, adamw.beta2})
+                                                              .eps(adamw.eps)
+                                                              .weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, options(adamw.weight_decay));
+    groups.emplace_back(no_decay, options(0.0));
+    optimizer = std::make_unique<torch::optim::AdamW>(std::move(groups));
+  }
+
+  absl::Status CheckLength(std::span<const float> flat) const {
+    if (flat.size() != ParameterCount(config)) {
+      return absl::InvalidArgumentError(absl::StrCat("params: ", flat.size(), " values, the model ",
+                                                     ModelConfigString(config), " has ",
+                                                     ParameterCount(config)));
+    }
+    return absl::OkStatus();
+  }
+
+  void Load(std::span<const float> flat) { TS_CHECK(LoadParams(*model, flat).ok()); }
+  std::vector<float> Store() const { return StoreParams(*model); }
+
+  // Checks and moves a batch to the device as [rows, cols] int64.
+  absl::StatusOr<torch::Tensor> Tokens(const TokenBatch& b) const {
+    if (b.rows == 0 || b.cols < 2 || b.cols > config.context + 1 ||
+        b.tokens.size() != uint64_t{b.rows} * b.cols) {
+      return absl::InvalidArgumentError(absl::StrCat("batch: ", b.rows, " x ", b.cols, " with ",
+                                                     b.tokens.size(), " tokens for context ",
+                                                     config.context));
+    }
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      if (b.tokens[i] < 0 || b.tokens[i] >= config.vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("batch: token[", i, "] = ", b.tokens[i],
+                                                       " is outside the vocab of ", config.vocab));
+      }
+    }
+    torch::Tensor t = torch::from_blob(const_cast<int64_t*>(b.tokens.data()),
+                                       {int64_t{b.rows}, int64_t{b.cols}}, torch::kLong);
+    return t.to(device, /*non_blocking=*/false, /*copy=*/true);
+  }
+
+  torch::Tensor Loss(const torch::Tensor& tokens) {
+    const int64_t t = tokens.size(1) - 1;
+    const torch::Tensor input = tokens.slice(1, 0, t);
+    const torch::Tensor target = tokens.slice(1, 1, t + 1);
+    const torch::Tensor logits = model->forward(input);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, int64_t{config.vocab}}),
+                                                target.reshape({-1}));
+  }
+};
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
+                                                         const AdamWOptions& adamw,
+                                                         const RuntimeOptions& runtime) {
+  TS_RETURN_IF_ERROR(ValidateModelConfig(config));
+  TS_RETURN_IF_ERROR(ValidateOptions(adamw, runtime));
+  return Guard("trainer", [&]() -> absl::StatusOr<std::unique_ptr<Trainer>> {
+    auto impl = std::make_unique<Impl>();
+    impl->config = config;
+    impl->adamw = adamw;
+    impl->runtime = runtime;
+    const bool cuda = torch::cuda::is_available();
+    if (runtime.device == Device::kCuda && !cuda) {
+      return absl::FailedPreconditionError("trainer: CUDA requested but not available");
+    }
+    if (runtime.device != Device::kCpu && cuda) impl->device = torch::kCUDA;
+    torch::set_num_threads(runtime.num_threads);
+    impl->model = Gpt(config);
+    impl->model->to(impl->device);
+    impl->layout = ParameterLayout(config);
+    for (const auto& named : impl->model->named_parameters(/*recurse=*/true)) {
+      impl->params.push_back(named.value());
+    }
+    impl->MakeOptimizer();
+    return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+  });
+}
+
+void Trainer::ResetOptimizer() { impl_->MakeOptimizer(); }
+
+absl::StatusOr<InnerResult> Trainer::InnerSteps(std::span<const float> base,
+                                                std::span<const TokenBatch> batches) {
+  Impl& m = *impl_;
+  TS_RETURN_IF_ERROR(m.CheckLength(base));
+  if (batches.empty()) return absl::InvalidArgumentError("inner steps: no batches");
+  return Guard("inner steps", [&]() -> absl::StatusOr<InnerResult> {
+    torch::set_num_threads(m.runtime.num_threads);
+    m.model->train();
+    m.Load(base);
+    InnerResult result;
+    result.losses.reserve(batches.size());
+    for (const TokenBatch& batch : batches) {
+      TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(batch));
+      m.optimizer->zero_grad();
+      torch::Tensor loss = m.Loss(tokens);
+      loss.backward();
+      if (m.adamw.grad_clip_norm > 0) {
+        torch::nn::utils::clip_grad_norm_(m.params, m.adamw.grad_clip_norm);
+      }
+      m.optimizer->step();
+      result.losses.push_back(loss.item<float>());
+    }
+    result.local_params = m.Store();
+    result.pseudo_gradient.resize(base.size());
+    for (size_t i = 0; i < base.size(); ++i) {
+      result.pseudo_gradient[i] = base[i] - result.local_params[i];
+    }
+    return result;
+  });
+}
+
+absl::StatusOr<double> Trainer::Evaluate(std::span<const float> params, const DataShard& eval,
+                                         const EvalOptions& options) {
+  Impl& m = *impl_;
+  TS_RETURN_IF_ERROR(m.CheckLength(params));
+  if (eval.vocab != m.config.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluate: eval set vocab ", eval.vocab,
+                                                   " is not the model's ", m.config.vocab));
+  }
+  if (eval.tokens.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluate: eval set of ", eval.tokens.size(), " tokens"));
+  }
+  const uint32_t batch_size = std::max<uint32_t>(1, options.batch_size);
+  return Guard("evaluate", [&]() -> absl::StatusOr<double> {
+    torch::set_num_threads(m.runtime.num_threads);
+    torch::NoGradGuard no_grad;
+    m.model->eval();
+    m.Load(params);
+    // Windows of context + 1 tokens starting every `context` tokens; the last may be shorter.
+    const uint64_t n = eval.tokens.size(), step = m.config.context;
+    std::vector<uint64_t> starts;
+    for (uint64_t s = 0; s + 1 < n; s += step) {
+      if (options.windows_max != 0 && starts.size() >= options.windows_max) break;
+      starts.push_back(s);
+    }
+    auto width_at = [&](uint64_t s) { return std::min<uint64_t>(step + 1, n - s); };
+    double nll_sum = 0;
+    uint64_t predicted = 0;
+    for (size_t i = 0; i < starts.size();) {
+      TokenBatch b;  // equal-width windows only
+      b.cols = static_cast<uint32_t>(width_at(starts[i]));
+      while (i < starts.size() && b.rows < batch_size && width_at(starts[i]) == b.cols) {
+        const auto from = eval.tokens.begin() + static_cast<int64_t>(starts[i]);
+        b.tokens.insert(b.tokens.end(), from, from + b.cols);
+        ++b.rows;
+        ++i;
+      }
+      TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(b));
+      const uint64_t count = uint64_t{b.rows} * (b.cols - 1);
+      nll_sum += m.Loss(tokens).item<double>() * static_cast<double>(count);
+      predicted += count;
+    }
+    return nll_sum / static_cast<double>(predicted);
+  });
+}
+
+absl::StatusOr<std::vector<uint32_t>> Trainer::Sample(std::span<const float> params,
+                                                      std::span<const uint32_t> prompt,
+                                                      uint32_t count, uint64_t seed,
+                                                      const SampleOptions& options) {
+  Impl& m = *impl_;
+  TS_RETURN_IF_ERROR(m.CheckLength(params));
+  if (prompt.empty()) return absl::InvalidArgumentError("sample: empty prompt");
+  if (!(options.temperature > 0) || !std::isfinite(options.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample: temperature ", options.temperature, " must be > 0"));
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] >= m.config.vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample: prompt[", i, "] = ", prompt[i], " is outside the vocab"));
+    }
+  }
+  return Guard("sample", [&]() -> absl::StatusOr<std::vector<uint32_t>> {
+    torch::set_num_threads(m.runtime.num_threads);
+    torch::NoGradGuard no_grad;
+    m.model->eval();
+    m.Load(params);
+    // Sampling runs on the CPU generator whatever the device, so a seed means the same draws.
+    torch::Generator gen = at::detail::createCPUGenerator(seed);
+    std::vector<int64_t> seq(prompt.begin(), prompt.end());
+    std::vector<uint32_t> out;
+    out.reserve(count);
+    for (uint32_t i = 0; i < count; ++i) {
+      const size_t window = std::min<size_t>(seq.size(), m.config.context);
+      torch::Tensor input =
+          torch::from_blob(seq.data() + (seq.size() - window), {1, int64_t(window)}, torch::kLong)
+              .to(m.device, /*non_blocking=*/false, /*copy=*/true);
+      torch::Tensor logits = m.model->forward(input).select(1, int64_t(window) - 1).squeeze(0);
+      logits = (logits / options.temperature).to(torch::kCPU, torch::kFloat64);
+      if (options.top_k > 0 && options.top_k < m.config.vocab) {
+        const torch::Tensor kth = std::get<0>(logits.topk(options.top_k)).select(0, -1);
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
+      }
+      const torch::Tensor probs = torch::softmax(logits, /*dim=*/0);
+      const int64_t next = torch::multinomial(probs, 1, /*replacement=*/false, gen).item<int64_t>();
+      seq.push_back(next);
+      out.push_back(static_cast<uint32_t>(next));
+    }
+    return out;
+  });
+}
+
+std::vector<float> Trainer::Params() const { return impl_->Store(); }
+const ModelConfig& Trainer::config() const { return impl_->config; }
+bool Trainer::on_cuda() const { return impl_->device.is_cuda(); }
+
+absl::StatusOr<InnerResult> InnerSteps(const ModelConfig& config, std::span<const float> base,
+                                       std::span<const TokenBatch> batches,
+                                       const AdamWOptions& adamw, const RuntimeOptions& runtime) {
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, adamw, runtime));
+  return trainer->InnerSteps(base, batches);
+}
+
+absl::StatusOr<std::string> SampleText(Trainer& trainer, std::span<const float> params,
+                                       const Tokenizer& tokenizer, std::string_view prompt,
+                                       uint32_t count, uint64_t seed,
+                                       const SampleOptions& options) {
+  TS_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenizer.Encode(prompt));
+  if (ids.empty()) ids.push_back(tokenizer.eos_id());
+  TS_ASSIGN_OR_RETURN(std::vector<uint32_t> more,
+                      trainer.Sample(params, ids, count, seed, options));
+  ids.insert(ids.end(), more.begin(), more.end());
+  return tokenizer.Decode(ids);
+}
+
+}  // namespace ts::worker

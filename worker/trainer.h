@@ -1,0 +1,127 @@
+// The worker's training maths over the flat parameter vector: DiLoCo's inner loop (H AdamW steps
+// on the host's assigned batches, returning the local parameters and the pseudo-gradient
+// Δ = θ_base − θ_local), evaluation (mean cross-entropy on the held-out set) and sampling.
+// The outer step is outer_step.h (plain C++, not libtorch). The API passes plain values only;
+// libtorch stays inside trainer.cc and model.cc, and every c10::Error is caught there and
+// returned as INTERNAL.
+//
+// Determinism: on CPU, the same parameters, batches, options and thread count give the same
+// bytes (worker_test checks it through checkpoint roots). Different thread counts or a GPU may
+// round differently inside libtorch; that is why the outer step, which every member must agree
+// on bit for bit, is not done here.
+//
+// Thread-safety: torch::set_num_threads is process-wide, and a Trainer calls it with its
+// options on each call; a process runs one Trainer call at a time. A Trainer has one owner.
+#ifndef TS_WORKER_TRAINER_H_
+#define TS_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data_shard.h"
+#include "worker/model_config.h"
+#include "worker/tokenizer.h"
+
+namespace ts::worker {
+
+enum class Device {
+  kCpu,   // always; the deterministic choice
+  kCuda,  // FAILED_PRECONDITION where torch::cuda::is_available() is false
+  kAuto,  // CUDA where available, else CPU
+};
+
+struct RuntimeOptions {
+  int num_threads = 2;  // torch::set_num_threads, 1..256
+  Device device = Device::kCpu;
+};
+
+// DiLoCo's inner optimizer. Weight decay applies to the matrices and embeddings (tensors of
+// rank 2), not to biases and LayerNorm parameters. Gradients are clipped to a global L2 norm of
+// grad_clip_norm before each step (<= 0: no clipping).
+struct AdamWOptions {
+  float lr = 6e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_clip_norm = 1.0f;
+};
+
+struct InnerResult {
+  std::vector<float> local_params;     // θ_local after the steps
+  std::vector<float> pseudo_gradient;  // θ_base − θ_local, elementwise in fp32
+  std::vector<float> losses;           // the training loss of each step, before its update
+};
+
+struct EvalOptions {
+  uint32_t batch_size = 16;  // windows per forward pass
+  uint64_t windows_max = 0;  // 0: every window of the eval set
+};
+
+struct SampleOptions {
+  float temperature = 1.0f;  // > 0
+  uint32_t top_k = 0;        // 0: the whole vocabulary
+};
+
+// Owns the model on its device and the inner AdamW state. The state (moments and step count)
+// persists from one InnerSteps call to the next, as DiLoCo's workers keep it across rounds,
+// until ResetOptimizer; the free InnerSteps below starts from fresh state every time.
+class Trainer {
+ public:
+  // INVALID_ARGUMENT for a bad config or options (naming the field); FAILED_PRECONDITION for
+  // Device::kCuda without CUDA.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ModelConfig& config,
+                                                         const AdamWOptions& adamw,
+                                                         const RuntimeOptions& runtime);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Loads `base`, runs one AdamW step per batch (H = batches.size() >= 1) and returns the result.
+  // INVALID_ARGUMENT for a base of the wrong length, an empty batch list, a batch whose width is
+  // not 2..context + 1, or a token >= vocab.
+  absl::StatusOr<InnerResult> InnerSteps(std::span<const float> base,
+                                         std::span<const TokenBatch> batches);
+  void ResetOptimizer();
+
+  // Mean cross-entropy (nats per token) of `params` on the non-overlapping windows of
+  // context + 1 tokens of `eval`. INVALID_ARGUMENT when eval holds fewer than 2 tokens, its vocab
+  // is not the model's, or params has the wrong length.
+  absl::StatusOr<double> Evaluate(std::span<const float> params, const DataShard& eval,
+                                  const EvalOptions& options = {});
+
+  // Continues `prompt` (at least one token) by `count` tokens, sampled with a generator seeded
+  // from `seed`; the context window slides once it is full.
+  absl::StatusOr<std::vector<uint32_t>> Sample(std::span<const float> params,
+                                               std::span<const uint32_t> prompt, uint32_t count,
+                                               uint64_t seed, const SampleOptions& options = {});
+
+  // The parameters the model holds now, in ParameterLayout order.
+  std::vector<float> Params() const;
+  const ModelConfig& config() const;
+  bool on_cuda() const;
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot inner steps with fresh AdamW state.
+absl::StatusOr<InnerResult> InnerSteps(const ModelConfig& config, std::span<const float> base,
+                                       std::span<const TokenBatch> batches,
+                                       const AdamWOptions& adamw, const RuntimeOptions& runtime);
+
+// Samples `count` tokens after the encoded `prompt` and returns prompt + continuation as text.
+absl::StatusOr<std::string> SampleText(Trainer& trainer, std::span<const float> params,
+                                       const Tokenizer& tokenizer, std::string_view prompt,
+                                       uint32_t count, uint64_t seed,
+                                       const SampleOptions& options = {});
+
+}  // namespace ts::worker
+
+#endif  // TS_WORKER_TRAINER_H_

@@ -1,0 +1,187 @@
+#include "worker/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include <torch/cuda.h>
+
+#include "common/hex.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/checkpoint.h"
+#include "worker/outer_step.h"
+#include "worker/test_corpus.h"
+
+namespace ts::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+const ModelConfig kTiny{
+    .layers = 2, .d_model = 64, .heads = 4, .context = 32, .vocab = 512, .mlp_ratio = 4};
+
+std::vector<ShardRef> Refs(const Dataset& ds) {
+  std::vector<ShardRef> refs;
+  for (const DataShard& s : ds.train) {
+    refs.push_back({DataShardId(EncodeDataShard(s)), s.tokens.size()});
+  }
+  return refs;
+}
+
+std::vector<TokenBatch> Batches(const Dataset& ds, uint64_t round, const std::string& host,
+                                uint32_t steps, uint32_t batch_size) {
+  AssignmentRequest req{.data_seed = std::string(32, '\x11'),
+                        .round = round,
+                        .host = host,
+                        .shards = Refs(ds),
+                        .steps = steps,
+                        .batch_size = batch_size,
+                        .context = kTiny.context};
+  absl::StatusOr<Assignment> a = AssignBatches(req);
+  TS_CHECK(a.ok());
+  absl::StatusOr<std::vector<TokenBatch>> b = GatherBatches(*a, ds.train);
+  TS_CHECK(b.ok());
+  return *b;
+}
+
+std::unique_ptr<Trainer> MakeTrainer(const AdamWOptions& adamw = {}) {
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(kTiny, adamw, RuntimeOptions{});
+  TS_CHECK(t.ok());
+  return std::move(*t);
+}
+
+TEST(Trainer, RefusesBadConfigAndOptions) {
+  ModelConfig bad = kTiny;
+  bad.heads = 5;
+  EXPECT_THAT(Trainer::Create(bad, {}, {}).status().message(), HasSubstr("heads: 5"));
+  EXPECT_THAT(Trainer::Create(kTiny, {.lr = -1}, {}).status().message(), HasSubstr("adamw.lr"));
+  EXPECT_THAT(Trainer::Create(kTiny, {}, {.num_threads = 0}).status().message(),
+              HasSubstr("runtime.num_threads"));
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(Trainer::Create(kTiny, {}, {.device = Device::kCuda}).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        Trainer::Create(kTiny, {}, {.device = Device::kAuto});
+    ASSERT_TRUE(t.ok());
+    EXPECT_FALSE((*t)->on_cuda());
+  }
+}
+
+TEST(Trainer, LoadStoreAndPseudoGradient) {
+  const Dataset& ds = GetTestCorpus().dataset;
+  std::unique_ptr<Trainer> t = MakeTrainer();
+  const std::vector<float> base = InitParams(kTiny, 1);
+  ASSERT_TRUE(t->Evaluate(base, ds.eval, {.windows_max = 1}).ok());  // loads base
+  EXPECT_EQ(t->Params(), base);
+  absl::StatusOr<InnerResult> r = t->InnerSteps(base, Batches(ds, 0, "h", 3, 4));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->losses.size(), 3u);
+  EXPECT_EQ(r->local_params, t->Params());
+  ASSERT_EQ(r->pseudo_gradient.size(), base.size());
+  size_t moved = 0;
+  for (size_t i = 0; i < base.size(); ++i) {
+    EXPECT_EQ(r->pseudo_gradient[i], base[i] - r->local_params[i]);
+    moved += r->pseudo_gradient[i] != 0;
+  }
+  EXPECT_GT(moved, base.size() / 2);
+  // Bad input is refused with a status, not an exception.
+  EXPECT_EQ(t->InnerSteps(std::vector<float>(3), Batches(ds, 0, "h", 1, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TokenBatch b{.rows = 1, .cols = 3, .tokens = {1, 2, 512}};
+  EXPECT_THAT(t->InnerSteps(base, std::span<const TokenBatch>(&b, 1)).status().message(),
+              HasSubstr("token[2] = 512"));
+  b = {.rows = 1, .cols = 34, .tokens = std::vector<int64_t>(34, 1)};
+  EXPECT_THAT(t->InnerSteps(base, std::span<const TokenBatch>(&b, 1)).status().message(),
+              HasSubstr("for context 32"));
+}
+
+// One DiLoCo round from scratch: the checkpoint after the outer step, and its root.
+std::string RoundRoot(const Dataset& ds) {
+  const std::vector<float> base = InitParams(kTiny, 42);
+  absl::StatusOr<InnerResult> r = InnerSteps(kTiny, base, Batches(ds, 7, "gonka1a", 5, 8), {}, {});
+  TS_CHECK(r.ok());
+  Checkpoint ck{kTiny, base, std::vector<float>(base.size(), 0.0f)};
+  TS_CHECK(OuterStep(ck.params, *ck.momentum, r->pseudo_gradient, {}).ok());
+  return CheckpointRootOf(ck);
+}
+
+TEST(Trainer, SameInputsGiveTheSameCheckpointRoot) {
+  const Dataset& ds = GetTestCorpus().dataset;
+  const std::string a = RoundRoot(ds), b = RoundRoot(ds);
+  EXPECT_EQ(common::HexEncode(a), common::HexEncode(b));
+}
+
+TEST(Trainer, OptimizerStatePersistsUntilReset) {
+  const Dataset& ds = GetTestCorpus().dataset;
+  const std::vector<float> base = InitParams(kTiny, 3);
+  const std::vector<TokenBatch> round0 = Batches(ds, 0, "h", 2, 4);
+  const std::vector<TokenBatch> round1 = Batches(ds, 1, "h", 2, 4);
+  const InnerResult fresh = *InnerSteps(kTiny, base, round1, {}, {});
+  std::unique_ptr<Trainer> t = MakeTrainer();
+  ASSERT_TRUE(t->InnerSteps(base, round0).ok());
+  const InnerResult kept = *t->InnerSteps(base, round1);  // moments from round 0
+  EXPECT_NE(kept.local_params, fresh.local_params);
+  ASSERT_TRUE(t->InnerSteps(base, round0).ok());
+  t->ResetOptimizer();
+  EXPECT_EQ(t->InnerSteps(base, round1)->local_params, fresh.local_params);
+}
+
+TEST(Trainer, LossGoesDownOnTheRealCorpus) {
+  const Dataset& ds = GetTestCorpus().dataset;
+  const std::vector<float> base = InitParams(kTiny, 5);
+  std::unique_ptr<Trainer> t = MakeTrainer({.lr = 2e-3f});
+  const EvalOptions eval{.batch_size = 32, .windows_max = 64};
+  const double before = *t->Evaluate(base, ds.eval, eval);
+  EXPECT_NEAR(before, std::log(512.0), 0.5);  // an untrained model is near uniform
+  constexpr uint32_t kSteps = 300;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<InnerResult> r = t->InnerSteps(base, Batches(ds, 0, "h", kSteps, 8));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(r.ok()) << r.status();
+  const double after = *t->Evaluate(r->local_params, ds.eval, eval);
+  std::printf(
+      "loss: %u params, %u steps of 8x%u tokens in %.2f s (%.1f steps/s); "
+      "train %.3f -> %.3f, eval %.3f -> %.3f\n",
+      static_cast<unsigned>(ParameterCount(kTiny)), kSteps, kTiny.context, seconds,
+      kSteps / seconds, r->losses.front(), r->losses.back(), before, after);
+  EXPECT_LT(after, before - 0.8);
+}
+
+TEST(Trainer, EvaluateAndSample) {
+  const TestCorpus& corpus = GetTestCorpus();
+  std::unique_ptr<Trainer> t = MakeTrainer();
+  const std::vector<float> params = InitParams(kTiny, 9);
+  // The same windows in batches of any size give the same token-weighted mean. The last 50
+  // tokens alone hold a shorter final window, which gets a batch of its own.
+  const double all =
+      *t->Evaluate(params, corpus.dataset.eval, {.batch_size = 64, .windows_max = 96});
+  const double small =
+      *t->Evaluate(params, corpus.dataset.eval, {.batch_size = 7, .windows_max = 96});
+  DataShard tail = corpus.dataset.eval;
+  tail.tokens.erase(tail.tokens.begin(), tail.tokens.end() - 50);
+  absl::StatusOr<double> tail_loss = t->Evaluate(params, tail, {.batch_size = 4});
+  ASSERT_TRUE(tail_loss.ok()) << tail_loss.status();
+  EXPECT_GT(*tail_loss, 0.0);
+  EXPECT_NEAR(all, small, 1e-5);
+  DataShard wrong = corpus.dataset.eval;
+  wrong.vocab = 100;
+  EXPECT_EQ(t->Evaluate(params, wrong).status().code(), absl::StatusCode::kInvalidArgument);
+
+  const std::vector<uint32_t> prompt = {5, 6, 7};
+  absl::StatusOr<std::vector<uint32_t>> a = t->Sample(params, prompt, 40, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->size(), 40u);  // more than the context: the window slides
+  EXPECT_EQ(*t->Sample(params, prompt, 40, 1), *a);
+  EXPECT_NE(*t->Sample(params, prompt, 40, 2), *a);
+  absl::StatusOr<std::string> text =
+      SampleText(*t, params, *corpus.tokenizer, "The meaning of life", 10, 1, {.top_k = 20});
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_THAT(*text, ::testing::StartsWith("The meaning of life"));
+  EXPECT_EQ(t->Sample(params, prompt, 1, 1, {.temperature = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ts::worker

@@ -1,0 +1,249 @@
+// ts_worker_tool: the worker's maths from the command line.
+//   reference --out DIR [--seed N] [--inner-steps H] [--threads T]
+//     Writes, for a tiny model and a fixed batch, the initial parameters, the batches, the
+//     parameters after H inner AdamW steps, the pseudo-gradient, and the parameters and momentum
+//     after one outer Nesterov step (.npy files) plus reference.json describing them; the input
+//     of tests/functional/test_worker_reference.py.
+//   train [--steps N] [--layers L] [--d-model D] [--heads A] [--context T] [--vocab V]
+//         [--batch B] [--lr X] [--threads T] [--files F]
+//     Trains a model on the real corpus and prints figures (params, steps/s, loss start -> end,
+//     eval before -> after, a sample) and one JSON line.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "CLI/CLI.hpp"
+#include "common/hex.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "worker/checkpoint.h"
+#include "worker/corpus.h"
+#include "worker/outer_step.h"
+#include "worker/tokenizer.h"
+#include "worker/trainer.h"
+
+namespace ts::worker {
+namespace {
+
+// NumPy .npy version 1.0: magic, header length, a Python dict literal padded to 64 bytes.
+template <typename T>
+absl::Status WriteNpy(const std::filesystem::path& path, std::span<const T> values,
+                      std::vector<uint64_t> shape, const char* descr) {
+  std::string dims;
+  for (uint64_t d : shape) dims += std::to_string(d) + ",";
+  std::string header =
+      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  out += header;
+  out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+  std::ofstream f(path, std::ios::binary);
+  f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  if (!f) return absl::InternalError("cannot write " + path.string());
+  return absl::OkStatus();
+}
+
+absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner_steps,
+                       int threads) {
+  const ModelConfig config{
+      .layers = 2, .d_model = 32, .heads = 4, .context = 16, .vocab = 64, .mlp_ratio = 4};
+  const AdamWOptions adamw{.lr = 1e-3f};
+  const OuterOptions outer{};
+  const RuntimeOptions runtime{.num_threads = threads};
+  std::filesystem::create_directories(out_dir);
+  const std::filesystem::path dir(out_dir);
+
+  const std::vector<float> init = InitParams(config, seed);
+  // Fixed batches: a SplitMix-like sequence over the vocabulary, 4 rows of context + 1.
+  std::vector<TokenBatch> batches(inner_steps);
+  std::vector<int64_t> all_tokens;
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (TokenBatch& b : batches) {
+    b.rows = 4;
+    b.cols = config.context + 1;
+    for (uint32_t i = 0; i < b.rows * b.cols; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      b.tokens.push_back(static_cast<int64_t>(x % config.vocab));
+    }
+    all_tokens.insert(all_tokens.end(), b.tokens.begin(), b.tokens.end());
+  }
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, adamw, runtime));
+  TS_ASSIGN_OR_RETURN(InnerResult inner, trainer->InnerSteps(init, batches));
+
+  // The outer step from a non-zero momentum buffer, so that its μ·m term is checked too.
+  std::vector<float> momentum_in(init.size());
+  for (size_t i = 0; i < momentum_in.size(); ++i) momentum_in[i] = inner.pseudo_gradient[i] * -0.5f;
+  Checkpoint ck{config, init, momentum_in};
+  TS_RETURN_IF_ERROR(OuterStep(ck.params, *ck.momentum, inner.pseudo_gradient, outer));
+
+  const uint64_t n = init.size();
+  const uint32_t cols = config.context + 1;
+  TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "init.npy", init, {n}, "<f4"));
+  TS_RETURN_IF_ERROR(
+      WriteNpy<int64_t>(dir / "batches.npy", all_tokens, {inner_steps, 4, cols}, "<i8"));
+  TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "after_inner.npy", inner.local_params, {n}, "<f4"));
+  TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "delta.npy", inner.pseudo_gradient, {n}, "<f4"));
+  TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "momentum_in.npy", momentum_in, {n}, "<f4"));
+  TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "after_outer.npy", ck.params, {n}, "<f4"));
+  TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "momentum_out.npy", *ck.momentum, {n}, "<f4"));
+  const std::string encoded = EncodeCheckpoint(ck);
+  {
+    std::ofstream f(dir / "checkpoint.bin", std::ios::binary);
+    f.write(encoded.data(), static_cast<std::streamsize>(encoded.size()));
+  }
+
+  nlohmann::json j;
+  j["config"] = {{"layers", config.layers}, {"d_model", config.d_model},
+                 {"heads", config.heads},   {"context", config.context},
+                 {"vocab", config.vocab},   {"mlp_ratio", config.mlp_ratio}};
+  j["adamw"] = {{"lr", adamw.lr},
+                {"beta1", adamw.beta1},
+                {"beta2", adamw.beta2},
+                {"eps", adamw.eps},
+                {"weight_decay", adamw.weight_decay},
+                {"grad_clip_norm", adamw.grad_clip_norm},
+                {"decay", "tensors of rank 2"}};
+  j["outer"] = {{"lr", outer.lr}, {"momentum", outer.momentum}, {"nesterov", outer.nesterov}};
+  j["seed"] = seed;
+  j["inner_steps"] = inner_steps;
+  j["threads"] = threads;
+  j["losses"] = inner.losses;
+  j["checkpoint_root"] = common::HexEncode(CheckpointRoot(encoded));
+  nlohmann::json layout = nlohmann::json::array();
+  for (const TensorSpec& t : ParameterLayout(config)) {
+    layout.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+  }
+  j["layout"] = layout;
+  j["files"] = {{"init", "init.npy"},
+                {"batches", "batches.npy"},
+                {"after_inner", "after_inner.npy"},
+                {"delta", "delta.npy"},
+                {"momentum_in", "momentum_in.npy"},
+                {"after_outer", "after_outer.npy"},
+                {"momentum_out", "momentum_out.npy"},
+                {"checkpoint", "checkpoint.bin"}};
+  std::ofstream(dir / "reference.json") << j.dump(2) << "\n";
+  std::printf("reference: %llu params, losses", static_cast<unsigned long long>(n));
+  for (float l : inner.losses) std::printf(" %.6f", l);
+  std::printf(", checkpoint root %s\n", j["checkpoint_root"].get<std::string>().c_str());
+  return absl::OkStatus();
+}
+
+struct TrainArgs {
+  uint32_t steps = 300, batch = 8, files = 8;
+  ModelConfig config{
+      .layers = 2, .d_model = 64, .heads = 4, .context = 32, .vocab = 512, .mlp_ratio = 4};
+  float lr = 2e-3f;
+  int threads = 2;
+};
+
+absl::Status Train(const TrainArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const auto files = DefaultFortuneFiles().first(std::min<size_t>(a.files, 41));
+  TS_ASSIGN_OR_RETURN(std::vector<std::string> docs, ReadFortuneFiles(kFortunesDir, files));
+  auto t0 = Clock::now();
+  TS_ASSIGN_OR_RETURN(std::string model,
+                      TrainTokenizer(docs, {.vocab_size = a.config.vocab, .seed = 1}));
+  const double tokenizer_s = seconds(t0);
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(model));
+  TS_ASSIGN_OR_RETURN(Dataset ds, BuildDataset(docs, *tok, {}));
+  uint64_t train_tokens = 0;
+  std::vector<ShardRef> refs;
+  for (const DataShard& s : ds.train) {
+    train_tokens += s.tokens.size();
+    refs.push_back({DataShardId(EncodeDataShard(s)), s.tokens.size()});
+  }
+  TS_ASSIGN_OR_RETURN(Assignment assignment, AssignBatches({.data_seed = "seed",
+                                                            .round = 0,
+                                                            .host = "host",
+                                                            .shards = refs,
+                                                            .steps = a.steps,
+                                                            .batch_size = a.batch,
+                                                            .context = a.config.context}));
+  TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, GatherBatches(assignment, ds.train));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(a.config, {.lr = a.lr}, {.num_threads = a.threads}));
+  const std::vector<float> base = InitParams(a.config, 1);
+  const EvalOptions eval{.batch_size = 32, .windows_max = 128};
+  TS_ASSIGN_OR_RETURN(double eval_before, trainer->Evaluate(base, ds.eval, eval));
+  t0 = Clock::now();
+  TS_ASSIGN_OR_RETURN(InnerResult r, trainer->InnerSteps(base, batches));
+  const double train_s = seconds(t0);
+  TS_ASSIGN_OR_RETURN(double eval_after, trainer->Evaluate(r.local_params, ds.eval, eval));
+  TS_ASSIGN_OR_RETURN(std::string sample,
+                      SampleText(*trainer, r.local_params, *tok, "The", 40, 1, {.top_k = 40}));
+  const uint64_t params = ParameterCount(a.config);
+  std::printf(
+      "corpus: %zu documents, %llu train tokens in %zu shards, %zu eval tokens; "
+      "tokenizer %.2f s\n",
+      docs.size(), static_cast<unsigned long long>(train_tokens), ds.train.size(),
+      ds.eval.tokens.size(), tokenizer_s);
+  std::printf("model: %s, %llu params, %d threads\n", ModelConfigString(a.config).c_str(),
+              static_cast<unsigned long long>(params), a.threads);
+  std::printf(
+      "train: %u steps of %ux%u tokens in %.2f s = %.2f steps/s; loss %.3f -> %.3f; "
+      "eval %.3f -> %.3f\n",
+      a.steps, a.batch, a.config.context, train_s, a.steps / train_s, r.losses.front(),
+      r.losses.back(), eval_before, eval_after);
+  std::printf("sample: %s\n", sample.c_str());
+  nlohmann::json j = {{"params", params},
+                      {"steps", a.steps},
+                      {"steps_per_s", a.steps / train_s},
+                      {"loss_start", r.losses.front()},
+                      {"loss_end", r.losses.back()},
+                      {"eval_before", eval_before},
+                      {"eval_after", eval_after},
+                      {"threads", a.threads}};
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ts::worker
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainshard worker maths"};
+  app.require_subcommand(1);
+  std::string out_dir;
+  uint64_t seed = 1;
+  uint32_t inner_steps = 1;
+  int ref_threads = 2;
+  CLI::App* ref = app.add_subcommand("reference", "write reference data for the Python check");
+  ref->add_option("--out", out_dir, "output directory")->required();
+  ref->add_option("--seed", seed, "initialization and batch seed");
+  ref->add_option("--inner-steps", inner_steps, "inner AdamW steps")->check(CLI::Range(1, 100));
+  ref->add_option("--threads", ref_threads, "torch threads")->check(CLI::Range(1, 256));
+
+  ts::worker::TrainArgs t;
+  CLI::App* train = app.add_subcommand("train", "train on the real corpus and print figures");
+  train->add_option("--steps", t.steps)->check(CLI::Range(1, 1000000));
+  train->add_option("--batch", t.batch)->check(CLI::Range(1, 4096));
+  train->add_option("--files", t.files, "fortune files to use (1..41)")->check(CLI::Range(1, 41));
+  train->add_option("--layers", t.config.layers);
+  train->add_option("--d-model", t.config.d_model);
+  train->add_option("--heads", t.config.heads);
+  train->add_option("--context", t.config.context);
+  train->add_option("--vocab", t.config.vocab);
+  train->add_option("--lr", t.lr);
+  train->add_option("--threads", t.threads)->check(CLI::Range(1, 256));
+  CLI11_PARSE(app, argc, argv);
+
+  absl::Status s = ref->parsed() ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads)
+                                 : ts::worker::Train(t);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ts_worker_tool: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
