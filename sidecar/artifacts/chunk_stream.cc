@@ -49,10 +49,10 @@ void SetSocketOptions(int fd) {
 }
 
 // Writes all of `data` (SO_SNDTIMEO bounds each blocked send). CANCELLED if the peer is gone.
-absl::Status SendAll(int fd, const char* data, size_t size) {
+absl::Status SendAll(int fd, const char* data, size_t size, int flags = 0) {
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::send(fd, data + done, size - done, MSG_NOSIGNAL);
+    const ssize_t n = ::send(fd, data + done, size - done, MSG_NOSIGNAL | flags);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -300,18 +300,7 @@ absl::Status ChunkStreamServer::ServeRequest(int fd, uint32_t* chunks_sent) {
     char frame[kChunkStreamFrameHeaderBytes];
     EncodeChunkFrameHeader(static_cast<uint32_t>(i), static_cast<uint32_t>(size), hash, frame);
     // The header goes out with the file's first bytes (MSG_MORE), not in a packet of its own.
-    size_t done = 0;
-    while (done < sizeof(frame)) {
-      const ssize_t n = ::send(fd, frame + done, sizeof(frame) - done, MSG_NOSIGNAL | MSG_MORE);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          return absl::DeadlineExceededError("chunk stream: the peer stopped reading");
-        }
-        return absl::CancelledError(absl::StrCat("chunk stream: send: ", Errno(errno)));
-      }
-      done += static_cast<size_t>(n);
-    }
+    TS_RETURN_IF_ERROR(SendAll(fd, frame, sizeof(frame), MSG_MORE));
     // The receiver hashes every chunk before storing it; as on GetChunks, serving skips a
     // second hash.
     TS_RETURN_IF_ERROR(SendFile(fd, file.get(), size, hash));
