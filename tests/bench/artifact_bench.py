@@ -6,7 +6,9 @@ it cannot run (a step failed), never because a target is missed.
            >= 0.95), and / a raw TCP stream through the same shaped link in the same run
   three    three peers, each link limited to the same rate: throughput / single (target >= 2.7)
   local    unlimited link (veth, in-kernel like loopback): fetch + verify rate / the machine's
-           SHA-256 rate (`openssl speed -evp sha256`, one core) (target >= 0.7)
+           SHA-256 rate (`openssl speed -evp sha256`, one core) (target >= 0.7); a fresh
+           artifact per run; in the same run the fetch over gRPC instead of the chunk stream,
+           one right after a gc, and B's store on tmpfs
   resume   the fetcher's trainshardd SIGKILLed when half the chunks are stored, restarted,
            fetched again: extra bytes on the wire (both runs' received bytes minus a clean
            fetch's, from the same peers) / artifact size (target <= 0.01)
