@@ -37,7 +37,8 @@ void EncodeHeader(ChunkStreamFrameType type, uint32_t index, uint32_t size, std:
   PutU32(index, out + 8);
   PutU32(size, out + 12);
   std::memset(out + 16, 0, common::kSha256Size);
-  std::memcpy(out + 16, hash.data(), std::min(hash.size(), common::kSha256Size));
+  // An empty view may have no data pointer at all, which memcpy must not see.
+  if (!hash.empty()) std::memcpy(out + 16, hash.data(), std::min(hash.size(), common::kSha256Size));
 }
 
 }  // namespace
@@ -94,7 +95,9 @@ std::string EncodeErrorFrame(const absl::Status& status) {
   std::string out(kChunkStreamFrameHeaderBytes + message.size(), '\0');
   EncodeHeader(ChunkStreamFrameType::kError, code, static_cast<uint32_t>(message.size()), {},
                out.data());
-  std::memcpy(out.data() + kChunkStreamFrameHeaderBytes, message.data(), message.size());
+  if (!message.empty()) {
+    std::memcpy(out.data() + kChunkStreamFrameHeaderBytes, message.data(), message.size());
+  }
   return out;
 }
 
