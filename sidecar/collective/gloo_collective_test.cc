@@ -1,5 +1,6 @@
 #include "sidecar/collective/gloo_collective.h"
 
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,14 +30,25 @@ GlooOptions Options(const TempDir& dir, int rank, int size) {
 }
 
 // Runs `body(rank, collective)` on `size` threads, each one rank of one group on loopback.
+// Every rank is connected before any body runs, and every body is done before any rank closes:
+// Gloo's Connect returns on one rank while its peer may still be finishing the same pair's
+// handshake, and a rank that closed early (a body that fails at once, as the refusal tests'
+// do) would break that handshake.
 void RunGroup(int size, const std::function<void(int, GlooCollective&)>& body) {
   TempDir dir("gloo-store-");
+  std::barrier sync(size);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
       auto c = GlooCollective::Connect(Options(dir, rank, size));
-      ASSERT_TRUE(c.ok()) << "rank " << rank << ": " << c.status();
+      if (!c.ok()) {
+        ADD_FAILURE() << "rank " << rank << ": " << c.status();
+        sync.arrive_and_drop();
+        return;
+      }
+      sync.arrive_and_wait();
       body(rank, **c);
+      sync.arrive_and_wait();
     });
   }
   for (auto& t : threads) t.join();
