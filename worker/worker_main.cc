@@ -1,0 +1,133 @@
+// ts_worker: the worker process (docs/worker.md "Worker protocol"). Serves the Worker service on
+// a Unix socket for its shard sidecar, reading and writing tensors as files in the work dir,
+// until SIGTERM or SIGINT. Exit codes: 0 after a clean shutdown, 2 for a bad flag, 1 when the
+// socket cannot be served.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/log.h"
+#include "worker/client/worker_client.h"
+#include "worker/worker_service.h"
+
+namespace ts::worker {
+namespace {
+
+constexpr std::string_view kComponent = "ts_worker";
+constexpr int kExitBadFlag = 2;
+constexpr int kExitFailure = 1;
+constexpr size_t kSocketPathMax = 107;
+// How long calls in flight get after SIGTERM before the process leaves without them.
+constexpr auto kShutdownGrace = std::chrono::seconds(2);
+
+int Fail(int code, std::string_view message) {
+  common::Log(common::LogLevel::kError, kComponent, message);
+  return code;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"ts_worker: the trainshard worker process", "ts_worker"};
+  std::string socket_path, work_dir, log_level = "info";
+  int threads = 2;
+  uint64_t file_bytes_max = kCheckpointBytesMax;
+  app.add_option("--socket", socket_path, "Unix socket path to serve on")->required();
+  app.add_option("--work-dir", work_dir, "directory of the files requests name")->required();
+  app.add_option("--threads", threads, "torch threads, 1..256 (fixes the bits on CPU)");
+  app.add_option("--file-bytes-max", file_bytes_max, "cap on any one input file");
+  app.add_option("--log-level", log_level, "debug | info | warn | error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitBadFlag;
+  }
+  common::LogLevel level;
+  if (!common::ParseLogLevel(log_level, &level)) {
+    return Fail(kExitBadFlag, absl::StrCat("log-level: \"", log_level, "\" is not known"));
+  }
+  common::SetLogLevel(level);
+  if (threads < 1 || threads > 256) {
+    return Fail(kExitBadFlag, absl::StrCat("threads: ", threads, " is out of range 1..256"));
+  }
+  if (socket_path.empty() || socket_path.size() > kSocketPathMax) {
+    return Fail(kExitBadFlag, absl::StrCat("socket: \"", socket_path, "\" must hold 1..",
+                                           kSocketPathMax, " bytes"));
+  }
+  if (file_bytes_max < 1024) {
+    return Fail(kExitBadFlag, absl::StrCat("file-bytes-max: ", file_bytes_max, " is below 1024"));
+  }
+  struct stat st {};
+  if (::stat(work_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Fail(kExitBadFlag, absl::StrCat("work-dir: \"", work_dir, "\" is not a directory"));
+  }
+
+  // Signals are taken by sigwait on this thread; every thread started later inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  // A socket left by a worker that was killed would make the bind fail.
+  ::unlink(socket_path.c_str());
+  WorkerService service(
+      {.work_dir = work_dir, .num_threads = threads, .file_bytes_max = file_bytes_max});
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(kWorkerMessageBytesMax);
+  builder.SetMaxSendMessageSize(kWorkerMessageBytesMax);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return Fail(kExitFailure, absl::StrCat("socket: cannot serve on unix:", socket_path));
+  }
+  common::Log(common::LogLevel::kInfo, kComponent, "serving",
+              {{"socket", socket_path},
+               {"work_dir", work_dir},
+               {"threads", absl::StrCat(threads)},
+               {"pid", absl::StrCat(::getpid())}});
+
+  int sig = 0;
+  while (sig != SIGTERM && sig != SIGINT) sig = sigwaitinfo(&signals, nullptr);
+  common::Log(common::LogLevel::kInfo, kComponent, "stopping",
+              {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  // A model call cannot be interrupted inside libtorch: when one outlasts the grace period the
+  // process leaves without waiting for it (its caller sees UNAVAILABLE, as for a crash).
+  absl::Notification done;
+  // Idle: no grace period, which would otherwise be spent on the callers' idle connections.
+  const auto grace = service.busy() ? kShutdownGrace : std::chrono::seconds(0);
+  std::thread stopper([&] {
+    server->Shutdown(std::chrono::system_clock::now() + grace);
+    done.Notify();
+  });
+  if (!done.WaitForNotificationWithTimeout(absl::Seconds(4))) {
+    ::unlink(socket_path.c_str());
+    common::Log(common::LogLevel::kWarn, kComponent, "left with a call in flight");
+    std::fflush(nullptr);
+    ::_exit(0);
+  }
+  stopper.join();
+  server->Wait();
+  ::unlink(socket_path.c_str());
+  common::Log(common::LogLevel::kInfo, kComponent, "stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace ts::worker
+
+int main(int argc, char** argv) { return ts::worker::Main(argc, argv); }
