@@ -114,6 +114,16 @@ absl::Status RecvAll(int fd, char* out, size_t size, common::Clock* clock, int64
 
 }  // namespace
 
+std::string EndpointHost(std::string_view endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return "";
+  std::string_view host = endpoint.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::string(host);
+}
+
 // ---------------------------------------------------------------------------------------------
 // ChunkStreamServer
 

@@ -44,6 +44,10 @@ namespace pb = ::gonka::trainshard::v1;
 
 class ArtifactTransferService;
 
+// The host of a "host:port" endpoint as the socket calls take it: "[::1]:7000" → "::1".
+// Empty if there is no ':' or nothing before it.
+std::string EndpointHost(std::string_view endpoint);
+
 struct ChunkStreamServerOptions {
   size_t max_connections = 64;
   int64_t request_deadline_ms = 10000;

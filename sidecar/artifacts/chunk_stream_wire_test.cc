@@ -1,4 +1,5 @@
 #include "sidecar/artifacts/chunk_stream_wire.h"
+#include "sidecar/artifacts/chunk_stream.h"
 
 #include <string>
 
@@ -40,6 +41,14 @@ TEST(ChunkStreamWireTest, RequestHeaderRoundTripsAndRefusals) {
   EXPECT_THAT(
       DecodeChunkStreamRequestHeader(EncodeChunkStreamRequestHeader(0), 65536).status().message(),
       HasSubstr("length 0"));
+}
+
+TEST(ChunkStreamWireTest, EndpointHost) {
+  EXPECT_EQ(EndpointHost("10.0.0.1:7000"), "10.0.0.1");
+  EXPECT_EQ(EndpointHost("[::1]:7000"), "::1");
+  EXPECT_EQ(EndpointHost("node.example:1"), "node.example");
+  EXPECT_EQ(EndpointHost("7000"), "");
+  EXPECT_EQ(EndpointHost(":7000"), "");
 }
 
 TEST(ChunkStreamWireTest, FrameHeadersRoundTrip) {

@@ -77,10 +77,6 @@ std::string CallFailure(const absl::Status& status) {
   return absl::StrCat(name, ": ", status.message());
 }
 
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 size_t VarintBytes(uint64_t value) {
   size_t n = 1;
   while (value >= 0x80) {
@@ -840,13 +836,8 @@ void Fetcher::ResolveStream(size_t index) {
   // calls then judge it.
   if (!peer.stub->GetChunkStream(&call, request, &response).ok()) return;
   if (response.port() == 0 || response.port() > 65535) return;
-  const std::string& endpoint = peer.peer.endpoint;
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon == 0) return;
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  std::string host = EndpointHost(peer.peer.endpoint);
+  if (host.empty()) return;
   peer.stream_host = std::move(host);
   peer.stream_port = static_cast<uint16_t>(response.port());
 }
@@ -929,7 +920,7 @@ void Fetcher::CallGrpc(size_t index, const pb::GetChunksRequest& request,
     }
   }
   if (!result->corrupt.empty() || !result->fatal.ok()) call.TryCancel();
-  result->status = FromGrpc(reader->Finish());
+  result->status = bridge::FromGrpcStatus(reader->Finish());
   absl::MutexLock lock(&mu_);
   peer.calls.erase(std::find(peer.calls.begin(), peer.calls.end(), &call));
 }

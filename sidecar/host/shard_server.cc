@@ -88,11 +88,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   out->address_ = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   if (chunk_stream) {
-    std::string host = listen.substr(0, listen.rfind(':'));
-    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-      host = host.substr(1, host.size() - 2);
-    }
-    auto stream = ChunkStreamServer::Start(host, clock);
+    auto stream = ChunkStreamServer::Start(EndpointHost(listen), clock);
     if (!stream.ok()) {
       return absl::UnavailableError(
           absl::StrCat("shard_listen: chunk stream: ", stream.status().message()));
