@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh release trainshard trainshardd
+scripts/build.sh release trainshard trainshardd ts_worker_main
 exec /usr/bin/python3 tests/functional/demo.py "$@"

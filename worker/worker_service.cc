@@ -1,10 +1,13 @@
 #include "worker/worker_service.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <utility>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "common/status.h"
 #include "worker/bytes.h"
 #include "worker/client/work_dir.h"
+#include "worker/corpus.h"
 #include "worker/data_shard.h"
 #include "worker/model_config.h"
 #include "worker/outer_step.h"
@@ -172,6 +176,12 @@ grpc::Status WorkerService::Sample(grpc::ServerContext*, const pb::SampleRequest
                                    pb::SampleResponse* response) {
   return Serve("Sample",
                [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return DoSample(*request, response); });
+}
+
+grpc::Status WorkerService::PrepareData(grpc::ServerContext*, const pb::PrepareDataRequest* request,
+                                        pb::PrepareDataResponse* response) {
+  return Serve("PrepareData",
+               [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return DoPrepareData(*request, response); });
 }
 
 grpc::Status WorkerService::Status(grpc::ServerContext*, const pb::WorkerStatusRequest*,
@@ -488,6 +498,62 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
   response->set_tokens(tokens);
   response->set_root(root);
   response->set_eval_id(DataShardId(bytes));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerService::DoPrepareData(const pb::PrepareDataRequest& request,
+                                          pb::PrepareDataResponse* response) {
+  if (request.corpus() != "fortunes") {
+    return Invalid("corpus", Quoted(request.corpus()), "is not a known corpus (known: fortunes)");
+  }
+  const auto files = DefaultFortuneFiles();
+  if (request.files() < 1 || request.files() > files.size()) {
+    return Invalid("files", request.files(), absl::StrCat("is outside 1..", files.size()));
+  }
+  if (request.vocab() < 8 || request.vocab() > 65536) {
+    return Invalid("vocab", request.vocab(), "is outside 8..65536");
+  }
+  if (request.shard_tokens() < 16 || request.shard_tokens() > (1u << 24)) {
+    return Invalid("shard_tokens", request.shard_tokens(), "is outside 16..16777216");
+  }
+  if (request.eval_every() < 2 || request.eval_every() > 1000) {
+    return Invalid("eval_every", request.eval_every(), "is outside 2..1000");
+  }
+  TS_RETURN_IF_ERROR(ValidateWorkFileName("out_dir", request.out_dir()));
+  const std::string dir = absl::StrCat(options_.work_dir, "/", request.out_dir());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InternalError(
+        absl::StrCat("out_dir: ", Quoted(request.out_dir()), ": mkdir: ", strerror(errno)));
+  }
+  TS_ASSIGN_OR_RETURN(std::vector<std::string> documents,
+                      ReadFortuneFiles(kFortunesDir, files.subspan(0, request.files())));
+  TS_ASSIGN_OR_RETURN(std::string model,
+                      TrainTokenizer(documents, {.vocab_size = request.vocab(), .seed = 1}));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Load(model));
+  TS_ASSIGN_OR_RETURN(Dataset dataset, BuildDataset(documents, *tokenizer,
+                                                    {.shard_tokens = request.shard_tokens(),
+                                                     .eval_every = request.eval_every()}));
+  const std::string prefix = request.out_dir() + "/";
+  response->set_tokenizer_file(prefix + "tokenizer.model");
+  TS_RETURN_IF_ERROR(
+      WriteWorkFile(options_.work_dir, "tokenizer_file", response->tokenizer_file(), model));
+  uint64_t train_tokens = 0;
+  for (size_t i = 0; i < dataset.train.size(); ++i) {
+    std::string name = absl::StrCat(prefix, "train-", absl::Dec(i, absl::kZeroPad4), ".tsds");
+    std::string bytes = EncodeDataShard(dataset.train[i]);
+    TS_RETURN_IF_ERROR(WriteWorkFile(options_.work_dir, "shard_file", name, bytes));
+    response->add_shard_files(name);
+    response->add_shard_ids(DataShardId(bytes));
+    train_tokens += dataset.train[i].tokens.size();
+  }
+  std::string eval_bytes = EncodeDataShard(dataset.eval);
+  response->set_eval_file(prefix + "eval.tsds");
+  TS_RETURN_IF_ERROR(
+      WriteWorkFile(options_.work_dir, "eval_file", response->eval_file(), eval_bytes));
+  response->set_eval_id(DataShardId(eval_bytes));
+  response->set_train_tokens(train_tokens);
+  response->set_eval_tokens(dataset.eval.tokens.size());
+  response->set_documents(dataset.documents);
   return absl::OkStatus();
 }
 

@@ -65,6 +65,8 @@ class WorkerService final : public pb::Worker::Service {
                       pb::SampleResponse* response) override;
   grpc::Status Status(grpc::ServerContext* context, const pb::WorkerStatusRequest* request,
                       pb::WorkerStatusResponse* response) override;
+  grpc::Status PrepareData(grpc::ServerContext* context, const pb::PrepareDataRequest* request,
+                           pb::PrepareDataResponse* response) override;
 
   // True while a model call runs.
   bool busy() const { return busy_.load(); }
@@ -84,6 +86,8 @@ class WorkerService final : public pb::Worker::Service {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DoEvaluate(const pb::EvaluateRequest& request, pb::EvaluateResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DoPrepareData(const pb::PrepareDataRequest& request,
+                             pb::PrepareDataResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DoSample(const pb::SampleRequest& request, pb::SampleResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

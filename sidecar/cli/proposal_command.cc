@@ -5,6 +5,7 @@
 #include "chain-bridge/module/tx.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
 #include "cosmos/gov/v1/tx.pb.h"
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -18,6 +19,7 @@ namespace {
 
 struct SubmitArgs {
   std::string spec_file;
+  std::string run_spec_file;
   std::string deposit;
   std::string title;
   std::string summary;
@@ -51,6 +53,12 @@ std::string FindAttribute(const cosmos::base::abci::v1beta1::TxResponse& respons
 int RunSubmit(Context& ctx, const SubmitArgs& args) {
   auto spec = ReadSpec(args.spec_file);
   if (!spec.ok()) return ctx.BadInput(spec.status());
+  if (!args.run_spec_file.empty()) {
+    // The shard pins the run spec by the SHA-256 of its exact bytes (docs/training.md).
+    auto doc = ReadInputFile("--run-spec", args.run_spec_file);
+    if (!doc.ok()) return ctx.BadInput(doc.status());
+    spec->set_run_spec_hash(common::Sha256(*doc));
+  }
   auto deposit = ParseAmountFlag("--deposit", args.deposit);
   if (!deposit.ok()) return ctx.BadInput(deposit.status());
   auto key = ctx.LoadKey("proposal submit");
@@ -171,6 +179,8 @@ void AddProposalCommands(CLI::App& root, CommandTable& table) {
   CLI::App* submit =
       proposal->add_subcommand("submit", "propose a shard (the --key account funds the escrow)");
   submit->add_option("--spec", submit_args->spec_file, "protobuf-JSON ShardSpec file")->required();
+  submit->add_option("--run-spec", submit_args->run_spec_file,
+                     "run spec document: the shard's run_spec_hash becomes its SHA-256");
   submit->add_option("--deposit", submit_args->deposit, "initial deposit, ngonka")->required();
   submit->add_option("--title", submit_args->title, "proposal title");
   submit->add_option("--summary", submit_args->summary, "proposal summary");

@@ -419,6 +419,7 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
   settlement->add_option("--id", *settlement_id, "shard id")->check(UnsignedInteger())->required();
   table.Add(settlement,
             [settlement_id](Context& ctx) { return RunSettlement(ctx, *settlement_id); });
+  AddTrainCommands(root, *shard, table);
 }
 
 }  // namespace ts::sidecar

@@ -208,6 +208,10 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
     } else if (key == "poll_interval_ms") {
       TS_ASSIGN_OR_RETURN(config.poll_interval_ms,
                           GetInteger(key, node, kMinPollIntervalMs, kMaxPollIntervalMs));
+    } else if (key == "worker_binary") {
+      TS_ASSIGN_OR_RETURN(config.worker_binary, GetString(key, node));
+    } else if (key == "worker_threads") {
+      TS_ASSIGN_OR_RETURN(config.worker_threads, GetInteger(key, node, 1, 256));
     } else if (key == "log_level") {
       TS_ASSIGN_OR_RETURN(config.log_level, GetString(key, node));
     } else if (key == "policy") {

@@ -55,6 +55,10 @@ struct HostConfig {
   // address) until the shard sidecar serves TLS.
   std::string tls_cert_sha256;
   int64_t poll_interval_ms = kDefaultPollIntervalMs;
+  // The worker executable the shard runs start (docs/training.md). Empty: `ts_worker` beside
+  // trainshardd, else ../../worker/ts_worker from it (the build tree).
+  std::string worker_binary;
+  int64_t worker_threads = 2;  // torch threads of each worker, 1..256
   std::string log_level = "info";
   ReservationPolicy policy;
 };

@@ -36,7 +36,9 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Open(const std::string& pa
                     std::string(kTableMeta),
                     // Written by the shards' artifact stores (sidecar/artifacts), not by HostCore.
                     // Adding it keeps older data dirs opening: state::Db creates a missing table.
-                    std::string(kTableArtifacts)};
+                    std::string(kTableArtifacts),
+                    // Written by the shard runs (sidecar/shard): round certificates, run specs.
+                    "rounds", "run_specs"};
   options.schema_version = kHostSchemaVersion;
   TS_ASSIGN_OR_RETURN(auto db, state::Db::Open(path, options));
   return std::unique_ptr<HostStore>(new HostStore(std::move(db)));

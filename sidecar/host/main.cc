@@ -19,11 +19,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/synchronization/mutex.h"
+
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/client/chain_client.h"
 #include "common/clock.h"
 #include "common/key_file.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "sidecar/artifacts/operator_service.h"
 #include "sidecar/host/config.h"
 #include "sidecar/host/host_core.h"
@@ -31,6 +34,7 @@
 #include "sidecar/host/operator_service.h"
 #include "sidecar/host/shard_server.h"
 #include "sidecar/peer/shard_directory.h"
+#include "sidecar/shard/shard_run.h"
 
 namespace ts::sidecar {
 namespace {
@@ -125,6 +129,21 @@ void TuneMalloc() {
   ::mallopt(M_TRIM_THRESHOLD, kMallocTrimThresholdBytes);
 }
 
+// The worker the shard runs start: the configured one, else `ts_worker` beside this executable,
+// else the build tree's (../../worker/ts_worker from sidecar/host/).
+std::string WorkerBinary(const HostConfig& config) {
+  if (!config.worker_binary.empty()) return config.worker_binary;
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "ts_worker";
+  std::string dir(self, static_cast<size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const std::string& candidate : {dir + "/ts_worker", dir + "/../../worker/ts_worker"}) {
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return dir + "/ts_worker";
+}
+
 int Main(int argc, char** argv) {
   TuneMalloc();
   CLI::App app{"trainshardd: the trainshard host sidecar", "trainshardd"};
@@ -215,22 +234,74 @@ int Main(int argc, char** argv) {
   ShardStoreRegistry registry((*core)->shared_db(), &directory, &common::SystemClock(),
                               registry_options);
   ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock());
-  auto shard_server = ShardServer::Start(ShardListenAddress(config), &registry, &directory, address,
-                                         &common::SystemClock(), config.chunk_stream);
+
+  // Training runs (docs/training.md): one per shard this host trains in, each driving its own
+  // worker process; certificates and run specs in the host's database.
+  HostDaemon daemon(core->get(), config.poll_interval_ms);
+  std::unique_ptr<bridge::ChainClient> run_chain =
+      bridge::NewGrpcChainClient(config.chain_endpoint);
+  absl::Mutex run_chain_mu;
+  ShardRunHost run_host;
+  run_host.key = &*key;
+  run_host.address = address;
+  run_host.chain_id = chain_id;
+  run_host.directory = &directory;
+  run_host.stores = &registry;
+  run_host.db = (*core)->shared_db();
+  run_host.clock = &common::SystemClock();
+  run_host.chain_shard = [&](uint64_t id) {
+    absl::MutexLock lock(&run_chain_mu);
+    return run_chain->Shard(id);
+  };
+  HostCore* core_ptr = core->get();
+  run_host.sign_settlement =
+      [&daemon](const pb::Settlement& draft) -> absl::StatusOr<pb::SettlementSignature> {
+    absl::StatusOr<pb::SettlementSignature> out = absl::UnavailableError("not run");
+    absl::Status ran = daemon.Run([&](HostCore& c) { out = c.SignSettlement(draft); },
+                                  absl::Now() + absl::Seconds(30));
+    if (!ran.ok()) return ran;
+    return out;
+  };
+  run_host.submit_settlement =
+      [core_ptr](const pb::Settlement& s,
+                 const std::vector<pb::SettlementSignature>& sigs) -> absl::StatusOr<std::string> {
+    TS_ASSIGN_OR_RETURN(auto tx, core_ptr->SubmitSettlement(s, sigs));
+    if (tx.code() != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the chain refused the settlement (code ", tx.code(), "): ", tx.raw_log()));
+    }
+    return tx.txhash();
+  };
+  ShardRunOptions run_options;
+  run_options.worker_binary = WorkerBinary(config);
+  run_options.worker_threads = static_cast<int>(config.worker_threads);
+  run_options.work_root = AbsolutePath(config.data_dir) + "/shards";
+  run_options.collective_host = EndpointHost(ShardListenAddress(config));
+  if (run_options.collective_host == "0.0.0.0" || run_options.collective_host.empty()) {
+    run_options.collective_host = EndpointHost(config.shard_endpoint);
+  }
+  ShardRunManager runs(run_host, run_options);
+
+  auto shard_server = ShardServer::Start(
+      ShardListenAddress(config), &registry, &directory, address, &common::SystemClock(),
+      config.chunk_stream, {},
+      {static_cast<grpc::Service*>(static_cast<pb::ShardRound::Service*>(&runs))});
   if (!shard_server.ok()) {
     LogError("cannot serve the shard services", shard_server.status());
     return kExitFailure;
   }
   if (!chain_id.empty()) (*shard_server)->Activate(chain_id);
 
-  HostDaemon daemon(core->get(), config.poll_interval_ms);
-  auto server =
-      StartOperatorServer(config.listen, core->get(), &daemon, kVersion, {&artifact_operator});
+  auto server = StartOperatorServer(
+      config.listen, core->get(), &daemon, kVersion,
+      {&artifact_operator,
+       static_cast<grpc::Service*>(static_cast<pb::ShardRunOperator::Service*>(&runs))});
   if (!server.ok()) {
     LogError("cannot serve the operator API", server.status());
     return kExitFailure;
   }
   daemon.Start();
+  if (!chain_id.empty()) runs.Activate(chain_id);
   const std::vector<std::pair<std::string, std::string>> addr_files = {
       {"operator.addr", server->address}, {"shard.addr", (*shard_server)->address()}};
   for (const auto& [name, bound] : addr_files) {
@@ -262,6 +333,7 @@ int Main(int argc, char** argv) {
       if (stored.ok() && !stored->empty()) {
         registry.SetChainId(*stored);
         (*shard_server)->Activate(*stored);
+        runs.Activate(*stored);
         common::Log(common::LogLevel::kInfo, kComponent, "shard services active",
                     {{"chain_id", *stored}});
       }
@@ -277,6 +349,7 @@ int Main(int argc, char** argv) {
   // thread then stops after its current command or step, each of which leaves the records
   // consistent, as a SIGKILL would.
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(1);
+  runs.StopAll();
   (*shard_server)->Shutdown(grace);
   server->server->Shutdown(grace);
   daemon.Stop();

@@ -73,7 +73,7 @@ ShardServer::ShardServer(StoreRegistry* stores, ShardDirectory* directory, std::
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const std::string& listen, StoreRegistry* stores, ShardDirectory* directory,
     std::string self_address, common::Clock* clock, bool chunk_stream,
-    TransferServiceOptions options) {
+    TransferServiceOptions options, const std::vector<grpc::Service*>& extra_services) {
   std::unique_ptr<ShardServer> out(
       new ShardServer(stores, directory, std::move(self_address), clock, options));
   grpc::ServerBuilder builder;
@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxTransferRequestBytes);
   builder.RegisterService(out->gate_.get());
+  for (grpc::Service* service : extra_services) builder.RegisterService(service);
   out->server_ = builder.BuildAndStart();
   if (out->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("shard_listen: cannot bind ", listen));

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/server.h>
 
@@ -37,7 +38,7 @@ class ShardServer {
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const std::string& listen, StoreRegistry* stores, ShardDirectory* directory,
       std::string self_address, common::Clock* clock, bool chunk_stream = true,
-      TransferServiceOptions options = {});
+      TransferServiceOptions options = {}, const std::vector<grpc::Service*>& extra_services = {});
   ~ShardServer();  // Shutdown()s with no grace period if not done yet.
   ShardServer(const ShardServer&) = delete;
   ShardServer& operator=(const ShardServer&) = delete;

@@ -1,5 +1,7 @@
-"""The shard lifecycle demo: devnet + 3 host sidecars + CLI on loopback, narrated: proposal, votes,
-reservations, a checkpoint artifact published by one host and fetched by the others, settlement.
+"""The main job on the embedded default: devnet + 3 host sidecars with CPU workers + CLI on
+loopback, narrated: a proposal for a small GPT, votes, reservations, DiLoCo rounds with the loss
+going down, one host killed and rejoined, a checkpoint evaluated, the shard settled by the hosts,
+payouts, and a summary (loss curve, bytes exchanged, payouts).
 
 Run through scripts/demo.sh (which builds first). --keep leaves the working directory (keys,
 chain data, logs) in place and prints where it is.
@@ -36,11 +38,20 @@ def main():
             say(f"{h.name} {h.address} sidecar on {h.operator}")
         supply = int(net.cli("chain", "status")["total_supply"])
 
-        spec = net.write_spec("demo", min_nodes=2, max_nodes=3, escrow=300000, bps=5000)
+        run_spec = net.write_run_spec("demo", rounds=10, innerSteps=30, evalEvery=2)
+        with open(run_spec) as f:
+            rs = json.load(f)
+        cfg = rs["model"]["config"]
+        say(f"run spec: GPT {cfg['layers']} layers x {cfg['dModel']} wide, context "
+            f"{cfg['context']}, vocab {cfg['vocab']}; fortunes corpus; {rs['rounds']} DiLoCo "
+            f"rounds of H={rs['innerSteps']} AdamW steps, outer Nesterov lr {rs['outer']['lr']}")
+        spec = net.write_spec("demo", min_nodes=3, max_nodes=3, escrow=300000, bps=5000,
+                              max_duration=6000, run_spec=run_spec)
         out = net.cli("proposal", "submit", "--spec", spec, "--deposit", "1000", "--title",
                       "demo shard", "--wait", key="creator")
         pid, sid = out["proposal_id"], out["shard_id"]
-        say(f"proposal {pid} submitted for shard {sid} (escrow 300000 ngonka, 2-3 nodes)")
+        say(f"proposal {pid} submitted for shard {sid} (escrow 300000 ngonka, 3 nodes, run spec "
+            f"{net.shard(sid)['spec']['run_spec_hash'][:12]}...)")
         for v in ("host1", "host2", "host3"):
             net.cli("proposal", "vote", "--id", pid, "--option", "yes", "--wait", key=v)
             say(f"{v} voted yes")
@@ -55,56 +66,92 @@ def main():
                 f"{r['reserved_height']}")
         say(f"shard {sid} RUNNING with total weight {shard['total_weight']}")
 
-        # A checkpoint moves between the members as a content-addressed artifact: host1 publishes
-        # it, host2 fetches it from host1, host3 from both; each copy is checked with hashlib.
-        ckpt = os.path.join(net.root, "checkpoint-round-1")
-        harness.write_random_files(ckpt, {"model.bin": 24 << 20, "optimizer/state.bin": 8 << 20,
-                                          "meta.json": 200})
-        want = harness.tree_sha256(ckpt)
         h1, h2, h3 = net.hosts
         for h in net.hosts:
             h.wait_shard_listen()
-        pub = net.artifact(h1, "publish", "--shard", str(sid), "--dir", ckpt, "--round", "1")
-        art = pub["artifact_id"]
-        say(f"host1 published checkpoint {art[:16]}... ({int(pub['bytes_total']) >> 20} MiB, "
-            f"{pub['chunks_total']} chunks)")
-        for h, peers in ((h2, [h1]), (h3, [h1, h2])):
-            out_dir = os.path.join(net.root, f"{h.name}-checkpoint")
-            peer_args = []
-            for p in peers:
-                peer_args += ["--peer", p.address]
-            t0 = time.monotonic()
-            got = net.artifact(h, "fetch", "--shard", str(sid), "--id", art, "--out", out_dir,
-                               *peer_args)
-            dt = time.monotonic() - t0
-            by_peer = ", ".join(f"{n.name} {int(got['bytes_by_peer'].get(n.address, 0)) >> 20} MiB"
-                                for n in peers)
-            same = harness.tree_sha256(out_dir) == want
-            say(f"{h.name} fetched it in {dt:.1f} s ({by_peer}); byte-identical: {same}")
-            if not same:
-                raise RuntimeError(f"{h.name}'s copy differs from the published checkpoint")
+            net.start_run(h, sid, run_spec)
+        say("run started on every host: each prepares the data with its worker, then trains")
 
-        addrs = {h.name: h.address for h in net.hosts}
-        payouts = {addrs["host1"]: 100000, addrs["host2"]: 80000, addrs["host3"]: 60000}
-        before = {a: net.balance(a) for a in payouts}
-        args_payouts = []
-        for a, amt in payouts.items():
-            args_payouts += ["--payout", f"{a}={amt}"]
-        out = net.cli("shard", "settle", "--id", sid, "--hosts",
-                      ",".join(h.operator for h in net.hosts), "--final-root", art,
-                      *args_payouts, "--eval-metric", "eval_loss", "--eval-value-micro",
-                      "2500000", "--submit-via", net.hosts[0].operator)
-        say(f"settlement signed by {out['signatures']} hosts, tx {out['txhash'][:16]}...")
-        net.wait_shard_status(sid, "SHARD_STATUS_SETTLED", 60)
+        shown = {"round": 0, "transitions": {h.name: 0 for h in net.hosts}}
+        curve = []
+
+        def progress(observer):
+            st = net.train_status(observer, sid, check=False)
+            if not isinstance(st, dict):
+                return {}
+            if not curve and int(st.get("initial_eval_loss_micro", 0)):
+                curve.append((0, None, int(st["initial_eval_loss_micro"]) / 1e6))
+                say(f"round 0: eval loss {curve[0][2]:.3f} (the initial checkpoint)")
+            for r in st.get("rounds", []):
+                n = int(r["round"])
+                if n <= shown["round"]:
+                    continue
+                shown["round"] = n
+                ev = int(r["eval_loss_micro"]) / 1e6
+                curve.append((n, float(r["train_loss"]), ev if ev else None))
+                say(f"round {n} certified: {len(r['members'])} members, train loss "
+                    f"{float(r['train_loss']):.3f}" + (f", eval loss {ev:.3f}" if ev else "") +
+                    f", {int(r['bytes_exchanged']) >> 10} KiB sent by {observer.name}")
+            return st
+
+        def transitions(h, pattern):
+            st = net.train_status(h, sid, check=False)
+            lines = st.get("transitions", []) if isinstance(st, dict) else []
+            new = lines[shown["transitions"][h.name]:]
+            shown["transitions"][h.name] = len(lines)
+            for t in new:
+                if any(p in t for p in pattern):
+                    say(f"  {h.name}: {t[9:]}")
+
+        harness.wait_for(lambda: int(progress(h1).get("certified_round", 0)) >= 3, 600,
+                         "round 3", interval_s=0.5)
+        say(f"SIGKILL {h3.name}'s trainshardd (weight 60 of 240: the others keep > 2/3)")
+        h3.process.kill()
+        harness.wait_for(lambda: int(progress(h1).get("certified_round", 0)) >= 5, 600,
+                         "round 5", interval_s=0.5)
+        transitions(h1, ("failed", "does not answer"))
+        say(f"restarting {h3.name}: it resumes its run from its records")
+        h3.start()
+        harness.wait_for(lambda: h3.address in (progress(h1).get("rounds") or [{}])[-1].get(
+            "members", []), 600, f"{h3.name} to contribute again", interval_s=0.5)
+        transitions(h3, ("restarted", "caught up", "fetched"))
+        say(f"{h3.name} contributes again")
+        harness.wait_for(lambda: progress(h1).get("state") in ("settling", "done"), 600,
+                         "the last round", interval_s=0.5)
+        net.wait_shard_status(sid, "SHARD_STATUS_SETTLED", 120)
+        final = net.train_status(h1, sid)
+        transitions(h1, ("settlement",))
+        art = harness.b64_to_hex(final["final_checkpoint_artifact_id"])
+        ev = net.cli("eval", "--shard", sid, "--artifact", art, "--host", h2.operator,
+                     timeout=600)["evaluation"]["result"]
+        say(f"trainshard eval by {h2.name} of the final checkpoint artifact {art[:16]}...: "
+            f"loss {int(ev['loss_micro']) / 1e6:.4f} over {ev['tokens']} held-out tokens")
+        roots = {net.train_status(h, sid)["root"] for h in net.hosts}
+        say(f"final checkpoint root identical on every host: {len(roots) == 1}")
         record = net.cli("shard", "settlement", "--id", sid)
         say(f"shard {sid} SETTLED at height {record['height']} with signed weight "
             f"{record['signed_weight']} of {shard['total_weight']}")
 
+        print("\nLoss curve (round, mean train loss, median eval loss)")
+        for n, tl, el in curve:
+            print(f"  {n:>3}  {'-' if tl is None else f'{tl:.4f}':>8}  "
+                  f"{'-' if el is None else f'{el:.4f}':>8}")
+        total_bytes = sum(int(net.train_status(h, sid)["bytes_exchanged"]) for h in net.hosts)
+        print(f"Bytes exchanged by the collective (all hosts): {total_bytes >> 10} KiB; "
+              f"checkpoint {int(final['checkpoint_bytes']) >> 10} KiB, "
+              f"{final['parameters']} parameters")
+        print(f"Wall time of host1's run: {float(final['wall_seconds']):.1f} s, of which "
+              f"{float(final['inner_seconds']):.1f} s in inner steps")
+        payouts = {p["host"]: int(p["amount"]) for p in record["settlement"]["payouts"]}
+        contributed = {p["host"]: p["rounds_contributed"] for p in record["settlement"]["payouts"]}
+        before = {a: net.balance(a) - payouts.get(a, 0) for a in payouts}
+        ok_loss = curve and curve[-1][2] is not None and curve[0][2] is not None and \
+            curve[-1][2] < curve[0][2]
         print("\nPayouts")
-        print(f"  {'host':<48} {'paid':>10} {'balance':>14}")
+        print(f"  {'host':<48} {'rounds':>6} {'paid':>10} {'balance':>14}")
         for a, amt in payouts.items():
             bal = net.balance(a)
-            print(f"  {a:<48} {bal - before[a]:>10} {bal:>14}")
+            print(f"  {a:<48} {contributed[a]:>6} {bal - before[a]:>10} {bal:>14}")
         print(f"  refund to creator: {record['settlement']['refund']}")
         now = int(net.cli("chain", "status")["total_supply"])
         print(f"  total supply: {now} (unchanged: {now == supply})")
@@ -114,7 +161,7 @@ def main():
         replay_ok = r.returncode == 0 and report.get("ok") is True
         print(f"  replay from genesis: {report.get('blocks', '?')} blocks, every app hash "
               f"{'reproduced' if replay_ok else 'NOT reproduced: ' + r.stdout + r.stderr}")
-        return 0 if now == supply and replay_ok else 1
+        return 0 if now == supply and replay_ok and ok_loss and len(roots) == 1 else 1
     finally:
         if args.keep:
             net.stop()

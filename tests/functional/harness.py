@@ -59,6 +59,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+def b64_to_hex(b64):
+    """A protobuf-JSON bytes field (base64) as hex."""
+    return base64.b64decode(b64).hex()
+
+
 def tree_sha256(root):
     """{relative name: (size, SHA-256 hex)} of every regular file under root, hashed here with
     hashlib (independently of the project's code). Anything but directories and regular files
@@ -413,11 +418,41 @@ class Network:
     def chain_events(self, from_h, to_h):
         return self.cli("chain", "events", "--from", str(from_h), "--to", str(to_h))["events"]
 
+    def write_run_spec(self, name, **overrides):
+        """A run spec document (docs/training.md) for a small GPT on a few fortune files;
+        `overrides` replace top-level fields. Returns its path."""
+        spec = {
+            "version": 1,
+            "model": {"kind": "gpt", "seed": "7",
+                      "config": {"layers": 2, "dModel": 64, "heads": 4, "context": 32,
+                                 "vocab": 384, "mlpRatio": 4}},
+            "data": {"corpus": "fortunes", "files": 6, "vocab": 384, "shardTokens": 16384,
+                     "evalEvery": 20},
+            "rounds": 6, "innerSteps": 12, "batchSize": 8,
+            "inner": {"lr": 0.004, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                      "weightDecay": 0.01, "gradClipNorm": 1.0},
+            "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True},
+            "codec": "fp32", "aggregation": "mean", "evalEvery": 3, "evalBatchSize": 16,
+            "evalWindowsMax": "64", "seed": "11", "joinWindowMs": 1500,
+            "plannerTimeoutMs": 2500, "exchangeTimeoutMs": 30000,
+        }
+        spec.update(overrides)
+        path = os.path.join(self.root, f"{name}.run.json")
+        with open(path, "w") as f:
+            json.dump(spec, f, indent=1)
+        return path
+
     def write_spec(self, name, *, min_nodes=2, max_nodes=3, escrow=300000, min_host_weight=10,
                    max_duration=400, window=100, profile="cpu-small", bps=5000,
-                   quota_bytes=1 << 30, quota_files=10000):
+                   quota_bytes=1 << 30, quota_files=10000, run_spec=None):
+        """The shard spec; with `run_spec` (a path), its run_spec_hash pins that document."""
+        if run_spec is not None:
+            with open(run_spec, "rb") as f:
+                run_hash = hashlib.sha256(f.read()).digest()
+        else:
+            run_hash = hashlib.sha256(name.encode()).digest()
         spec = {
-            "run_spec_hash": base64.b64encode(hashlib.sha256(name.encode()).digest()).decode(),
+            "run_spec_hash": base64.b64encode(run_hash).decode(),
             "hardware_profile": profile,
             "min_nodes": min_nodes,
             "max_nodes": max_nodes,
@@ -432,6 +467,18 @@ class Network:
         with open(path, "w") as f:
             json.dump(spec, f)
         return path
+
+    def start_run(self, host, shard_id, run_spec):
+        return self.cli("shard", "run", "--id", shard_id, "--run-spec", run_spec, "--host",
+                        host.operator)
+
+    def train_status(self, host, shard_id, check=True):
+        """The host's run status (JSON); with check=False, {} when the host does not answer."""
+        r = self.cli("shard", "train-status", "--id", shard_id, "--host", host.operator,
+                     check=check)
+        if check:
+            return r
+        return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {}
 
     def propose_and_pass(self, spec_path, voters=("host1", "host2", "host3")):
         """Submits a shard proposal from `creator`, votes yes, returns (proposal_id, shard_id)."""

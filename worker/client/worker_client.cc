@@ -113,6 +113,15 @@ absl::StatusOr<pb::SampleResponse> WorkerClient::Sample(const pb::SampleRequest&
       [&](grpc::ClientContext* c, pb::SampleResponse* r) { return stub_->Sample(c, request, r); });
 }
 
+absl::StatusOr<pb::PrepareDataResponse> WorkerClient::PrepareData(
+    const pb::PrepareDataRequest& request, int64_t timeout_ms) {
+  return Invoke<pb::PrepareDataResponse>(target_, "PrepareData",
+                                         timeout_ms > 0 ? timeout_ms : options_.train_timeout_ms,
+                                         [&](grpc::ClientContext* c, pb::PrepareDataResponse* r) {
+                                           return stub_->PrepareData(c, request, r);
+                                         });
+}
+
 absl::StatusOr<pb::WorkerStatusResponse> WorkerClient::Status(int64_t timeout_ms,
                                                               bool wait_for_ready) {
   pb::WorkerStatusRequest request;

@@ -57,6 +57,8 @@ class WorkerClient {
                                                 int64_t timeout_ms = 0);
   absl::StatusOr<pb::SampleResponse> Sample(const pb::SampleRequest& request,
                                             int64_t timeout_ms = 0);
+  absl::StatusOr<pb::PrepareDataResponse> PrepareData(const pb::PrepareDataRequest& request,
+                                                      int64_t timeout_ms = 0);
   // With wait_for_ready, a worker that is starting is waited for (up to the timeout) instead
   // of answering UNAVAILABLE at once.
   absl::StatusOr<pb::WorkerStatusResponse> Status(int64_t timeout_ms = 0,

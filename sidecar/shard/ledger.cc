@@ -1,0 +1,278 @@
+#include "sidecar/shard/ledger.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/amount.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/signing.h"
+#include "common/hex.h"
+#include "common/status.h"
+#include "proto/deterministic.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+
+constexpr uint64_t kBps = 10'000;
+
+void AppendU64(std::string* out, uint64_t v) {
+  for (int i = 7; i >= 0; --i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+absl::Status CheckSigner(std::string_view kind, std::string_view chain_id, uint64_t shard_id,
+                         std::string_view bytes, std::string_view signature, absl::string_view want,
+                         absl::string_view field) {
+  auto signer = common::RecoverStatementSigner(kind, chain_id, shard_id, bytes, signature);
+  if (!signer.ok()) {
+    return absl::UnauthenticatedError(absl::StrCat(field, ": ", signer.status().message()));
+  }
+  if (*signer != want) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(field, ": signed by ", *signer, ", not by ", want));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::string> PlannerOrder(uint64_t seed, uint64_t round,
+                                      std::span<const ShardMember> members) {
+  std::vector<std::pair<std::string, std::string>> keyed;
+  keyed.reserve(members.size());
+  for (const ShardMember& m : members) {
+    std::string pre = "gonka-trainshard/v1/planner";
+    AppendU64(&pre, seed);
+    AppendU64(&pre, round);
+    pre += m.address;
+    keyed.emplace_back(common::Sha256(pre), m.address);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<std::string> order;
+  order.reserve(keyed.size());
+  for (auto& [key, address] : keyed) order.push_back(std::move(address));
+  return order;
+}
+
+std::string DataSeedOf(uint64_t seed, uint64_t round, std::string_view base_root) {
+  std::string pre = "gonka-trainshard/v1/data_seed";
+  AppendU64(&pre, seed);
+  AppendU64(&pre, round);
+  pre.append(base_root);
+  return common::Sha256(pre);
+}
+
+bool HasQuorum(uint64_t signed_weight, uint64_t total_weight) {
+  return static_cast<unsigned __int128>(signed_weight) * 3 >
+         static_cast<unsigned __int128>(total_weight) * 2;
+}
+
+uint64_t TotalWeight(const ShardView& shard) {
+  uint64_t total = 0;
+  for (const ShardMember& m : shard.members) total += m.weight;
+  return total;
+}
+
+absl::Status SignPlan(const common::PrivateKey& key, std::string_view chain_id,
+                      pb::RoundPlan* plan) {
+  plan->clear_signature();
+  TS_ASSIGN_OR_RETURN(std::string sig,
+                      common::SignStatement(key, kPlanSignKind, chain_id, plan->shard_id(),
+                                            DeterministicBytes(*plan)));
+  plan->set_signature(std::move(sig));
+  return absl::OkStatus();
+}
+
+absl::Status VerifyPlan(std::string_view chain_id, const pb::RoundPlan& plan,
+                        const ShardView& shard) {
+  if (plan.shard_id() != shard.shard_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.shard_id: ", plan.shard_id(), " is not shard ", shard.shard_id));
+  }
+  if (shard.Find(plan.planner()) == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat("plan.planner: ", plan.planner(),
+                                                    " is not a member of shard ", shard.shard_id));
+  }
+  if (plan.members_size() < 2 || static_cast<size_t>(plan.members_size()) > shard.members.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.members: ", plan.members_size(),
+                                                   " members, want 2..", shard.members.size()));
+  }
+  std::set<std::string> seen;
+  for (int i = 0; i < plan.members_size(); ++i) {
+    const pb::RoundMember& m = plan.members(i);
+    std::string field = absl::StrCat("plan.members[", i, "]");
+    if (shard.Find(m.address()) == nullptr) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          field, ".address: ", m.address(), " is not a member of shard ", shard.shard_id));
+    }
+    if (!seen.insert(m.address()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".address: ", m.address(), " appears twice"));
+    }
+    if (m.collective_endpoint().empty() || m.collective_endpoint().size() > 300) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".collective_endpoint: ", m.collective_endpoint().size(), " bytes, want 1..300"));
+    }
+  }
+  if (plan.base_root().size() != 32 || plan.data_seed().size() != 32) {
+    return absl::InvalidArgumentError("plan.base_root and plan.data_seed must be 32 bytes");
+  }
+  pb::RoundPlan unsigned_plan = plan;
+  unsigned_plan.clear_signature();
+  return CheckSigner(kPlanSignKind, chain_id, plan.shard_id(), DeterministicBytes(unsigned_plan),
+                     plan.signature(), plan.planner(), "plan.signature");
+}
+
+absl::StatusOr<std::string> SignRoundResult(const common::PrivateKey& key,
+                                            std::string_view chain_id,
+                                            const pb::RoundResult& result) {
+  return common::SignStatement(key, kRoundSignKind, chain_id, result.shard_id(),
+                               DeterministicBytes(result));
+}
+
+absl::StatusOr<std::string> SignEvaluation(const common::PrivateKey& key, std::string_view chain_id,
+                                           const pb::EvaluationResult& e) {
+  return common::SignStatement(key, kEvaluationSignKind, chain_id, e.shard_id(),
+                               DeterministicBytes(e));
+}
+
+int64_t MedianOf(std::vector<int64_t> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[(values.size() - 1) / 2];
+}
+
+absl::Status VerifyCertificate(std::string_view chain_id, const pb::RoundCertificate& certificate,
+                               const ShardView& shard) {
+  const pb::RoundResult& result = certificate.result();
+  const std::string round_field = absl::StrCat("certificate of round ", result.round());
+  if (result.shard_id() != shard.shard_id) {
+    return absl::InvalidArgumentError(absl::StrCat(round_field, ": shard_id ", result.shard_id(),
+                                                   " is not shard ", shard.shard_id));
+  }
+  if (result.new_root().size() != 32 || result.base_root().size() != 32) {
+    return absl::InvalidArgumentError(absl::StrCat(round_field, ": roots must be 32 bytes"));
+  }
+  std::set<std::string> round_members(result.members().begin(), result.members().end());
+  const std::string bytes = DeterministicBytes(result);
+  std::set<std::string> signers;
+  uint64_t weight = 0;
+  for (int i = 0; i < certificate.signatures_size(); ++i) {
+    const pb::MemberSignature& s = certificate.signatures(i);
+    std::string field = absl::StrCat(round_field, ": signatures[", i, "]");
+    const ShardMember* member = shard.Find(s.host());
+    if (member == nullptr || round_members.count(s.host()) == 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(field, ".host: ", s.host(), " is not a member of the round"));
+    }
+    if (!signers.insert(s.host()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".host: ", s.host(), " signs twice"));
+    }
+    TS_RETURN_IF_ERROR(CheckSigner(kRoundSignKind, chain_id, shard.shard_id, bytes, s.signature(),
+                                   s.host(), field));
+    weight += member->weight;
+  }
+  const uint64_t total = TotalWeight(shard);
+  if (!HasQuorum(weight, total)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(round_field, ": signed weight ", weight, " is not more than 2/3 of ", total));
+  }
+  if (certificate.signed_weight() != weight || certificate.total_weight() != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(round_field, ": states weight ", certificate.signed_weight(), " of ",
+                     certificate.total_weight(), ", the signatures give ", weight, " of ", total));
+  }
+  std::vector<int64_t> losses;
+  std::set<std::string> evaluators;
+  for (int i = 0; i < certificate.evaluations_size(); ++i) {
+    const pb::SignedEvaluation& e = certificate.evaluations(i);
+    std::string field = absl::StrCat(round_field, ": evaluations[", i, "]");
+    if (signers.count(e.result().host()) == 0 || !evaluators.insert(e.result().host()).second) {
+      return absl::PermissionDeniedError(absl::StrCat(field, ".host: ", e.result().host(),
+                                                      " is not a signer of the round, or twice"));
+    }
+    if (e.result().checkpoint_root() != result.new_root() || e.result().round() != result.round() ||
+        e.result().shard_id() != shard.shard_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": evaluates another checkpoint, round or shard"));
+    }
+    TS_RETURN_IF_ERROR(CheckSigner(kEvaluationSignKind, chain_id, shard.shard_id,
+                                   DeterministicBytes(e.result()), e.signature(), e.result().host(),
+                                   field));
+    losses.push_back(e.result().loss_micro());
+  }
+  if (MedianOf(losses) != certificate.eval_loss_micro()) {
+    return absl::InvalidArgumentError(absl::StrCat(round_field, ": eval_loss_micro ",
+                                                   certificate.eval_loss_micro(),
+                                                   " is not the median of its evaluations"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, uint64_t shard_id,
+                                               uint64_t escrow, const pb::RewardPolicy& policy,
+                                               std::span<const pb::RoundCertificate> certificates,
+                                               uint64_t rounds_total) {
+  if (certificates.size() != rounds_total || rounds_total == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("certificates: ", certificates.size(),
+                                                   " held, the run has ", rounds_total, " rounds"));
+  }
+  std::map<std::string, uint64_t> contributed;
+  for (size_t i = 0; i < certificates.size(); ++i) {
+    if (certificates[i].result().round() != i + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "certificates[", i, "]: round ", certificates[i].result().round(), ", want ", i + 1));
+    }
+    for (const pb::MemberSignature& s : certificates[i].signatures()) ++contributed[s.host()];
+  }
+  if (policy.max_host_share_bps() < 1 || policy.max_host_share_bps() > kBps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reward_policy.max_host_share_bps: ", policy.max_host_share_bps()));
+  }
+  const unsigned __int128 cap =
+      static_cast<unsigned __int128>(escrow) * policy.max_host_share_bps() / kBps;
+  uint64_t all = 0;
+  for (const auto& [host, n] : contributed) all += n;
+  pb::Settlement s;
+  s.set_chain_id(std::string(chain_id));
+  s.set_shard_id(shard_id);
+  const pb::RoundCertificate& last = certificates.back();
+  s.set_final_checkpoint_root(last.result().new_root());
+  s.set_rounds_completed(rounds_total);
+  pb::EvaluationSummary* eval = s.mutable_evaluation();
+  eval->set_metric("eval_loss");
+  eval->set_value_micro(last.eval_loss_micro());
+  eval->set_evaluators(static_cast<uint32_t>(last.evaluations_size()));
+  if (last.evaluations_size() > 0) {
+    eval->set_eval_set_root(last.evaluations(0).result().eval_set_id());
+  }
+  uint64_t paid = 0;
+  for (const auto& [host, n] : contributed) {
+    unsigned __int128 amount = 0;
+    switch (policy.kind()) {
+      case pb::RewardPolicy::KIND_VERIFIED_WORK:
+        amount = static_cast<unsigned __int128>(escrow) * n / all;
+        break;
+      case pb::RewardPolicy::KIND_EQUAL_SHARE:
+        amount = escrow / contributed.size();
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "reward_policy.kind: ", pb::RewardPolicy::Kind_Name(policy.kind()), " is not payable"));
+    }
+    amount = std::min(amount, cap);
+    pb::HostPayout* p = s.add_payouts();
+    p->set_host(host);
+    p->set_amount(common::FormatAmount(static_cast<uint64_t>(amount)));
+    p->set_rounds_contributed(n);
+    paid += static_cast<uint64_t>(amount);
+  }
+  s.set_refund(common::FormatAmount(escrow - paid));
+  return s;
+}
+
+}  // namespace ts::sidecar

@@ -1,0 +1,87 @@
+// The round ledger's rules, as pure functions (docs/training.md "Rounds" and "Certificates"):
+// who plans a round, the round's data seed, signing and checking plans, round results and
+// evaluations, checking certificates (distinct members with more than 2/3 of the shard's frozen
+// weight signing the same result), the median of evaluations, and the settlement draft a
+// shard's certificates imply under its reward policy. Every host computes these from the same
+// inputs and gets the same bytes, so no host has to be trusted to compute them for the others.
+//
+// Thread-safety: pure functions.
+#ifndef TS_SIDECAR_SHARD_LEDGER_H_
+#define TS_SIDECAR_SHARD_LEDGER_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/crypto/secp256k1.h"
+#include "gonka/trainshard/v1/chain.pb.h"
+#include "gonka/trainshard/v1/training.pb.h"
+#include "sidecar/peer/shard_directory.h"
+
+namespace ts::sidecar {
+
+inline constexpr std::string_view kPlanSignKind = "round_plan";
+inline constexpr std::string_view kRoundSignKind = "round";
+inline constexpr std::string_view kEvaluationSignKind = "evaluation";
+
+// Members sorted by SHA-256("gonka-trainshard/v1/planner" || u64 seed || u64 round || address)
+// (integers big-endian), ties by address: the first plans the round, the next takes over when
+// it does not answer.
+std::vector<std::string> PlannerOrder(uint64_t seed, uint64_t round,
+                                      std::span<const ShardMember> members);
+
+// SHA-256("gonka-trainshard/v1/data_seed" || u64 seed || u64 round || base_root): fixed once the
+// base checkpoint is certified, and chosen by no host.
+std::string DataSeedOf(uint64_t seed, uint64_t round, std::string_view base_root);
+
+// Strictly more than 2/3: 3·signed > 2·total.
+bool HasQuorum(uint64_t signed_weight, uint64_t total_weight);
+
+// Signs `plan` (its signature field cleared first) as `key`.
+absl::Status SignPlan(const common::PrivateKey& key, std::string_view chain_id,
+                      ::gonka::trainshard::v1::RoundPlan* plan);
+// The plan's signature recovers to its planner; the planner and every member are members of
+// `shard` (no duplicates, at least 2, endpoints not empty). Errors name the field.
+absl::Status VerifyPlan(std::string_view chain_id, const ::gonka::trainshard::v1::RoundPlan& plan,
+                        const ShardView& shard);
+
+absl::StatusOr<std::string> SignRoundResult(const common::PrivateKey& key,
+                                            std::string_view chain_id,
+                                            const ::gonka::trainshard::v1::RoundResult& result);
+absl::StatusOr<std::string> SignEvaluation(const common::PrivateKey& key, std::string_view chain_id,
+                                           const ::gonka::trainshard::v1::EvaluationResult& e);
+
+// Checks a certificate received from anyone: each signature recovers to its host, who is a
+// member of the round and of the shard, at most once each; the weight of the signers (from
+// `shard`, not from the certificate) is more than 2/3 of the shard's total weight; every
+// evaluation is signed by its host, a signer of the round, about new_root; the median is the
+// median of those evaluations. The certificate's signed_weight and total_weight must equal the
+// recomputed ones.
+absl::Status VerifyCertificate(std::string_view chain_id,
+                               const ::gonka::trainshard::v1::RoundCertificate& certificate,
+                               const ShardView& shard);
+
+// The lower median (element (n−1)/2 of the sorted values); 0 for none.
+int64_t MedianOf(std::vector<int64_t> values);
+
+// Total frozen weight of the shard's members.
+uint64_t TotalWeight(const ShardView& shard);
+
+// The settlement the certificates of rounds 1..rounds_total imply: final_checkpoint_root and
+// evaluation from the last certificate, rounds_contributed = rounds whose certificate a host
+// signed, payouts by the reward policy (KIND_VERIFIED_WORK: escrow × contributed / all
+// contributions; KIND_EQUAL_SHARE: escrow / contributors; each rounded down and capped at
+// max_host_share_bps of the escrow), sorted by host; the rest refunded. INVALID_ARGUMENT when
+// the certificates are not rounds 1..rounds_total in order, or the policy or escrow is bad.
+absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftSettlement(
+    std::string_view chain_id, uint64_t shard_id, uint64_t escrow,
+    const ::gonka::trainshard::v1::RewardPolicy& policy,
+    std::span<const ::gonka::trainshard::v1::RoundCertificate> certificates, uint64_t rounds_total);
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_SHARD_LEDGER_H_

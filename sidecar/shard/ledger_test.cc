@@ -1,0 +1,211 @@
+#include "sidecar/shard/ledger.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+using ::testing::HasSubstr;
+
+constexpr char kChain[] = "ledger-test-1";
+
+struct Host {
+  common::PrivateKey key = common::PrivateKey::Generate();
+  std::string address = common::AddressFromPublicKey(key.public_key());
+};
+
+struct Fixture {
+  std::vector<Host> hosts = std::vector<Host>(4);
+  ShardView view;
+  Fixture(std::vector<uint64_t> weights = {30, 30, 20, 20}) {
+    view.shard_id = 7;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      view.members.push_back({hosts[i].address, "127.0.0.1:1", weights[i]});
+    }
+  }
+  pb::RoundResult Result(uint64_t round) const {
+    pb::RoundResult r;
+    r.set_shard_id(7);
+    r.set_round(round);
+    r.set_base_root(std::string(32, static_cast<char>(round)));
+    r.set_new_root(std::string(32, static_cast<char>(round + 1)));
+    for (const Host& h : hosts) r.add_members(h.address);
+    return r;
+  }
+  // A certificate of `round` signed by hosts[signers...], with an evaluation by each.
+  pb::RoundCertificate Certify(uint64_t round, std::vector<size_t> signers) const {
+    pb::RoundCertificate c;
+    *c.mutable_result() = Result(round);
+    std::vector<int64_t> losses;
+    for (size_t i : signers) {
+      pb::MemberSignature* s = c.add_signatures();
+      s->set_host(hosts[i].address);
+      s->set_signature(*SignRoundResult(hosts[i].key, kChain, c.result()));
+      c.set_signed_weight(c.signed_weight() + view.members[i].weight);
+      pb::SignedEvaluation* e = c.add_evaluations();
+      e->mutable_result()->set_shard_id(7);
+      e->mutable_result()->set_round(round);
+      e->mutable_result()->set_checkpoint_root(c.result().new_root());
+      e->mutable_result()->set_loss_micro(3'000'000 + 1000 * static_cast<int64_t>(i));
+      e->mutable_result()->set_host(hosts[i].address);
+      e->set_signature(*SignEvaluation(hosts[i].key, kChain, e->result()));
+      losses.push_back(e->result().loss_micro());
+    }
+    c.set_total_weight(TotalWeight(view));
+    c.set_eval_loss_micro(MedianOf(losses));
+    return c;
+  }
+};
+
+TEST(Ledger, PlannerOrderIsAPermutationThatDependsOnSeedAndRound) {
+  Fixture f;
+  auto a = PlannerOrder(1, 1, f.view.members);
+  auto b = PlannerOrder(1, 1, f.view.members);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.size(), 4u);
+  std::set<std::string> distinct(a.begin(), a.end());
+  EXPECT_EQ(distinct.size(), 4u);
+  // Over rounds, more than one host plans first.
+  std::set<std::string> firsts;
+  for (uint64_t r = 1; r <= 32; ++r) firsts.insert(PlannerOrder(1, r, f.view.members)[0]);
+  EXPECT_GT(firsts.size(), 1u);
+  EXPECT_NE(DataSeedOf(1, 2, std::string(32, 'a')), DataSeedOf(1, 3, std::string(32, 'a')));
+  EXPECT_NE(DataSeedOf(1, 2, std::string(32, 'a')), DataSeedOf(1, 2, std::string(32, 'b')));
+}
+
+TEST(Ledger, QuorumIsStrictlyMoreThanTwoThirds) {
+  EXPECT_FALSE(HasQuorum(2, 3));
+  EXPECT_TRUE(HasQuorum(201, 300));
+  EXPECT_FALSE(HasQuorum(200, 300));
+  EXPECT_TRUE(HasQuorum(UINT64_MAX, UINT64_MAX));
+}
+
+TEST(Ledger, PlanSignatureBindsPlannerAndMembers) {
+  Fixture f;
+  pb::RoundPlan plan;
+  plan.set_shard_id(7);
+  plan.set_round(3);
+  plan.set_planner(f.hosts[1].address);
+  for (int i = 0; i < 3; ++i) {
+    auto* m = plan.add_members();
+    m->set_address(f.hosts[i].address);
+    m->set_collective_endpoint("127.0.0.1:9");
+  }
+  plan.set_base_root(std::string(32, 'b'));
+  plan.set_data_seed(std::string(32, 's'));
+  ASSERT_TRUE(SignPlan(f.hosts[1].key, kChain, &plan).ok());
+  EXPECT_TRUE(VerifyPlan(kChain, plan, f.view).ok());
+  pb::RoundPlan tampered = plan;
+  tampered.mutable_members(0)->set_collective_endpoint("10.0.0.1:9");
+  EXPECT_EQ(VerifyPlan(kChain, tampered, f.view).code(), absl::StatusCode::kUnauthenticated);
+  pb::RoundPlan other_signer = plan;
+  ASSERT_TRUE(SignPlan(f.hosts[2].key, kChain, &other_signer).ok());
+  EXPECT_THAT(VerifyPlan(kChain, other_signer, f.view).message(), HasSubstr("not by"));
+  pb::RoundPlan stranger = plan;
+  stranger.mutable_members(2)->set_address("gonka1stranger");
+  EXPECT_EQ(VerifyPlan(kChain, stranger, f.view).code(), absl::StatusCode::kPermissionDenied);
+  pb::RoundPlan twice = plan;
+  twice.mutable_members(2)->set_address(f.hosts[0].address);
+  EXPECT_THAT(VerifyPlan(kChain, twice, f.view).message(), HasSubstr("appears twice"));
+}
+
+TEST(Ledger, CertificateNeedsMoreThanTwoThirdsOfTheShardWeight) {
+  Fixture f;  // weights 30 30 20 20
+  EXPECT_TRUE(VerifyCertificate(kChain, f.Certify(1, {0, 1, 2}), f.view).ok());     // 80
+  absl::Status short_of = VerifyCertificate(kChain, f.Certify(1, {0, 1}), f.view);  // 60
+  EXPECT_EQ(short_of.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(short_of.message(), HasSubstr("not more than 2/3"));
+}
+
+TEST(Ledger, CertificateRefusesForgedOrInflatedParts) {
+  Fixture f;
+  pb::RoundCertificate good = f.Certify(2, {0, 1, 2, 3});
+  ASSERT_TRUE(VerifyCertificate(kChain, good, f.view).ok());
+
+  pb::RoundCertificate other_root = good;
+  other_root.mutable_result()->set_new_root(std::string(32, 'x'));
+  EXPECT_EQ(VerifyCertificate(kChain, other_root, f.view).code(),
+            absl::StatusCode::kUnauthenticated);
+
+  pb::RoundCertificate duplicated = f.Certify(2, {0, 1});
+  *duplicated.add_signatures() = duplicated.signatures(0);
+  EXPECT_THAT(VerifyCertificate(kChain, duplicated, f.view).message(), HasSubstr("signs twice"));
+
+  pb::RoundCertificate inflated = good;
+  inflated.set_signed_weight(1000);
+  EXPECT_THAT(VerifyCertificate(kChain, inflated, f.view).message(),
+              HasSubstr("the signatures give"));
+
+  pb::RoundCertificate bad_median = good;
+  bad_median.set_eval_loss_micro(1);
+  EXPECT_THAT(VerifyCertificate(kChain, bad_median, f.view).message(), HasSubstr("median"));
+
+  pb::RoundCertificate forged_eval = good;
+  forged_eval.mutable_evaluations(0)->mutable_result()->set_loss_micro(1);
+  EXPECT_EQ(VerifyCertificate(kChain, forged_eval, f.view).code(),
+            absl::StatusCode::kUnauthenticated);
+
+  // Signed for another chain.
+  EXPECT_EQ(VerifyCertificate("other-chain", good, f.view).code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST(Ledger, MedianIsTheLowerMedian) {
+  EXPECT_EQ(MedianOf({}), 0);
+  EXPECT_EQ(MedianOf({5}), 5);
+  EXPECT_EQ(MedianOf({9, 1, 5}), 5);
+  EXPECT_EQ(MedianOf({4, 1, 3, 2}), 2);
+  EXPECT_EQ(MedianOf({1, 1000000, 2}), 2);  // one outlier does not move it
+}
+
+TEST(Ledger, SettlementPaysByContributionWithTheCapAndRefundsTheRest) {
+  Fixture f;
+  std::vector<pb::RoundCertificate> certs = {f.Certify(1, {0, 1, 2}), f.Certify(2, {0, 1, 2, 3}),
+                                             f.Certify(3, {0, 1, 2, 3})};
+  pb::RewardPolicy policy;
+  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+  policy.set_max_host_share_bps(5000);
+  auto s = DraftSettlement(kChain, 7, 1100, policy, certs, 3);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->final_checkpoint_root(), certs.back().result().new_root());
+  EXPECT_EQ(s->rounds_completed(), 3u);
+  EXPECT_EQ(s->evaluation().value_micro(), certs.back().eval_loss_micro());
+  EXPECT_EQ(s->evaluation().evaluators(), 4u);
+  uint64_t paid = 0;
+  for (const auto& p : s->payouts()) {
+    const uint64_t n = p.host() == f.hosts[3].address ? 2 : 3;
+    EXPECT_EQ(p.rounds_contributed(), n);
+    EXPECT_EQ(std::stoull(p.amount()), 1100 * n / 11);
+    paid += std::stoull(p.amount());
+  }
+  EXPECT_EQ(std::stoull(s->refund()), 1100 - paid);
+  // Sorted by host, so every member drafts the same bytes.
+  for (int i = 1; i < s->payouts_size(); ++i) {
+    EXPECT_LT(s->payouts(i - 1).host(), s->payouts(i).host());
+  }
+  // The cap: one host alone would get everything; it gets half, the rest is refunded.
+  pb::RoundCertificate solo = f.Certify(1, {0, 1, 2});
+  solo.mutable_signatures()->DeleteSubrange(1, 2);
+  std::vector<pb::RoundCertificate> solo_certs = {solo};
+  auto capped = DraftSettlement(kChain, 7, 1000, policy, solo_certs, 1);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->payouts(0).amount(), "500");
+  EXPECT_EQ(capped->refund(), "500");
+  // Missing rounds are refused.
+  std::vector<pb::RoundCertificate> gap = {certs[0], certs[2]};
+  EXPECT_THAT(DraftSettlement(kChain, 7, 1000, policy, gap, 2).status().message(),
+              HasSubstr("round 3, want 2"));
+  EXPECT_FALSE(DraftSettlement(kChain, 7, 1000, policy, certs, 4).ok());
+}
+
+}  // namespace
+}  // namespace ts::sidecar

@@ -1,0 +1,127 @@
+#include "sidecar/shard/run_spec.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/crypto/hash.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+#include "worker/model_config.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+
+absl::Status Invalid(absl::string_view field, const auto& value, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("run spec: ", field, ": ", value, " ", why));
+}
+
+absl::Status CheckRange(absl::string_view field, uint64_t v, uint64_t lo, uint64_t hi) {
+  if (v < lo || v > hi) return Invalid(field, v, absl::StrCat("is outside ", lo, "..", hi));
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositive(absl::string_view field, float v) {
+  if (!std::isfinite(v) || v <= 0) return Invalid(field, v, "is not a positive finite number");
+  return absl::OkStatus();
+}
+
+absl::Status CheckUnit(absl::string_view field, float v) {
+  if (!std::isfinite(v) || v < 0 || v >= 1) return Invalid(field, v, "is outside [0, 1)");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
+  if (spec.version() != 1) return Invalid("version", spec.version(), "is not 1");
+  if (spec.model().kind() != "gpt") {
+    return Invalid("model.kind", absl::StrCat("\"", spec.model().kind(), "\""),
+                   "is not a known model (known: gpt)");
+  }
+  const pb::WorkerModelConfig& c = spec.model().config();
+  worker::ModelConfig config{.layers = c.layers(),
+                             .d_model = c.d_model(),
+                             .heads = c.heads(),
+                             .context = c.context(),
+                             .vocab = c.vocab(),
+                             .mlp_ratio = c.mlp_ratio()};
+  if (absl::Status valid = worker::ValidateModelConfig(config); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("run spec: model.config.", valid.message()));
+  }
+  const pb::DataSpec& d = spec.data();
+  if (d.corpus() != "fortunes") {
+    return Invalid("data.corpus", absl::StrCat("\"", d.corpus(), "\""),
+                   "is not a known corpus (known: fortunes)");
+  }
+  TS_RETURN_IF_ERROR(CheckRange("data.files", d.files(), 1, 41));
+  if (d.vocab() != c.vocab()) {
+    return Invalid("data.vocab", d.vocab(), absl::StrCat("is not model.config.vocab ", c.vocab()));
+  }
+  TS_RETURN_IF_ERROR(CheckRange("data.vocab", d.vocab(), 8, 65536));
+  TS_RETURN_IF_ERROR(CheckRange("data.shard_tokens", d.shard_tokens(), c.context() + 1, 1u << 24));
+  TS_RETURN_IF_ERROR(CheckRange("data.eval_every", d.eval_every(), 2, 1000));
+  if (!d.dataset_root().empty() && d.dataset_root().size() != 32) {
+    return Invalid("data.dataset_root", absl::StrCat(d.dataset_root().size(), " bytes"),
+                   "is not 32 bytes");
+  }
+  TS_RETURN_IF_ERROR(CheckRange("rounds", spec.rounds(), 1, 100000));
+  TS_RETURN_IF_ERROR(CheckRange("inner_steps", spec.inner_steps(), 1, 100000));
+  TS_RETURN_IF_ERROR(CheckRange("batch_size", spec.batch_size(), 1, 4096));
+  TS_RETURN_IF_ERROR(CheckPositive("inner.lr", spec.inner().lr()));
+  TS_RETURN_IF_ERROR(CheckUnit("inner.beta1", spec.inner().beta1()));
+  TS_RETURN_IF_ERROR(CheckUnit("inner.beta2", spec.inner().beta2()));
+  TS_RETURN_IF_ERROR(CheckPositive("inner.eps", spec.inner().eps()));
+  if (!std::isfinite(spec.inner().weight_decay()) || spec.inner().weight_decay() < 0) {
+    return Invalid("inner.weight_decay", spec.inner().weight_decay(), "is negative or not finite");
+  }
+  if (!std::isfinite(spec.inner().grad_clip_norm())) {
+    return Invalid("inner.grad_clip_norm", spec.inner().grad_clip_norm(), "is not finite");
+  }
+  TS_RETURN_IF_ERROR(CheckPositive("outer.lr", spec.outer().lr()));
+  TS_RETURN_IF_ERROR(CheckUnit("outer.momentum", spec.outer().momentum()));
+  if (auto codec = ParseCompression(spec.codec()); !codec.ok() || *codec == Compression::kTopK) {
+    return Invalid("codec", absl::StrCat("\"", spec.codec(), "\""),
+                   "is not one of fp32, fp16, bf16, int8");
+  }
+  if (!ParseAggregator(spec.aggregation()).ok()) {
+    return Invalid("aggregation", absl::StrCat("\"", spec.aggregation(), "\""),
+                   "is not one of mean, median, trimmed_mean, centered_clip");
+  }
+  TS_RETURN_IF_ERROR(CheckRange("eval_every", spec.eval_every(), 1, 100000));
+  TS_RETURN_IF_ERROR(CheckRange("eval_batch_size", spec.eval_batch_size(), 1, 4096));
+  TS_RETURN_IF_ERROR(CheckRange("join_window_ms", spec.join_window_ms(), 100, 600000));
+  TS_RETURN_IF_ERROR(CheckRange("planner_timeout_ms", spec.planner_timeout_ms(), 100, 600000));
+  TS_RETURN_IF_ERROR(CheckRange("exchange_timeout_ms", spec.exchange_timeout_ms(), 1000, 3600000));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
+  if (document.size() > kRunSpecBytesMax) {
+    return Invalid("document", absl::StrCat(document.size(), " bytes"),
+                   absl::StrCat("is larger than ", kRunSpecBytesMax));
+  }
+  ParsedRunSpec out;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(document.data(), document.size()), &out.spec, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run spec: not a RunSpec document: ", std::string(parsed.message())));
+  }
+  pb::RunSpec& spec = out.spec;
+  if (spec.join_window_ms() == 0) spec.set_join_window_ms(kDefaultJoinWindowMs);
+  if (spec.planner_timeout_ms() == 0) spec.set_planner_timeout_ms(kDefaultPlannerTimeoutMs);
+  if (spec.exchange_timeout_ms() == 0) spec.set_exchange_timeout_ms(kDefaultExchangeTimeoutMs);
+  if (spec.codec().empty()) spec.set_codec("fp32");
+  if (spec.aggregation().empty()) spec.set_aggregation("mean");
+  TS_RETURN_IF_ERROR(ValidateRunSpec(spec));
+  out.hash = common::Sha256(document);
+  out.codec.kind = *ParseCompression(spec.codec());
+  out.aggregate.kind = *ParseAggregator(spec.aggregation());
+  return out;
+}
+
+}  // namespace ts::sidecar

@@ -1,0 +1,42 @@
+// The run spec: the document a shard proposal pins by hash (ShardSpec.run_spec_hash = SHA-256 of
+// its exact bytes) and every member trains by (docs/training.md "Run spec"). JSON in protobuf's
+// mapping of RunSpec; unknown fields, wrong types and out-of-range values are refused with the
+// field and value named. Zero timing fields take the documented defaults.
+//
+// Thread-safety: pure functions.
+#ifndef TS_SIDECAR_SHARD_RUN_SPEC_H_
+#define TS_SIDECAR_SHARD_RUN_SPEC_H_
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gonka/trainshard/v1/training.pb.h"
+#include "sidecar/collective/aggregate.h"
+#include "sidecar/collective/codec.h"
+
+namespace ts::sidecar {
+
+inline constexpr size_t kRunSpecBytesMax = 64 << 10;
+inline constexpr uint32_t kDefaultJoinWindowMs = 2000;
+inline constexpr uint32_t kDefaultPlannerTimeoutMs = 3000;
+inline constexpr uint32_t kDefaultExchangeTimeoutMs = 60000;
+
+struct ParsedRunSpec {
+  ::gonka::trainshard::v1::RunSpec spec;  // with defaults applied
+  std::string hash;                       // SHA-256 of the document's bytes
+  CodecSpec codec;
+  AggregateSpec aggregate;
+};
+
+// Parses and checks a run spec document. INVALID_ARGUMENT naming the field and value.
+absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document);
+
+// The checks of ParseRunSpec on a message (defaults already applied).
+absl::Status ValidateRunSpec(const ::gonka::trainshard::v1::RunSpec& spec);
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_SHARD_RUN_SPEC_H_

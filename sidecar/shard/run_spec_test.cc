@@ -1,0 +1,75 @@
+#include "sidecar/shard/run_spec.h"
+
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_replace.h"
+#include "common/crypto/hash.h"
+
+namespace ts::sidecar {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] = R"({
+  "version": 1,
+  "model": {"kind": "gpt", "seed": "7",
+            "config": {"layers": 2, "dModel": 64, "heads": 4, "context": 32, "vocab": 512,
+                       "mlpRatio": 4}},
+  "data": {"corpus": "fortunes", "files": 4, "vocab": 512, "shardTokens": 8192, "evalEvery": 20},
+  "rounds": 4, "innerSteps": 10, "batchSize": 8,
+  "inner": {"lr": 0.003, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weightDecay": 0.1,
+            "gradClipNorm": 1.0},
+  "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": true},
+  "codec": "int8", "aggregation": "mean", "evalEvery": 2, "evalBatchSize": 16, "seed": "5"
+})";
+
+TEST(RunSpec, ParsesAppliesDefaultsAndHashesTheExactBytes) {
+  auto parsed = ParseRunSpec(kSpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->hash, common::Sha256(kSpec));
+  EXPECT_EQ(parsed->spec.join_window_ms(), kDefaultJoinWindowMs);
+  EXPECT_EQ(parsed->spec.exchange_timeout_ms(), kDefaultExchangeTimeoutMs);
+  EXPECT_EQ(parsed->codec.kind, Compression::kInt8);
+  EXPECT_EQ(parsed->aggregate.kind, Aggregator::kMean);
+  // One more space is another document.
+  EXPECT_NE(ParseRunSpec(std::string(kSpec) + " ")->hash, parsed->hash);
+}
+
+TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
+  struct Case {
+    std::string from, to, want;
+  };
+  const Case cases[] = {
+      {R"("kind": "gpt")", R"("kind": "rnn")", "model.kind: \"rnn\" is not a known model"},
+      {R"("heads": 4)", R"("heads": 3)", "model.config.heads: 3"},
+      {R"("corpus": "fortunes")", R"("corpus": "wiki")", "data.corpus: \"wiki\""},
+      {R"("files": 4)", R"("files": 99)", "data.files: 99 is outside 1..41"},
+      {R"("vocab": 512, "shardTokens")", R"("vocab": 256, "shardTokens")",
+       "data.vocab: 256 is not model.config.vocab 512"},
+      {R"("rounds": 4)", R"("rounds": 0)", "rounds: 0 is outside"},
+      {R"("lr": 0.003)", R"("lr": -1)", "inner.lr: -1 is not a positive"},
+      {R"("momentum": 0.9)", R"("momentum": 1.5)", "outer.momentum: 1.5 is outside [0, 1)"},
+      {R"("codec": "int8")", R"("codec": "topk")", "codec: \"topk\""},
+      {R"("aggregation": "mean")", R"("aggregation": "max")", "aggregation: \"max\""},
+      {R"("evalEvery": 2, )", R"("evalEvery": 0, )", "eval_every: 0"},
+      {R"("seed": "5")", R"("seed": "5", "colour": "red")", "not a RunSpec document"},
+      {R"("rounds": 4)", R"("rounds": "four")", "not a RunSpec document"},
+  };
+  for (const Case& c : cases) {
+    std::string doc = absl::StrReplaceAll(kSpec, {{c.from, c.to}});
+    ASSERT_NE(doc, kSpec) << c.from;
+    auto parsed = ParseRunSpec(doc);
+    ASSERT_FALSE(parsed.ok()) << c.to;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.want)) << c.to;
+  }
+  EXPECT_THAT(ParseRunSpec("{").status().message(), HasSubstr("not a RunSpec document"));
+  EXPECT_THAT(ParseRunSpec(std::string(kRunSpecBytesMax + 1, ' ')).status().message(),
+              HasSubstr("is larger than"));
+}
+
+}  // namespace
+}  // namespace ts::sidecar

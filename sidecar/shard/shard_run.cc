@@ -1,0 +1,1424 @@
+#include "sidecar/shard/shard_run.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "chain-bridge/client/grpc_status.h"
+#include "common/absl_view.h"
+#include "common/amount.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/signing.h"
+#include "common/hex.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "proto/deterministic.h"
+#include "sidecar/artifacts/store.h"
+#include "sidecar/collective/collective.h"
+#include "sidecar/collective/tcp_transport.h"
+#include "sidecar/shard/ledger.h"
+#include "worker/client/work_dir.h"
+#include "worker/client/worker_client.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+constexpr char kComponent[] = "shard_run";
+constexpr char kCheckpointFile[] = "checkpoint.tsck";
+// Fixed block sizes of the round's all-gathers (every member sends the same size).
+constexpr size_t kVoteBlockBytes = 2048;
+constexpr size_t kSettlementBlockBytes = 512;
+constexpr int64_t kAnnounceFreshMs = 3000;  // an announce older than this is not counted
+constexpr int64_t kRpcTimeoutMs = 5000;
+constexpr size_t kRoundsKept = 256;
+constexpr int kWorkerRestartsMax = 5;
+
+std::string Hex8(std::string_view bytes) { return common::HexEncode(bytes).substr(0, 16); }
+
+std::string RoundKey(uint64_t shard_id, uint64_t round) {
+  return state::EncodeU64Key(shard_id) + state::EncodeU64Key(round);
+}
+
+std::string CheckpointDir(uint64_t round) { return absl::StrCat("ckpt/r", round); }
+std::string CheckpointName(uint64_t round) {
+  return absl::StrCat(CheckpointDir(round), "/", kCheckpointFile);
+}
+
+// A block of an all-gather: u32 length (big-endian) then the message, zero-padded.
+absl::StatusOr<std::string> PackBlock(const google::protobuf::MessageLite& m, size_t size) {
+  std::string body = DeterministicBytes(m);
+  if (body.size() + 4 > size) {
+    return absl::InternalError(absl::StrCat("block of ", body.size(), " bytes exceeds ", size));
+  }
+  std::string out(size, '\0');
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((body.size() >> (8 * (3 - i))) & 0xff);
+  std::memcpy(out.data() + 4, body.data(), body.size());
+  return out;
+}
+
+bool UnpackBlock(std::string_view block, google::protobuf::MessageLite* m) {
+  if (block.size() < 4) return false;
+  size_t n = 0;
+  for (int i = 0; i < 4; ++i) n = (n << 8) | static_cast<unsigned char>(block[i]);
+  if (n > block.size() - 4) return false;
+  return m->ParseFromArray(block.data() + 4, static_cast<int>(n));
+}
+
+std::string Short(const std::string& address) {
+  return address.size() > 14 ? address.substr(0, 14) + "…" : address;
+}
+
+}  // namespace
+
+struct ShardRun::Impl {
+  Impl(const ShardRunHost& h, const ShardRunOptions& o, uint64_t id, ParsedRunSpec s)
+      : host(h), options(o), shard_id(id), spec(std::move(s)) {}
+
+  const ShardRunHost host;
+  const ShardRunOptions options;
+  const uint64_t shard_id;
+  const ParsedRunSpec spec;
+  std::string dir;       // <work_root>/<shard_id>
+  std::string work_dir;  // dir/work: shared with the worker
+
+  // Owned by the run thread.
+  std::unique_ptr<worker::WorkerProcess> worker;
+  std::unique_ptr<TcpTransport> transport;
+  pb::PrepareDataResponse data;
+  uint64_t parameters = 0;
+  bool loaded = false;  // the worker holds the certified checkpoint
+  bool data_published = false;
+  int worker_restarts = 0;
+  uint64_t delta_round = 0;
+  float last_train_loss = 0;
+  double round_inner_seconds = 0;
+  std::vector<pb::SettlementSignature> settlement_signatures;
+  pb::Settlement settlement;
+  int64_t start_ms = 0;
+  std::map<std::string, std::unique_ptr<pb::ShardRound::Stub>> stubs;
+
+  std::atomic<bool> stopping{false};
+  std::atomic<pid_t> worker_pid{0};
+  std::thread thread;
+
+  mutable absl::Mutex mu;
+  // The certified state.
+  uint64_t certified_round ABSL_GUARDED_BY(mu) = 0;
+  std::string certified_root ABSL_GUARDED_BY(mu);
+  std::string checkpoint_artifact ABSL_GUARDED_BY(mu);  // holds certified_root, if published
+  // Planning of round plan_round (by this host, if acting).
+  uint64_t plan_round ABSL_GUARDED_BY(mu) = 0;
+  uint32_t plan_attempt ABSL_GUARDED_BY(mu) = 0;
+  struct Announced {
+    std::string endpoint;
+    uint32_t min_attempt = 0;
+    int64_t at_ms = 0;
+  };
+  std::map<std::string, Announced> announces ABSL_GUARDED_BY(mu);
+  std::optional<pb::RoundPlan> plan ABSL_GUARDED_BY(mu);
+  // A member announcing a round past ours: we are behind it.
+  std::string ahead_peer ABSL_GUARDED_BY(mu);
+  pb::ShardRunStatus status ABSL_GUARDED_BY(mu);
+
+  // ---- status
+
+  void Transition(const std::string& what) {
+    common::Log(common::LogLevel::kInfo, kComponent, what, {{"shard", absl::StrCat(shard_id)}});
+    absl::MutexLock lock(&mu);
+    status.add_transitions(
+        absl::StrCat(absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()), " ", what));
+    if (static_cast<size_t>(status.transitions_size()) > kTransitionsKept) {
+      status.mutable_transitions()->DeleteSubrange(0, 1);
+    }
+  }
+  void SetState(const std::string& state) {
+    absl::MutexLock lock(&mu);
+    status.set_state(state);
+  }
+  void Fail(const absl::Status& error) {
+    common::Log(common::LogLevel::kError, kComponent, "run failed",
+                {{"shard", absl::StrCat(shard_id)}, {"error", std::string(error.message())}});
+    absl::MutexLock lock(&mu);
+    status.set_state("failed");
+    status.set_error(std::string(error.message()));
+  }
+  bool Sleep(int64_t ms) {
+    int64_t until = host.clock->MonotonicMs() + ms;
+    while (!stopping && host.clock->MonotonicMs() < until) {
+      host.clock->SleepMs(std::min<int64_t>(50, until - host.clock->MonotonicMs()));
+    }
+    return !stopping;
+  }
+
+  // ---- peers
+
+  pb::ShardRound::Stub* StubFor(const std::string& endpoint) {
+    auto it = stubs.find(endpoint);
+    if (it != stubs.end()) return it->second.get();
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(16 << 20);
+    auto channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+    auto stub = pb::ShardRound::NewStub(channel);
+    auto* raw = stub.get();
+    stubs.emplace(endpoint, std::move(stub));
+    return raw;
+  }
+
+  template <typename Request>
+  absl::Status Sign(Request* request, std::string_view method, const std::string& audience) {
+    request->clear_auth();
+    TS_ASSIGN_OR_RETURN(
+        pb::PeerRequestAuth auth,
+        SignPeerRequest(*host.key, host.chain_id, shard_id, method, audience, *request,
+                        host.clock->NowUnixMs(), kDefaultPeerRequestLifetimeMs));
+    *request->mutable_auth() = std::move(auth);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ShardView> View() { return host.directory->Get(shard_id); }
+
+  // ---- files
+
+  std::string Path(const std::string& name) const { return work_dir + "/" + name; }
+  void RemoveTree(const std::string& name) {
+    std::error_code ec;
+    std::filesystem::remove_all(Path(name), ec);
+  }
+  absl::Status MakeDir(const std::string& name) {
+    std::error_code ec;
+    std::filesystem::create_directories(Path(name), ec);
+    if (ec) return absl::InternalError(absl::StrCat(Path(name), ": ", ec.message()));
+    return absl::OkStatus();
+  }
+
+  // ---- certificates
+
+  absl::StatusOr<std::vector<pb::RoundCertificate>> LoadCertificates(uint64_t from,
+                                                                     uint32_t max) const {
+    std::vector<pb::RoundCertificate> out;
+    absl::Status parse = absl::OkStatus();
+    TS_RETURN_IF_ERROR(host.db->ScanFrom(
+        kTableRounds, state::EncodeU64Key(shard_id), RoundKey(shard_id, from),
+        [&](std::string_view, std::string_view value) {
+          pb::RoundCertificate c;
+          if (!c.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+            parse = absl::DataLossError("a stored round certificate does not parse");
+            return false;
+          }
+          out.push_back(std::move(c));
+          return out.size() < max;
+        }));
+    TS_RETURN_IF_ERROR(parse);
+    return out;
+  }
+
+  void RecordRound(const pb::RoundCertificate& c, double round_seconds) {
+    absl::MutexLock lock(&mu);
+    pb::RoundSummary* s = status.add_rounds();
+    s->set_round(c.result().round());
+    s->set_attempt(c.attempt());
+    for (const auto& m : c.result().members()) s->add_members(m);
+    s->set_new_root(c.result().new_root());
+    s->set_train_loss(c.train_loss());
+    s->set_eval_loss_micro(c.eval_loss_micro());
+    s->set_bytes_exchanged(c.bytes_exchanged());
+    s->set_signed_weight(c.signed_weight());
+    s->set_inner_seconds(round_inner_seconds);
+    s->set_round_seconds(round_seconds);
+    if (static_cast<size_t>(status.rounds_size()) > kRoundsKept) {
+      status.mutable_rounds()->DeleteSubrange(0, 1);
+    }
+    status.set_bytes_exchanged(status.bytes_exchanged() + c.bytes_exchanged());
+  }
+
+  // Stores certificates (already verified, consecutive from certified_round + 1) in one batch.
+  absl::Status StoreCertificates(const std::vector<pb::RoundCertificate>& certs) {
+    if (certs.empty()) return absl::OkStatus();
+    state::WriteBatch batch;
+    for (const auto& c : certs) {
+      batch.PutProto(kTableRounds, RoundKey(shard_id, c.result().round()), c);
+    }
+    TS_RETURN_IF_ERROR(host.db->Write(batch));
+    absl::MutexLock lock(&mu);
+    certified_round = certs.back().result().round();
+    certified_root = certs.back().result().new_root();
+    status.set_certified_round(certified_round);
+    status.set_root(certified_root);
+    checkpoint_artifact.clear();
+    return absl::OkStatus();
+  }
+
+  // ---- preparation
+
+  absl::Status Prepare() {
+    dir = absl::StrCat(options.work_root, "/", shard_id);
+    work_dir = dir + "/work";
+    std::error_code ec;
+    std::filesystem::create_directories(work_dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat(work_dir, ": ", ec.message()));
+    std::string socket = dir + "/worker.sock";
+    if (socket.size() > 100)
+      socket = absl::StrCat("/tmp/ts-worker-", ::getpid(), "-", shard_id, ".sock");
+    worker::WorkerProcessOptions wo;
+    wo.binary = options.worker_binary;
+    wo.socket_path = socket;
+    wo.work_dir = work_dir;
+    wo.threads = options.worker_threads;
+    wo.log_file = dir + "/worker.log";
+    TS_ASSIGN_OR_RETURN(worker, worker::WorkerProcess::Start(wo));
+    worker_pid = worker->pid();
+    Transition(absl::StrCat("worker started (pid ", worker->pid(), ", ", options.worker_threads,
+                            " threads)"));
+    TS_RETURN_IF_ERROR(PrepareData());
+    if (transport == nullptr) {
+      TcpTransportOptions to;
+      to.listen_address = options.collective_host + ":0";
+      to.chain_id = host.chain_id;
+      to.heartbeat_interval_ms = options.heartbeat_interval_ms;
+      TS_ASSIGN_OR_RETURN(transport, TcpTransport::Start(*host.key, to, host.clock));
+    }
+    return InitAndRestore();
+  }
+
+  // Builds the run's data through the worker (deterministic: the same bytes on every host)
+  // and checks it against the spec's pinned root.
+  absl::Status PrepareData() {
+    const pb::DataSpec& d = spec.spec.data();
+    pb::PrepareDataRequest prep;
+    prep.set_corpus(d.corpus());
+    prep.set_files(d.files());
+    prep.set_vocab(d.vocab());
+    prep.set_shard_tokens(d.shard_tokens());
+    prep.set_eval_every(d.eval_every());
+    prep.set_out_dir("data");
+    TS_ASSIGN_OR_RETURN(data, worker->client().PrepareData(prep));
+    std::string ids;
+    for (const auto& id : data.shard_ids()) ids += id;
+    ids += data.eval_id();
+    const std::string dataset_root = common::Sha256(ids);
+    if (!d.dataset_root().empty() && d.dataset_root() != dataset_root) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("data: the prepared data set has root ", common::HexEncode(dataset_root),
+                       ", the run spec pins ", common::HexEncode(d.dataset_root())));
+    }
+    Transition(absl::StrCat("data prepared: ", data.shard_files_size(), " training shards, ",
+                            data.train_tokens(), " + ", data.eval_tokens(),
+                            " held-out tokens, root ", Hex8(dataset_root)));
+    if (!data_published) PublishData();
+    return absl::OkStatus();
+  }
+
+  // Makes the round-0 checkpoint, evaluates it, and loads the last certified checkpoint when
+  // the records hold certificates.
+  absl::Status InitAndRestore() {
+    TS_ASSIGN_OR_RETURN(std::vector<pb::RoundCertificate> certs,
+                        LoadCertificates(1, std::numeric_limits<uint32_t>::max()));
+    TS_RETURN_IF_ERROR(MakeDir(CheckpointDir(0)));
+    pb::InitModelRequest init;
+    *init.mutable_spec() = spec.spec.model();
+    init.set_checkpoint_file(CheckpointName(0));
+    TS_ASSIGN_OR_RETURN(pb::InitModelResponse made, worker->client().InitModel(init));
+    parameters = made.parameters();
+    {
+      absl::MutexLock lock(&mu);
+      status.set_parameters(made.parameters());
+      status.set_checkpoint_bytes(made.checkpoint_bytes());
+      if (certs.empty()) {
+        certified_round = 0;
+        certified_root = made.root();
+        status.set_root(made.root());
+      }
+    }
+    loaded = true;
+    {
+      pb::EvaluateRequest er;
+      er.set_checkpoint_file(CheckpointName(0));
+      er.set_eval_file(data.eval_file());
+      er.set_batch_size(spec.spec.eval_batch_size());
+      er.set_windows_max(spec.spec.eval_windows_max());
+      TS_ASSIGN_OR_RETURN(pb::EvaluateResponse ev, worker->client().Evaluate(er));
+      absl::MutexLock lock(&mu);
+      status.set_initial_eval_loss_micro(static_cast<int64_t>(std::llround(ev.mean_loss() * 1e6)));
+    }
+    if (certs.empty()) {
+      Transition(absl::StrCat("round-0 checkpoint ", Hex8(made.root()), " (", made.parameters(),
+                              " parameters)"));
+      return absl::OkStatus();
+    }
+    const pb::RoundCertificate& last = certs.back();
+    {
+      absl::MutexLock lock(&mu);
+      certified_round = last.result().round();
+      certified_root = last.result().new_root();
+      status.set_certified_round(certified_round);
+      status.set_root(certified_root);
+    }
+    bool recorded;
+    {
+      absl::MutexLock lock(&mu);
+      recorded = status.rounds_size() > 0;
+    }
+    if (!recorded) {
+      for (const auto& c : certs) RecordRound(c, 0);
+    }
+    pb::LoadCheckpointRequest load;
+    load.set_checkpoint_file(CheckpointName(last.result().round()));
+    load.set_expected_root(last.result().new_root());
+    auto restored = worker->client().LoadCheckpoint(load);
+    loaded = restored.ok();
+    Transition(absl::StrCat(
+        "restarted at certified round ", last.result().round(), ": ",
+        loaded ? "checkpoint found locally" : "checkpoint to be fetched from the members"));
+    return absl::OkStatus();
+  }
+
+  void PublishData() {
+    auto store = host.stores->StoreFor(shard_id);
+    if (!store.ok()) return;
+    PublishOptions po;
+    po.source_dir = Path("data");
+    po.kind = "dataset";
+    auto published = (*store)->Publish(po, *host.key, nullptr);
+    data_published = published.ok();
+    if (published.ok()) {
+      Transition(absl::StrCat("data set published as artifact ", Hex8(published->id)));
+    } else {
+      Transition(absl::StrCat("data set not published: ", published.status().message()));
+    }
+  }
+
+  // ---- rounds
+
+  struct PlanOutcome {
+    std::optional<pb::RoundPlan> plan;
+    std::string behind_peer;  // set: catch up from this member
+  };
+
+  absl::StatusOr<PlanOutcome> PlanAsPlanner(uint64_t round, uint32_t min_attempt,
+                                            const ShardView& view) {
+    const int64_t start = host.clock->MonotonicMs();
+    const uint64_t total = TotalWeight(view);
+    {
+      absl::MutexLock lock(&mu);
+      if (plan_round != round) {
+        plan_round = round;
+        plan_attempt = min_attempt;
+        announces.clear();
+        plan.reset();
+      }
+      if (min_attempt > plan_attempt) {
+        plan_attempt = min_attempt;
+        plan.reset();
+      }
+      status.set_planner(host.address);
+    }
+    while (!stopping) {
+      {
+        absl::MutexLock lock(&mu);
+        if (!ahead_peer.empty())
+          return PlanOutcome{.plan = std::nullopt, .behind_peer = std::exchange(ahead_peer, "")};
+        if (plan && plan->attempt() >= min_attempt)
+          return PlanOutcome{.plan = *plan, .behind_peer = {}};
+        announces[host.address] = {transport->endpoint(), plan_attempt, host.clock->MonotonicMs()};
+        const int64_t now = host.clock->MonotonicMs();
+        uint64_t weight = 0;
+        std::vector<std::pair<std::string, std::string>> ready;
+        for (const auto& [address, a] : announces) {
+          const ShardMember* m = view.Find(address);
+          if (m == nullptr || a.min_attempt < plan_attempt || now - a.at_ms > kAnnounceFreshMs) {
+            continue;
+          }
+          weight += m->weight;
+          ready.emplace_back(address, a.endpoint);
+        }
+        const bool everyone = ready.size() == view.members.size();
+        const bool window = now - start >= spec.spec.join_window_ms();
+        if (ready.size() >= 2 && (everyone || (window && HasQuorum(weight, total)))) {
+          pb::RoundPlan p;
+          p.set_shard_id(shard_id);
+          p.set_round(round);
+          p.set_attempt(plan_attempt);
+          p.set_planner(host.address);
+          for (const auto& [address, endpoint] : ready) {
+            pb::RoundMember* m = p.add_members();
+            m->set_address(address);
+            m->set_collective_endpoint(endpoint);
+          }
+          p.set_base_root(certified_root);
+          p.set_data_seed(DataSeedOf(spec.spec.seed(), round, certified_root));
+          TS_RETURN_IF_ERROR(SignPlan(*host.key, host.chain_id, &p));
+          plan = p;
+          return PlanOutcome{.plan = p, .behind_peer = {}};
+        }
+      }
+      Sleep(50);
+    }
+    return absl::CancelledError("stopping");
+  }
+
+  absl::StatusOr<PlanOutcome> ObtainPlan(uint64_t round, uint32_t min_attempt) {
+    TS_ASSIGN_OR_RETURN(ShardView view, View());
+    std::vector<std::string> order = PlannerOrder(spec.spec.seed(), round, view.members);
+    size_t p = 0;
+    int64_t failing_since = -1;
+    std::string base;
+    {
+      absl::MutexLock lock(&mu);
+      base = certified_root;
+      status.set_current_round(round);
+      status.set_attempt(min_attempt);
+    }
+    const std::string seed = DataSeedOf(spec.spec.seed(), round, base);
+    while (!stopping) {
+      const std::string& candidate = order[p % order.size()];
+      if (candidate == host.address) return PlanAsPlanner(round, min_attempt, view);
+      {
+        absl::MutexLock lock(&mu);
+        status.set_planner(candidate);
+        if (!ahead_peer.empty())
+          return PlanOutcome{.plan = std::nullopt, .behind_peer = std::exchange(ahead_peer, "")};
+      }
+      const ShardMember* member = view.Find(candidate);
+      pb::AnnounceRequest request;
+      request.set_shard_id(shard_id);
+      request.set_round(round);
+      request.set_min_attempt(min_attempt);
+      request.set_collective_endpoint(transport->endpoint());
+      TS_RETURN_IF_ERROR(Sign(&request, kAnnounceMethod, candidate));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(kRpcTimeoutMs));
+      pb::AnnounceResponse response;
+      grpc::Status rpc = StubFor(member->endpoint)->Announce(&context, request, &response);
+      if (rpc.ok()) {
+        failing_since = -1;
+        if (response.certified_round() >= round)
+          return PlanOutcome{.plan = std::nullopt, .behind_peer = candidate};
+        if (response.has_plan()) {
+          const pb::RoundPlan& plan = response.plan();
+          absl::Status valid = VerifyPlan(host.chain_id, plan, view);
+          if (valid.ok() && (plan.round() != round || plan.planner() != candidate ||
+                             plan.base_root() != base || plan.data_seed() != seed)) {
+            valid = absl::InvalidArgumentError("the plan is for another round, planner or base");
+          }
+          if (!valid.ok()) {
+            Transition(absl::StrCat("round ", round, ": plan from ", Short(candidate),
+                                    " refused: ", valid.message()));
+            ++p;
+            continue;
+          }
+          if (plan.attempt() >= min_attempt) return PlanOutcome{.plan = plan, .behind_peer = {}};
+        } else if (response.attempt() > min_attempt && delta_round == round) {
+          // A planner already past the attempts this host knows of: join its attempt.
+          min_attempt = response.attempt();
+        }
+        Sleep(100);
+        continue;
+      }
+      if (failing_since < 0) failing_since = host.clock->MonotonicMs();
+      if (host.clock->MonotonicMs() - failing_since > spec.spec.planner_timeout_ms()) {
+        Transition(absl::StrCat("round ", round, ": planner ", Short(candidate),
+                                " does not answer (", rpc.error_message(),
+                                "); next in order: ", Short(order[(p + 1) % order.size()])));
+        ++p;
+        failing_since = -1;
+      }
+      Sleep(200);
+    }
+    return absl::CancelledError("stopping");
+  }
+
+  absl::Status InnerSteps(uint64_t round) {
+    std::string base;
+    {
+      absl::MutexLock lock(&mu);
+      base = certified_root;
+      status.set_state("training");
+      status.set_current_round(round);
+    }
+    pb::InnerStepsRequest request;
+    for (const auto& f : data.shard_files()) request.add_shard_files(f);
+    request.set_data_seed(DataSeedOf(spec.spec.seed(), round, base));
+    request.set_round(round);
+    request.set_host(host.address);
+    request.set_steps(spec.spec.inner_steps());
+    request.set_batch_size(spec.spec.batch_size());
+    *request.mutable_adamw() = spec.spec.inner();
+    request.set_delta_file("delta.bin");
+    request.set_base_root(base);
+    TS_ASSIGN_OR_RETURN(pb::InnerStepsResponse done, worker->client().InnerSteps(request));
+    delta_round = round;
+    last_train_loss = done.losses().empty() ? 0 : done.losses(done.losses_size() - 1);
+    round_inner_seconds = done.seconds();
+    absl::MutexLock lock(&mu);
+    status.set_inner_seconds(status.inner_seconds() + done.seconds());
+    return absl::OkStatus();
+  }
+
+  absl::Status ReloadBase() {
+    uint64_t round;
+    std::string root;
+    {
+      absl::MutexLock lock(&mu);
+      round = certified_round;
+      root = certified_root;
+    }
+    pb::LoadCheckpointRequest load;
+    load.set_checkpoint_file(CheckpointName(round));
+    load.set_expected_root(root);
+    auto done = worker->client().LoadCheckpoint(load);
+    loaded = done.ok();
+    return done.status();
+  }
+
+  // The exchange of one attempt of a round: allreduce, outer step, evaluation, signatures.
+  absl::Status Exchange(const pb::RoundPlan& plan) {
+    const uint64_t round = plan.round();
+    const int64_t started = host.clock->MonotonicMs();
+    const int64_t deadline = started + spec.spec.exchange_timeout_ms();
+    TS_ASSIGN_OR_RETURN(ShardView view, View());
+    GroupSpec group;
+    group.shard_id = shard_id;
+    group.session = (round << 16) | plan.attempt();
+    size_t self = plan.members_size();
+    for (int i = 0; i < plan.members_size(); ++i) {
+      group.members.push_back({plan.members(i).address(), plan.members(i).collective_endpoint()});
+      if (plan.members(i).address() == host.address) self = i;
+    }
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Mesh> mesh, transport->Connect(group, self, deadline));
+    Collective collective(mesh.get(), host.key, host.chain_id, host.clock);
+
+    TS_ASSIGN_OR_RETURN(std::string raw,
+                        worker::ReadWorkFile(work_dir, "delta_file", "delta.bin", 4 * parameters));
+    if (raw.size() != 4 * parameters) {
+      return absl::InternalError(
+          absl::StrCat("delta.bin: ", raw.size(), " bytes, want ", 4 * parameters));
+    }
+    std::vector<float> delta(parameters);
+    std::memcpy(delta.data(), raw.data(), raw.size());
+    OpOptions op;
+    op.op_id = 1;
+    op.codec = spec.codec;
+    op.reduce = ReduceOp::kMean;
+    op.deadline_ms = deadline;
+    uint64_t bytes = 0;
+    if (spec.aggregate.kind == Aggregator::kMean) {
+      TS_ASSIGN_OR_RETURN(OpStats stats, collective.AllReduce(op, delta));
+      bytes += stats.wire_bytes_sent;
+    } else {
+      TS_ASSIGN_OR_RETURN(OpStats stats, collective.RobustAllReduce(op, spec.aggregate, delta));
+      bytes += stats.wire_bytes_sent;
+    }
+    TS_RETURN_IF_ERROR(worker::WriteWorkFile(
+        work_dir, "aggregate", "aggregate.bin",
+        std::string_view(reinterpret_cast<const char*>(delta.data()), 4 * delta.size())));
+    TS_RETURN_IF_ERROR(MakeDir(CheckpointDir(round)));
+    pb::OuterStepRequest outer;
+    outer.set_delta_file("aggregate.bin");
+    *outer.mutable_outer() = spec.spec.outer();
+    outer.set_checkpoint_file(CheckpointName(round));
+    outer.set_base_root(plan.base_root());
+    TS_ASSIGN_OR_RETURN(pb::OuterStepResponse stepped, worker->client().OuterStep(outer));
+    loaded = false;  // the worker now holds an uncertified checkpoint
+
+    pb::RoundResult result;
+    result.set_shard_id(shard_id);
+    result.set_round(round);
+    result.set_base_root(plan.base_root());
+    result.set_new_root(stepped.root());
+    for (const auto& m : plan.members()) result.add_members(m.address());
+    result.set_run_spec_hash(spec.hash);
+    pb::RoundCertificate vote;  // this member's block: its result, signature, evaluation
+    *vote.mutable_result() = result;
+    pb::MemberSignature* own = vote.add_signatures();
+    own->set_host(host.address);
+    TS_ASSIGN_OR_RETURN(std::string sig, SignRoundResult(*host.key, host.chain_id, result));
+    own->set_signature(sig);
+    vote.set_train_loss(last_train_loss);
+    const bool evaluate = round % spec.spec.eval_every() == 0 || round == spec.spec.rounds();
+    if (evaluate) {
+      pb::EvaluateRequest er;
+      er.set_eval_file(data.eval_file());
+      er.set_batch_size(spec.spec.eval_batch_size());
+      er.set_windows_max(spec.spec.eval_windows_max());
+      TS_ASSIGN_OR_RETURN(pb::EvaluateResponse ev, worker->client().Evaluate(er));
+      pb::SignedEvaluation* se = vote.add_evaluations();
+      pb::EvaluationResult* e = se->mutable_result();
+      e->set_shard_id(shard_id);
+      e->set_round(round);
+      e->set_checkpoint_root(stepped.root());
+      e->set_eval_set_id(ev.eval_id());
+      e->set_loss_micro(static_cast<int64_t>(std::llround(ev.mean_loss() * 1e6)));
+      e->set_tokens(ev.tokens());
+      e->set_host(host.address);
+      TS_ASSIGN_OR_RETURN(std::string esig, SignEvaluation(*host.key, host.chain_id, *e));
+      se->set_signature(esig);
+    }
+    TS_ASSIGN_OR_RETURN(std::string block, PackBlock(vote, kVoteBlockBytes));
+    std::string gathered(kVoteBlockBytes * group.members.size(), '\0');
+    op.op_id = 2;
+    TS_ASSIGN_OR_RETURN(OpStats gstats, collective.AllGather(op, block, gathered));
+    bytes += gstats.wire_bytes_sent;
+
+    pb::RoundCertificate cert;
+    *cert.mutable_result() = result;
+    cert.set_attempt(plan.attempt());
+    const std::string result_bytes = DeterministicBytes(result);
+    std::vector<int64_t> losses;
+    double train_loss = 0;
+    int train_n = 0;
+    for (size_t i = 0; i < group.members.size(); ++i) {
+      pb::RoundCertificate theirs;
+      const std::string& who = group.members[i].address;
+      if (!UnpackBlock(std::string_view(gathered).substr(i * kVoteBlockBytes, kVoteBlockBytes),
+                       &theirs) ||
+          theirs.signatures_size() != 1 || theirs.signatures(0).host() != who) {
+        Transition(absl::StrCat("round ", round, ": ", Short(who), " sent a malformed vote"));
+        continue;
+      }
+      if (DeterministicBytes(theirs.result()) != result_bytes) {
+        Transition(absl::StrCat("round ", round, ": ", Short(who), " reports root ",
+                                Hex8(theirs.result().new_root()), ", this host ",
+                                Hex8(result.new_root())));
+        continue;
+      }
+      auto signer = common::RecoverStatementSigner(kRoundSignKind, host.chain_id, shard_id,
+                                                   result_bytes, theirs.signatures(0).signature());
+      if (!signer.ok() || *signer != who) {
+        Transition(absl::StrCat("round ", round, ": ", Short(who), "'s signature does not verify"));
+        continue;
+      }
+      *cert.add_signatures() = theirs.signatures(0);
+      cert.set_signed_weight(cert.signed_weight() + view.Find(who)->weight);
+      train_loss += theirs.train_loss();
+      ++train_n;
+      if (evaluate && theirs.evaluations_size() == 1) {
+        const pb::SignedEvaluation& e = theirs.evaluations(0);
+        auto esigner =
+            common::RecoverStatementSigner(kEvaluationSignKind, host.chain_id, shard_id,
+                                           DeterministicBytes(e.result()), e.signature());
+        if (esigner.ok() && *esigner == who && e.result().host() == who &&
+            e.result().checkpoint_root() == result.new_root() && e.result().round() == round) {
+          *cert.add_evaluations() = e;
+          losses.push_back(e.result().loss_micro());
+        }
+      }
+    }
+    cert.set_total_weight(TotalWeight(view));
+    cert.set_eval_loss_micro(MedianOf(losses));
+    cert.set_train_loss(train_n > 0 ? static_cast<float>(train_loss / train_n) : 0);
+    cert.set_bytes_exchanged(bytes);
+    if (!HasQuorum(cert.signed_weight(), cert.total_weight())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("round ", round, ": signatures of weight ", cert.signed_weight(), " of ",
+                       cert.total_weight(), " agree, not more than 2/3"));
+    }
+    TS_RETURN_IF_ERROR(VerifyCertificate(host.chain_id, cert, view));
+    TS_RETURN_IF_ERROR(StoreCertificates({cert}));
+    loaded = true;
+    RecordRound(cert, (host.clock->MonotonicMs() - started) / 1000.0 + round_inner_seconds);
+    std::vector<std::string> short_members;
+    for (const auto& m : result.members()) short_members.push_back(Short(m));
+    Transition(absl::StrCat("round ", round, " certified (attempt ", plan.attempt(), ", ",
+                            cert.signatures_size(), " signatures, weight ", cert.signed_weight(),
+                            "/", cert.total_weight(), "): root ", Hex8(result.new_root()),
+                            ", train loss ", cert.train_loss(),
+                            evaluate ? absl::StrCat(", eval loss ", cert.eval_loss_micro() / 1e6,
+                                                    " (median of ", losses.size(), ")")
+                                     : std::string(),
+                            "; members ", absl::StrJoin(short_members, ", ")));
+
+    PublishCheckpoint(round, &collective, group, self, deadline);
+    if (round == spec.spec.rounds()) ExchangeSettlement(&collective, group, deadline);
+    // Files of rounds no longer needed.
+    if (round >= 2) RemoveTree(CheckpointDir(round - 2));
+    return absl::OkStatus();
+  }
+
+  // Publishes the certified checkpoint, then the members adopt the first member's artifact (all
+  // its chunks are already here), so a joining host can fetch one artifact from every member.
+  void PublishCheckpoint(uint64_t round, Collective* collective, const GroupSpec& group,
+                         size_t self, int64_t deadline) {
+    auto store = host.stores->StoreFor(shard_id);
+    if (!store.ok()) return;
+    PublishOptions po;
+    po.source_dir = Path(CheckpointDir(round));
+    po.round = round;
+    po.kind = "checkpoint";
+    auto published = (*store)->Publish(po, *host.key, nullptr);
+    if (!published.ok()) {
+      Transition(absl::StrCat("round ", round,
+                              ": checkpoint not published: ", published.status().message()));
+      return;
+    }
+    std::string mine = published->id;
+    std::string gathered(32 * group.members.size(), '\0');
+    OpOptions op;
+    op.op_id = 3;
+    op.deadline_ms = deadline;
+    std::string adopted = mine;
+    if (collective->AllGather(op, mine, gathered).ok() && self != 0) {
+      std::string first = gathered.substr(0, 32);
+      auto view = View();
+      const ShardMember* m = view.ok() ? view->Find(group.members[0].address) : nullptr;
+      if (m != nullptr) {
+        FetchContext fc;
+        fc.key = host.key;
+        fc.self_address = host.address;
+        fc.store = *store;
+        fc.directory = host.directory;
+        fc.clock = host.clock;
+        FetchRequest fr;
+        fr.shard_id = shard_id;
+        fr.artifact_id = first;
+        fr.peers.push_back({m->address, m->endpoint});
+        if (FetchArtifact(fc, fr).ok()) {
+          adopted = first;
+          (void)(*store)->Gc({mine}, false);
+        }
+      }
+    }
+    {
+      absl::MutexLock lock(&mu);
+      if (certified_round == round) checkpoint_artifact = adopted;
+      status.set_final_checkpoint_artifact_id(adopted);
+    }
+    DropOldCheckpoints(*store, adopted);
+  }
+
+  void DropOldCheckpoints(ArtifactStore* store, const std::string& keep) {
+    auto list = store->List(true);
+    if (!list.ok()) return;
+    std::vector<std::string> drop;
+    for (const auto& a : *list) {
+      if (a.kind() == "checkpoint" && a.artifact_id() != keep) drop.push_back(a.artifact_id());
+    }
+    if (!drop.empty()) (void)store->Gc(drop, false);
+  }
+
+  absl::StatusOr<pb::Settlement> Draft() {
+    TS_ASSIGN_OR_RETURN(std::vector<pb::RoundCertificate> certs,
+                        LoadCertificates(1, spec.spec.rounds() + 1));
+    TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
+    TS_ASSIGN_OR_RETURN(uint64_t escrow,
+                        common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
+    return DraftSettlement(host.chain_id, shard_id, escrow, shard.spec().reward_policy(), certs,
+                           spec.spec.rounds());
+  }
+
+  void ExchangeSettlement(Collective* collective, const GroupSpec& group, int64_t deadline) {
+    auto draft = Draft();
+    if (!draft.ok()) {
+      Transition(absl::StrCat("settlement not drafted: ", draft.status().message()));
+      return;
+    }
+    settlement = *draft;
+    auto signed_draft = host.sign_settlement(*draft);
+    pb::SettlementSignature mine;
+    if (signed_draft.ok())
+      mine = *signed_draft;
+    else
+      Transition(absl::StrCat("settlement not signed: ", signed_draft.status().message()));
+    auto block = PackBlock(mine, kSettlementBlockBytes);
+    if (!block.ok()) return;
+    std::string gathered(kSettlementBlockBytes * group.members.size(), '\0');
+    OpOptions op;
+    op.op_id = 4;
+    op.deadline_ms = deadline;
+    if (!collective->AllGather(op, *block, gathered).ok()) return;
+    const std::string bytes = DeterministicBytes(*draft);
+    settlement_signatures.clear();
+    for (size_t i = 0; i < group.members.size(); ++i) {
+      pb::SettlementSignature s;
+      if (!UnpackBlock(
+              std::string_view(gathered).substr(i * kSettlementBlockBytes, kSettlementBlockBytes),
+              &s)) {
+        continue;
+      }
+      auto signer = common::RecoverStatementSigner("settlement", host.chain_id, shard_id, bytes,
+                                                   s.signature());
+      if (signer.ok() && *signer == s.host() && s.host() == group.members[i].address) {
+        settlement_signatures.push_back(s);
+      }
+    }
+    Transition(absl::StrCat("settlement drafted: final root ", Hex8(draft->final_checkpoint_root()),
+                            ", eval loss ", draft->evaluation().value_micro() / 1e6, ", ",
+                            settlement_signatures.size(), " signatures gathered"));
+    absl::MutexLock lock(&mu);
+    *status.mutable_settlement() = *draft;
+  }
+
+  // Waits for the chain to settle the shard; the first member of the final round submits at
+  // once, the others after a while if it has not landed.
+  void Settle(bool first_member) {
+    SetState("settling");
+    const int64_t start = host.clock->MonotonicMs();
+    bool submitted = false;
+    while (!stopping) {
+      auto shard = host.chain_shard(shard_id);
+      if (shard.ok() && shard->status() == pb::SHARD_STATUS_SETTLED) {
+        Transition("shard settled on chain");
+        SetState("done");
+        return;
+      }
+      if (shard.ok() && shard->status() != pb::SHARD_STATUS_RUNNING) {
+        Transition(absl::StrCat("shard is ", pb::ShardStatus_Name(shard->status())));
+        SetState("done");
+        return;
+      }
+      const bool due = first_member || host.clock->MonotonicMs() - start > 15000;
+      if (!submitted && due && !settlement_signatures.empty()) {
+        auto tx = host.submit_settlement(settlement, settlement_signatures);
+        submitted = true;
+        if (tx.ok()) {
+          Transition(absl::StrCat("settlement submitted, tx ", tx->substr(0, 16)));
+          absl::MutexLock lock(&mu);
+          status.set_settlement_txhash(*tx);
+        } else {
+          Transition(absl::StrCat("settlement submission refused: ", tx.status().message()));
+        }
+      }
+      Sleep(500);
+    }
+  }
+
+  // ---- catching up
+
+  absl::Status CatchUp(const std::string& peer) {
+    SetState("catching_up");
+    TS_ASSIGN_OR_RETURN(ShardView view, View());
+    const ShardMember* member = view.Find(peer);
+    if (member == nullptr) return absl::NotFoundError(absl::StrCat(peer, " is not a member"));
+    uint64_t have;
+    std::string root;
+    {
+      absl::MutexLock lock(&mu);
+      have = certified_round;
+      root = certified_root;
+    }
+    pb::GetCertificatesResponse response;
+    while (true) {
+      pb::GetCertificatesRequest request;
+      request.set_shard_id(shard_id);
+      request.set_from_round(have + 1);
+      request.set_max(kCertificatesPerCallMax);
+      TS_RETURN_IF_ERROR(Sign(&request, kGetCertificatesMethod, peer));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(kRpcTimeoutMs));
+      response.Clear();
+      grpc::Status rpc = StubFor(member->endpoint)->GetCertificates(&context, request, &response);
+      if (!rpc.ok()) return bridge::FromGrpcStatus(rpc, absl::StrCat("GetCertificates ", peer));
+      std::vector<pb::RoundCertificate> verified;
+      for (const auto& c : response.certificates()) {
+        if (c.result().round() != have + 1 || c.result().base_root() != root) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(peer, ": certificate of round ", c.result().round(),
+                           " does not continue round ", have, " (root ", Hex8(root), ")"));
+        }
+        TS_RETURN_IF_ERROR(VerifyCertificate(host.chain_id, c, view));
+        verified.push_back(c);
+        have = c.result().round();
+        root = c.result().new_root();
+      }
+      TS_RETURN_IF_ERROR(StoreCertificates(verified));
+      for (const auto& c : verified) RecordRound(c, 0);
+      if (!verified.empty()) {
+        Transition(absl::StrCat("caught up from ", Short(peer), " to round ", have, " (",
+                                verified.size(), " certificates verified)"));
+        loaded = false;
+      }
+      if (verified.size() < kCertificatesPerCallMax) break;
+    }
+    if (loaded) return absl::OkStatus();
+    return FetchCheckpoint(response.checkpoint_artifact_id(), have, root, view);
+  }
+
+  absl::Status FetchCheckpoint(const std::string& artifact_id, uint64_t round,
+                               const std::string& root, const ShardView& view) {
+    if (artifact_id.size() != 32) {
+      return absl::UnavailableError(
+          absl::StrCat("no member named an artifact holding the checkpoint of round ", round));
+    }
+    TS_ASSIGN_OR_RETURN(ArtifactStore * store, host.stores->StoreFor(shard_id));
+    FetchContext fc;
+    fc.key = host.key;
+    fc.self_address = host.address;
+    fc.store = store;
+    fc.directory = host.directory;
+    fc.clock = host.clock;
+    fc.cancelled = [this] { return stopping.load(); };
+    FetchRequest fr;
+    fr.shard_id = shard_id;
+    fr.artifact_id = artifact_id;
+    for (const ShardMember& m : view.members) {
+      if (m.address != host.address) fr.peers.push_back({m.address, m.endpoint});
+    }
+    const int64_t start = host.clock->MonotonicMs();
+    TS_ASSIGN_OR_RETURN(pb::ArtifactProgress progress, FetchArtifact(fc, fr));
+    RemoveTree(CheckpointDir(round));
+    TS_RETURN_IF_ERROR(store->Export(artifact_id, Path(CheckpointDir(round)), nullptr));
+    pb::LoadCheckpointRequest load;
+    load.set_checkpoint_file(CheckpointName(round));
+    load.set_expected_root(root);
+    TS_RETURN_IF_ERROR(worker->client().LoadCheckpoint(load).status());
+    loaded = true;
+    std::vector<std::string> sources;
+    for (const auto& [peer, b] : progress.bytes_by_peer()) {
+      sources.push_back(absl::StrCat(Short(peer), " ", b >> 10, " KiB"));
+    }
+    Transition(absl::StrCat("checkpoint of round ", round, " fetched in ",
+                            (host.clock->MonotonicMs() - start) / 1000.0, " s (",
+                            absl::StrJoin(sources, ", "), ") and loaded"));
+    absl::MutexLock lock(&mu);
+    if (certified_round == round) checkpoint_artifact = artifact_id;
+    return absl::OkStatus();
+  }
+
+  // Asks every member for certificates past ours; catches up from the first that has some.
+  void CatchUpFromAnyone() {
+    auto view = View();
+    if (!view.ok()) return;
+    for (const ShardMember& m : view->members) {
+      if (m.address == host.address || stopping) continue;
+      if (CatchUp(m.address).ok() && loaded) return;
+    }
+  }
+
+  // ---- the run
+
+  void Loop() {
+    start_ms = host.clock->MonotonicMs();
+    SetState("preparing");
+    if (absl::Status prepared = Prepare(); !prepared.ok()) {
+      Fail(prepared);
+      return;
+    }
+    CatchUpFromAnyone();
+    uint32_t min_attempt = 0;
+    uint64_t attempt_round = 0;
+    bool first_member = false;
+    while (!stopping) {
+      uint64_t round;
+      {
+        absl::MutexLock lock(&mu);
+        round = certified_round + 1;
+        status.set_wall_seconds((host.clock->MonotonicMs() - start_ms) / 1000.0);
+      }
+      if (round > spec.spec.rounds()) {
+        Settle(first_member);
+        while (!stopping) Sleep(200);
+        return;
+      }
+      if (!loaded) {
+        CatchUpFromAnyone();
+        if (!loaded) {
+          Sleep(500);
+          continue;
+        }
+      }
+      if (attempt_round != round) {
+        attempt_round = round;
+        min_attempt = 0;
+      }
+      if (delta_round != round) {
+        if (absl::Status s = InnerSteps(round); !s.ok()) {
+          if (!worker->Running()) {
+            if (!RestartWorker(s)) return;
+            continue;
+          }
+          // A data shard the worker refused (missing, corrupt): build the data again.
+          Transition(absl::StrCat("round ", round, ": inner steps failed: ", s.message(),
+                                  "; preparing the data again"));
+          if (absl::Status again = PrepareData(); !again.ok()) {
+            Transition(absl::StrCat("preparing the data: ", again.message()));
+          }
+          Sleep(1000);
+          continue;
+        }
+      }
+      auto outcome = ObtainPlan(round, min_attempt);
+      if (!outcome.ok()) {
+        if (!stopping) Transition(absl::StrCat("round ", round, ": ", outcome.status().message()));
+        Sleep(500);
+        continue;
+      }
+      if (!outcome->behind_peer.empty()) {
+        if (absl::Status s = CatchUp(outcome->behind_peer); !s.ok()) {
+          Transition(
+              absl::StrCat("catching up from ", Short(outcome->behind_peer), ": ", s.message()));
+          Sleep(500);
+        }
+        continue;
+      }
+      const pb::RoundPlan& plan = *outcome->plan;
+      bool in_plan = false;
+      for (const auto& m : plan.members()) in_plan |= m.address() == host.address;
+      if (!in_plan) {
+        Transition(absl::StrCat("round ", round, " attempt ", plan.attempt(),
+                                " planned without this host; waiting for its certificate"));
+        Sleep(1000);
+        CatchUp(plan.planner()).IgnoreError();
+        continue;
+      }
+      SetState("training");
+      first_member = plan.members(0).address() == host.address;
+      absl::Status exchanged = Exchange(plan);
+      if (exchanged.ok()) continue;
+      std::string who = FailedPeerOf(exchanged);
+      Transition(absl::StrCat("round ", round, " attempt ", plan.attempt(), " failed",
+                              who.empty() ? "" : absl::StrCat(" (", Short(who), ")"), ": ",
+                              exchanged.message(), "; retrying with the members that answer"));
+      min_attempt = plan.attempt() + 1;
+      if (!loaded) {
+        if (absl::Status reloaded = ReloadBase(); !reloaded.ok()) {
+          Transition(absl::StrCat("reloading the certified checkpoint: ", reloaded.message()));
+        }
+      }
+      if (!worker->Running() && !RestartWorker(exchanged)) return;
+    }
+  }
+
+  // A worker that died is started again from the records (certified checkpoint, data), at most
+  // kWorkerRestartsMax times; then the run fails, and `shard run` or a daemon restart resumes it.
+  bool RestartWorker(const absl::Status& why) {
+    if (stopping) return false;
+    std::string how = worker->Stop().ToString();
+    if (++worker_restarts > kWorkerRestartsMax) {
+      Fail(absl::UnavailableError(absl::StrCat("the worker died ", worker_restarts,
+                                               " times; last: ", why.message(), " (", how, ")")));
+      return false;
+    }
+    Transition(absl::StrCat("the worker died (", how, "); starting it again"));
+    {
+      absl::MutexLock lock(&mu);
+      status.set_worker_restarts(worker_restarts);
+    }
+    worker.reset();
+    delta_round = 0;
+    loaded = false;
+    if (absl::Status again = Prepare(); !again.ok()) {
+      Fail(again);
+      return false;
+    }
+    return true;
+  }
+};
+
+std::unique_ptr<ShardRun> ShardRun::Start(const ShardRunHost& host, const ShardRunOptions& options,
+                                          uint64_t shard_id, ParsedRunSpec spec) {
+  auto impl = std::make_unique<Impl>(host, options, shard_id, spec);
+  {
+    absl::MutexLock lock(&impl->mu);
+    impl->status.set_shard_id(shard_id);
+    impl->status.set_state("starting");
+    impl->status.set_rounds_total(spec.spec.rounds());
+  }
+  std::unique_ptr<ShardRun> run(new ShardRun(std::move(impl)));
+  run->spec_ = std::move(spec);
+  Impl* raw = run->impl_.get();
+  raw->thread = std::thread([raw] { raw->Loop(); });
+  return run;
+}
+
+ShardRun::ShardRun(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShardRun::~ShardRun() { Stop(); }
+
+void ShardRun::Stop() {
+  if (impl_->stopping.exchange(true)) {
+    if (impl_->thread.joinable()) impl_->thread.join();
+    return;
+  }
+  // A model call in progress ends with the worker; the thread then sees `stopping`.
+  if (pid_t pid = impl_->worker_pid.load(); pid > 0) ::kill(pid, SIGTERM);
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->worker.reset();
+}
+
+pb::ShardRunStatus ShardRun::Status() const {
+  absl::MutexLock lock(&impl_->mu);
+  pb::ShardRunStatus s = impl_->status;
+  if (impl_->start_ms > 0 && s.state() != "done") {
+    s.set_wall_seconds((impl_->host.clock->MonotonicMs() - impl_->start_ms) / 1000.0);
+  }
+  return s;
+}
+
+pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
+                                          const pb::AnnounceRequest& request) {
+  Impl& m = *impl_;
+  pb::AnnounceResponse response;
+  absl::MutexLock lock(&m.mu);
+  response.set_certified_round(m.certified_round);
+  if (request.round() <= m.certified_round) return response;
+  if (request.round() > m.certified_round + 1) {
+    response.set_note(absl::StrCat("this host is at round ", m.certified_round + 1));
+    m.ahead_peer = signer;
+    return response;
+  }
+  if (m.plan_round != request.round()) {
+    m.plan_round = request.round();
+    m.plan_attempt = request.min_attempt();
+    m.announces.clear();
+    m.plan.reset();
+  }
+  if (request.min_attempt() > m.plan_attempt) {
+    m.plan_attempt = request.min_attempt();
+    m.plan.reset();
+  }
+  m.announces[signer] = {request.collective_endpoint(), request.min_attempt(),
+                         m.host.clock->MonotonicMs()};
+  response.set_attempt(m.plan_attempt);
+  if (m.plan && m.plan->attempt() >= request.min_attempt()) {
+    *response.mutable_plan() = *m.plan;
+  } else {
+    response.set_note("no plan yet");
+  }
+  return response;
+}
+
+absl::StatusOr<pb::GetCertificatesResponse> ShardRun::OnGetCertificates(
+    const pb::GetCertificatesRequest& request) const {
+  if (request.max() < 1 || request.max() > kCertificatesPerCallMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max: ", request.max(), " is outside 1..", kCertificatesPerCallMax));
+  }
+  pb::GetCertificatesResponse response;
+  TS_ASSIGN_OR_RETURN(
+      std::vector<pb::RoundCertificate> certs,
+      impl_->LoadCertificates(std::max<uint64_t>(1, request.from_round()), request.max()));
+  for (auto& c : certs) *response.add_certificates() = std::move(c);
+  absl::MutexLock lock(&impl_->mu);
+  response.set_certified_round(impl_->certified_round);
+  response.set_checkpoint_artifact_id(impl_->checkpoint_artifact);
+  return response;
+}
+
+absl::StatusOr<pb::SignedEvaluation> ShardRun::EvaluateArtifact(const std::string& artifact_id,
+                                                                uint64_t windows_max) {
+  Impl& m = *impl_;
+  if (m.worker == nullptr || m.data.eval_file().empty()) {
+    return absl::UnavailableError("the run has not prepared its worker and data yet");
+  }
+  TS_ASSIGN_OR_RETURN(ArtifactStore * store, m.host.stores->StoreFor(m.shard_id));
+  TS_ASSIGN_OR_RETURN(VerifiedManifest manifest, store->GetManifest(artifact_id, false));
+  const std::string name = absl::StrCat("eval/", common::HexEncode(artifact_id));
+  m.RemoveTree(name);
+  TS_RETURN_IF_ERROR(store->Export(artifact_id, m.Path(name), nullptr));
+  pb::EvaluateRequest er;
+  er.set_checkpoint_file(absl::StrCat(name, "/", kCheckpointFile));
+  er.set_eval_file(m.data.eval_file());
+  er.set_batch_size(m.spec.spec.eval_batch_size());
+  er.set_windows_max(windows_max);
+  auto ev = m.worker->client().Evaluate(er);
+  m.RemoveTree(name);
+  TS_RETURN_IF_ERROR(ev.status());
+  pb::SignedEvaluation out;
+  pb::EvaluationResult* e = out.mutable_result();
+  e->set_shard_id(m.shard_id);
+  e->set_round(manifest.body.round());
+  e->set_checkpoint_root(ev->root());
+  e->set_eval_set_id(ev->eval_id());
+  e->set_loss_micro(static_cast<int64_t>(std::llround(ev->mean_loss() * 1e6)));
+  e->set_tokens(ev->tokens());
+  e->set_host(m.host.address);
+  TS_ASSIGN_OR_RETURN(std::string sig, SignEvaluation(*m.host.key, m.host.chain_id, *e));
+  out.set_signature(sig);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ShardRunManager
+
+ShardRunManager::ShardRunManager(ShardRunHost host, ShardRunOptions options)
+    : host_(std::move(host)), options_(std::move(options)) {}
+
+ShardRunManager::~ShardRunManager() { StopAll(); }
+
+void ShardRunManager::StopAll() {
+  std::map<uint64_t, std::unique_ptr<ShardRun>> runs;
+  {
+    absl::MutexLock lock(&mu_);
+    runs.swap(runs_);
+  }
+  for (auto& [id, run] : runs) run->Stop();
+}
+
+void ShardRunManager::Activate(const std::string& chain_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (verifier_ != nullptr) return;
+    host_.chain_id = chain_id;
+    verifier_ = std::make_unique<PeerRequestVerifier>(host_.address, chain_id, host_.clock);
+  }
+  std::vector<std::pair<uint64_t, std::string>> specs;
+  (void)host_.db->Scan(kTableRunSpecs, "", [&](std::string_view key, std::string_view value) {
+    specs.emplace_back(state::DecodeU64Key(key), std::string(value));
+    return true;
+  });
+  for (const auto& [id, doc] : specs) {
+    auto started = StartRun(id, doc);
+    common::Log(started.ok() ? common::LogLevel::kInfo : common::LogLevel::kWarn, kComponent,
+                "resuming run",
+                {{"shard", absl::StrCat(id)}, {"error", std::string(started.status().message())}});
+  }
+}
+
+absl::StatusOr<pb::StartShardRunResponse> ShardRunManager::StartRun(uint64_t shard_id,
+                                                                    const std::string& doc) {
+  TS_ASSIGN_OR_RETURN(ParsedRunSpec spec, ParseRunSpec(doc));
+  pb::StartShardRunResponse response;
+  response.set_run_spec_hash(spec.hash);
+  {
+    absl::MutexLock lock(&mu_);
+    if (verifier_ == nullptr) {
+      return absl::UnavailableError("the host has not reached the chain yet");
+    }
+    if (ShardRun* run = Find(shard_id); run != nullptr) {
+      if (run->spec_hash() != spec.hash) {
+        return absl::AlreadyExistsError(absl::StrCat("shard ", shard_id,
+                                                     " already runs another run spec (",
+                                                     common::HexEncode(run->spec_hash()), ")"));
+      }
+      response.set_already_running(true);
+      return response;
+    }
+  }
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, host_.chain_shard(shard_id));
+  if (shard.spec().run_spec_hash() != spec.hash) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run_spec: SHA-256 ", common::HexEncode(spec.hash), " is not shard ", shard_id,
+                     "'s run_spec_hash ", common::HexEncode(shard.spec().run_spec_hash())));
+  }
+  if (shard.status() != pb::SHARD_STATUS_RUNNING && shard.status() != pb::SHARD_STATUS_SETTLED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard_id, " is ", pb::ShardStatus_Name(shard.status()), ", not RUNNING"));
+  }
+  bool member = false;
+  for (const auto& r : shard.reservations()) member |= r.host() == host_.address;
+  if (!member) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("this host (", host_.address, ") is not a member of shard ", shard_id));
+  }
+  state::WriteBatch batch;
+  batch.Put(kTableRunSpecs, state::EncodeU64Key(shard_id), doc);
+  TS_RETURN_IF_ERROR(host_.db->Write(batch));
+  absl::MutexLock lock(&mu_);
+  if (Find(shard_id) == nullptr) {
+    runs_[shard_id] = ShardRun::Start(host_, options_, shard_id, std::move(spec));
+  }
+  return response;
+}
+
+ShardRun* ShardRunManager::Find(uint64_t shard_id) {
+  auto it = runs_.find(shard_id);
+  return it == runs_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<std::string> ShardRunManager::VerifyPeer(const pb::PeerRequestAuth& auth,
+                                                        std::string_view method, uint64_t shard_id,
+                                                        const google::protobuf::Message& request) {
+  PeerRequestVerifier* verifier;
+  {
+    absl::MutexLock lock(&mu_);
+    verifier = verifier_.get();
+  }
+  if (verifier == nullptr) return absl::UnavailableError("the host has not reached the chain yet");
+  TS_ASSIGN_OR_RETURN(std::string signer,
+                      verifier->Verify(auth, method, shard_id, RequestBodyBytes(request)));
+  TS_RETURN_IF_ERROR(host_.directory->CheckMember(shard_id, signer));
+  return signer;
+}
+
+grpc::Status ShardRunManager::Start(grpc::ServerContext*, const pb::StartShardRunRequest* request,
+                                    pb::StartShardRunResponse* response) {
+  auto started = StartRun(request->shard_id(), request->run_spec());
+  if (!started.ok()) return bridge::ToGrpcStatus(started.status());
+  *response = *started;
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardRunManager::Status(grpc::ServerContext*, const pb::ShardRunStatusRequest* request,
+                                     pb::ShardRunStatus* response) {
+  absl::MutexLock lock(&mu_);
+  ShardRun* run = Find(request->shard_id());
+  if (run == nullptr) {
+    return bridge::ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("shard ", request->shard_id(), ": no run on this host")));
+  }
+  *response = run->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardRunManager::Evaluate(grpc::ServerContext*,
+                                       const pb::EvaluateCheckpointRequest* request,
+                                       pb::EvaluateCheckpointResponse* response) {
+  if (request->artifact_id().size() != 32) {
+    return bridge::ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("artifact_id: ", request->artifact_id().size(), " bytes, want 32")));
+  }
+  ShardRun* run;
+  {
+    absl::MutexLock lock(&mu_);
+    run = Find(request->shard_id());
+  }
+  if (run == nullptr) {
+    return bridge::ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("shard ", request->shard_id(), ": no run on this host")));
+  }
+  auto ev = run->EvaluateArtifact(request->artifact_id(), request->windows_max());
+  if (!ev.ok()) return bridge::ToGrpcStatus(ev.status());
+  *response->mutable_evaluation() = *ev;
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardRunManager::Announce(grpc::ServerContext*, const pb::AnnounceRequest* request,
+                                       pb::AnnounceResponse* response) {
+  auto signer = VerifyPeer(request->auth(), kAnnounceMethod, request->shard_id(), *request);
+  if (!signer.ok()) return bridge::ToGrpcStatus(signer.status());
+  if (request->collective_endpoint().empty() || request->collective_endpoint().size() > 300) {
+    return bridge::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "collective_endpoint: ", request->collective_endpoint().size(), " bytes, want 1..300")));
+  }
+  absl::MutexLock lock(&mu_);
+  ShardRun* run = Find(request->shard_id());
+  if (run == nullptr) {
+    return bridge::ToGrpcStatus(absl::UnavailableError(
+        absl::StrCat("shard ", request->shard_id(), ": no run on this host yet")));
+  }
+  *response = run->OnAnnounce(*signer, *request);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardRunManager::GetCertificates(grpc::ServerContext*,
+                                              const pb::GetCertificatesRequest* request,
+                                              pb::GetCertificatesResponse* response) {
+  auto signer = VerifyPeer(request->auth(), kGetCertificatesMethod, request->shard_id(), *request);
+  if (!signer.ok()) return bridge::ToGrpcStatus(signer.status());
+  absl::MutexLock lock(&mu_);
+  ShardRun* run = Find(request->shard_id());
+  if (run == nullptr) {
+    return bridge::ToGrpcStatus(absl::UnavailableError(
+        absl::StrCat("shard ", request->shard_id(), ": no run on this host yet")));
+  }
+  auto got = run->OnGetCertificates(*request);
+  if (!got.ok()) return bridge::ToGrpcStatus(got.status());
+  *response = *std::move(got);
+  return grpc::Status::OK;
+}
+
+}  // namespace ts::sidecar

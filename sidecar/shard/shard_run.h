@@ -1,0 +1,169 @@
+// ShardRun: one host's part in training a shard (docs/training.md). A thread of its own drives
+// the rounds: it starts the host's worker process (ts_worker, crash-isolated), prepares the
+// run's data through it and publishes it as an artifact, makes (or restores) the round-0
+// checkpoint, and then, round after round: H inner steps on the host's assignment, a plan agreed
+// with the round's planner (ShardRound.Announce), the pseudo-gradients reduced through the
+// shard's collective, the outer step, evaluation every eval_every rounds, the members' signed
+// results gathered into a round certificate (> 2/3 of the shard's frozen weight) kept in the
+// host's RocksDB, and the new checkpoint published as an artifact. After the last round it drafts
+// the settlement from its certificates, the members exchange signatures over it, and it is
+// submitted to the chain. A member that falls behind (restarted, excluded from a plan) catches
+// up: it fetches and checks the certificates it lacks and the latest checkpoint (from every
+// member that holds it), then joins the next round.
+//
+// ShardRunManager owns the runs of a host, serves ShardRound to peers and ShardRunOperator to
+// the operator, and keeps each run spec in the host's records so a restarted daemon resumes its
+// runs by itself.
+//
+// Thread-safety: ShardRun and ShardRunManager are thread-safe.
+#ifndef TS_SIDECAR_SHARD_SHARD_RUN_H_
+#define TS_SIDECAR_SHARD_SHARD_RUN_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/crypto/secp256k1.h"
+#include "gonka/trainshard/v1/chain.pb.h"
+#include "gonka/trainshard/v1/training.grpc.pb.h"
+#include "sidecar/artifacts/transfer.h"
+#include "sidecar/peer/peer_auth.h"
+#include "sidecar/peer/shard_directory.h"
+#include "sidecar/shard/run_spec.h"
+#include "state/db.h"
+
+namespace ts::sidecar {
+
+// Tables in the host's database.
+inline constexpr std::string_view kTableRounds = "rounds";       // be64(shard) be64(round)
+inline constexpr std::string_view kTableRunSpecs = "run_specs";  // be64(shard) -> document
+
+inline constexpr std::string_view kAnnounceMethod = "/gonka.trainshard.v1.ShardRound/Announce";
+inline constexpr std::string_view kGetCertificatesMethod =
+    "/gonka.trainshard.v1.ShardRound/GetCertificates";
+inline constexpr uint32_t kCertificatesPerCallMax = 64;
+inline constexpr size_t kTransitionsKept = 256;
+
+// What a run needs from the host it runs in. Pointers are not owned and outlive the run.
+struct ShardRunHost {
+  const common::PrivateKey* key = nullptr;
+  std::string address;
+  std::string chain_id;
+  ShardDirectory* directory = nullptr;
+  StoreRegistry* stores = nullptr;
+  state::Db* db = nullptr;  // opened with kTableRounds and kTableRunSpecs
+  common::Clock* clock = nullptr;
+  // The shard as the chain has it now (spec: escrow, reward policy, run spec hash; status).
+  std::function<absl::StatusOr<::gonka::trainshard::v1::Shard>(uint64_t)> chain_shard;
+  // Signs a settlement draft after checking it against the host's records.
+  std::function<absl::StatusOr<::gonka::trainshard::v1::SettlementSignature>(
+      const ::gonka::trainshard::v1::Settlement&)>
+      sign_settlement;
+  // Submits a signed settlement; returns the txhash.
+  std::function<absl::StatusOr<std::string>(
+      const ::gonka::trainshard::v1::Settlement&,
+      const std::vector<::gonka::trainshard::v1::SettlementSignature>&)>
+      submit_settlement;
+};
+
+struct ShardRunOptions {
+  std::string worker_binary;  // the ts_worker executable
+  int worker_threads = 2;
+  std::string work_root;  // absolute; this run's files go under <work_root>/<shard_id>/
+  // The host the collective listener binds (port chosen by the kernel); announced to members.
+  std::string collective_host = "127.0.0.1";
+  int64_t heartbeat_interval_ms = 500;
+};
+
+class ShardRun {
+ public:
+  // Starts the run's thread. The spec's hash must be the shard's run_spec_hash (the manager
+  // checks it).
+  static std::unique_ptr<ShardRun> Start(const ShardRunHost& host, const ShardRunOptions& options,
+                                         uint64_t shard_id, ParsedRunSpec spec);
+  ~ShardRun();  // Stop()s.
+  ShardRun(const ShardRun&) = delete;
+  ShardRun& operator=(const ShardRun&) = delete;
+
+  // Stops the worker and joins the thread; what is certified stays in the records. Idempotent.
+  void Stop();
+
+  ::gonka::trainshard::v1::ShardRunStatus Status() const;
+  const std::string& spec_hash() const { return spec_.hash; }
+
+  // ShardRound, for a verified member `signer`.
+  ::gonka::trainshard::v1::AnnounceResponse OnAnnounce(
+      const std::string& signer, const ::gonka::trainshard::v1::AnnounceRequest& request);
+  absl::StatusOr<::gonka::trainshard::v1::GetCertificatesResponse> OnGetCertificates(
+      const ::gonka::trainshard::v1::GetCertificatesRequest& request) const;
+  // Evaluates a checkpoint artifact held in the shard's store on the run's held-out set.
+  absl::StatusOr<::gonka::trainshard::v1::SignedEvaluation> EvaluateArtifact(
+      const std::string& artifact_id, uint64_t windows_max);
+
+  struct Impl;
+
+ private:
+  explicit ShardRun(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  ParsedRunSpec spec_;
+};
+
+class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::Service,
+                              public ::gonka::trainshard::v1::ShardRound::Service {
+ public:
+  // `host.chain_id` may be empty until Activate.
+  ShardRunManager(ShardRunHost host, ShardRunOptions options);
+  ~ShardRunManager() override;  // stops every run
+
+  // Sets the chain id and resumes the runs whose specs the records hold. Later calls are ignored.
+  void Activate(const std::string& chain_id);
+  // Stops every run.
+  void StopAll();
+
+  // Checks the document (ParseRunSpec, its hash against the chain's run_spec_hash, this host's
+  // membership, a shard that is RUNNING), stores it and starts the run.
+  absl::StatusOr<::gonka::trainshard::v1::StartShardRunResponse> StartRun(uint64_t shard_id,
+                                                                          const std::string& doc);
+
+  grpc::Status Start(grpc::ServerContext* context,
+                     const ::gonka::trainshard::v1::StartShardRunRequest* request,
+                     ::gonka::trainshard::v1::StartShardRunResponse* response) override;
+  grpc::Status Status(grpc::ServerContext* context,
+                      const ::gonka::trainshard::v1::ShardRunStatusRequest* request,
+                      ::gonka::trainshard::v1::ShardRunStatus* response) override;
+  grpc::Status Evaluate(grpc::ServerContext* context,
+                        const ::gonka::trainshard::v1::EvaluateCheckpointRequest* request,
+                        ::gonka::trainshard::v1::EvaluateCheckpointResponse* response) override;
+  grpc::Status Announce(grpc::ServerContext* context,
+                        const ::gonka::trainshard::v1::AnnounceRequest* request,
+                        ::gonka::trainshard::v1::AnnounceResponse* response) override;
+  grpc::Status GetCertificates(grpc::ServerContext* context,
+                               const ::gonka::trainshard::v1::GetCertificatesRequest* request,
+                               ::gonka::trainshard::v1::GetCertificatesResponse* response) override;
+
+ private:
+  ShardRun* Find(uint64_t shard_id) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> VerifyPeer(const ::gonka::trainshard::v1::PeerRequestAuth& auth,
+                                         std::string_view method, uint64_t shard_id,
+                                         const google::protobuf::Message& request);
+
+  ShardRunHost host_;
+  const ShardRunOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, std::unique_ptr<ShardRun>> runs_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<PeerRequestVerifier> verifier_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_SHARD_SHARD_RUN_H_

@@ -1,0 +1,248 @@
+"""Training in a shard (docs/training.md), multi-process on loopback: devnet, trainshardd hosts,
+their ts_worker processes, the CLI.
+
+- 3 hosts (workers with different thread counts) train a small GPT for a few DiLoCo rounds: the
+  eval loss at the end is below the round-0 checkpoint's by a stated margin, every host holds the
+  same final root, and the settlement the hosts draft, sign and submit themselves lands.
+- Determinism: a second shard with the same run spec and members ends on the same root.
+- Elastic: 4 hosts; one joins mid-run; an ordinary host and then a round's planner are SIGKILLed
+  mid-run and the rounds go on without them; restarted, each rejoins from the certified
+  checkpoint and contributes again.
+- Bad input: a run spec that does not match the shard, a malformed one, an unknown model; a
+  corrupt data shard and a killed worker are recovered from.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+# The final eval loss must be at least this far (nats) below the round-0 checkpoint's.
+LOSS_MARGIN = 0.5
+
+
+def certified(net, host, sid):
+    s = net.train_status(host, sid, check=False)
+    return int(s.get("certified_round", 0)) if isinstance(s, dict) else 0
+
+
+def wait_round(net, hosts, sid, r, timeout_s=300):
+    harness.wait_for(lambda: all(certified(net, h, sid) >= r for h in hosts), timeout_s,
+                     f"round {r} certified on {[h.name for h in hosts]}", interval_s=0.5)
+
+
+def wait_settled(net, sid, timeout_s=300):
+    net.wait_shard_status(sid, "SHARD_STATUS_SETTLED", timeout_s)
+
+
+def open_shard(net, name, run_spec, **kwargs):
+    spec = net.write_spec(name, run_spec=run_spec, max_duration=6000, window=100, **kwargs)
+    voters = tuple(h.name for h in net.hosts)
+    pid, sid = net.propose_and_pass(spec, voters=voters)
+    net.wait_shard_status(sid, "SHARD_STATUS_RUNNING", 90)
+    return sid
+
+
+class TrainTest(unittest.TestCase):
+    def setUp(self):
+        self.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")))
+        self.net.init()
+        self.net.start_devnet()
+        for i, threads in enumerate((1, 2, 1), start=1):
+            self.net.add_host(f"host{i}", extra_config={"worker_threads": threads})
+        for h in self.net.hosts:
+            h.wait_shard_listen()
+
+    def tearDown(self):
+        self.net.cleanup()
+
+    def run_shard(self, name, run_spec):
+        net = self.net
+        sid = open_shard(net, name, run_spec, min_nodes=3, max_nodes=3)
+        for h in net.hosts:
+            net.start_run(h, sid, run_spec)
+        wait_settled(net, sid)
+        return sid
+
+    def test_train_settle_and_determinism(self):
+        net = self.net
+        run_spec = net.write_run_spec("train", rounds=4)
+        before = {h.address: net.balance(h.address) for h in net.hosts}
+        sid = self.run_shard("train-a", run_spec)
+        statuses = [net.train_status(h, sid) for h in net.hosts]
+        roots = {s["root"] for s in statuses}
+        self.assertEqual(len(roots), 1, f"hosts hold different final roots: {roots}")
+        for s in statuses:
+            self.assertEqual(int(s["certified_round"]), 4)
+            self.assertEqual(s["state"], "done", s.get("transitions"))
+        s = statuses[0]
+        initial = int(s["initial_eval_loss_micro"]) / 1e6
+        final = int(s["rounds"][-1]["eval_loss_micro"]) / 1e6
+        self.assertLess(final, initial - LOSS_MARGIN,
+                        f"eval loss {initial:.3f} -> {final:.3f}: not down by {LOSS_MARGIN}")
+        record = net.cli("shard", "settlement", "--id", sid)
+        settlement = record["settlement"]
+        self.assertEqual(settlement["final_checkpoint_root"], s["root"])
+        self.assertEqual(int(settlement["rounds_completed"]), 4)
+        self.assertEqual(int(settlement["evaluation"]["value_micro"]),
+                         int(s["rounds"][-1]["eval_loss_micro"]))
+        paid = {p["host"]: int(p["amount"]) for p in settlement["payouts"]}
+        for h in net.hosts:
+            self.assertGreater(paid.get(h.address, 0), 0, f"{h.name} was not paid")
+            self.assertEqual(net.balance(h.address) - before[h.address], paid[h.address])
+        # Every round's members agree on the thread-count-independent outer step: each
+        # certificate carries all three signatures.
+        for r in s["rounds"]:
+            self.assertEqual(len(r["members"]), 3)
+
+        # `trainshard eval` on the final checkpoint artifact, by another host.
+        art = statuses[1]["final_checkpoint_artifact_id"]
+        ev = net.cli("eval", "--shard", sid, "--artifact",
+                     harness.b64_to_hex(art), "--host", net.hosts[2].operator,
+                     "--windows-max", "64", timeout=300)
+        self.assertEqual(ev["evaluation"]["result"]["checkpoint_root"], s["root"])
+        self.assertAlmostEqual(int(ev["evaluation"]["result"]["loss_micro"]) / 1e6, final,
+                               delta=0.05)
+
+        # Determinism: the same run spec and members again, in another shard.
+        sid2 = self.run_shard("train-b", run_spec)
+        again = net.train_status(net.hosts[0], sid2)
+        self.assertEqual(again["root"], s["root"], "the same seed gave another final root")
+
+    def test_bad_input(self):
+        net = self.net
+        run_spec = net.write_run_spec("bad", rounds=3, innerSteps=6)
+        sid = open_shard(net, "bad", run_spec, min_nodes=3, max_nodes=3)
+        h1 = net.hosts[0]
+        # A document other than the one the shard pins.
+        other = net.write_run_spec("other", rounds=5)
+        r = net.cli("shard", "run", "--id", sid, "--run-spec", other, "--host", h1.operator,
+                    check=False, json_out=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("is not shard", r.stderr)
+        # Malformed and unknown model: refused before anything starts, the field named.
+        for doc, want in (('{"version": 1, "rounds": "x"}', "not a RunSpec document"),
+                          (json.dumps({"version": 1, "model": {"kind": "lstm"}}),
+                           'model.kind: "lstm" is not a known model')):
+            path = os.path.join(net.root, "bad-doc.json")
+            with open(path, "w") as f:
+                f.write(doc)
+            r = net.cli("shard", "run", "--id", sid, "--run-spec", path, "--host", h1.operator,
+                        check=False, json_out=False)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(want, r.stderr)
+        self.assertNotEqual(net.train_status(h1, sid, check=False, ), None)
+
+        for h in net.hosts:
+            net.start_run(h, sid, run_spec)
+        wait_round(net, net.hosts, sid, 1)
+        # A corrupt data shard on host2: its worker refuses it, the run builds the data again.
+        h2 = net.hosts[1]
+        shard_file = os.path.join(h2.data_dir, "shards", str(sid), "work", "data",
+                                  "train-0000.tsds")
+        with open(shard_file, "r+b") as f:
+            f.write(b"JUNK")
+        # The worker of host3 dies (SIGKILL): the run starts another one.
+        s3 = net.train_status(net.hosts[2], sid)
+        worker_pid = int(s3["transitions"][0].split("pid ")[1].split(",")[0]) if s3[
+            "transitions"] else 0
+        self.assertGreater(worker_pid, 0)
+        os.kill(worker_pid, signal.SIGKILL)
+        wait_settled(net, sid)
+        t2 = "\n".join(net.train_status(h2, sid)["transitions"])
+        self.assertIn("preparing the data again", t2)
+        self.assertIn("shard_files", t2)
+        st3 = net.train_status(net.hosts[2], sid)
+        self.assertGreaterEqual(int(st3.get("worker_restarts", 0)), 1)
+        self.assertIn("the worker died", "\n".join(st3["transitions"]))
+        roots = {net.train_status(h, sid)["root"] for h in net.hosts}
+        self.assertEqual(len(roots), 1)
+
+
+class ElasticTest(unittest.TestCase):
+    def setUp(self):
+        self.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")),
+                                   host_weights=(70, 60, 60, 50))
+        self.net.init()
+        self.net.start_devnet()
+        self.net.add_hosts()
+        for h in self.net.hosts:
+            h.wait_shard_listen()
+
+    def tearDown(self):
+        self.net.cleanup()
+
+    def test_join_kill_rejoin(self):
+        net = self.net
+        h1, h2, h3, h4 = net.hosts
+        rounds = 9
+        run_spec = net.write_run_spec("elastic", rounds=rounds, innerSteps=8, evalEvery=3)
+        sid = open_shard(net, "elastic", run_spec, min_nodes=4, max_nodes=4, bps=4000)
+        for h in (h1, h2, h3):
+            net.start_run(h, sid, run_spec)
+        wait_round(net, (h1, h2, h3), sid, 1)
+
+        # A fourth host joins mid-run: it fetches the certified checkpoint and takes part.
+        net.start_run(h4, sid, run_spec)
+        harness.wait_for(lambda: any(h4.address in r["members"] for r in
+                                     net.train_status(h1, sid).get("rounds", [])), 180,
+                         "host4 in a certified round", interval_s=0.5)
+        t4 = "\n".join(net.train_status(h4, sid)["transitions"])
+        self.assertIn("caught up from", t4)
+        self.assertIn("fetched", t4)
+
+        # SIGKILL an ordinary host (not the current round's planner), mid-round.
+        def current(h):
+            s = net.train_status(h, sid)
+            return int(s["certified_round"]), s.get("planner", "")
+
+        r0, planner = current(h1)
+        victim = next(h for h in (h2, h3, h4) if h.address != planner)
+        victim.process.kill(signal.SIGKILL)
+        t_kill = time.monotonic()
+        survivors = [h for h in net.hosts if h is not victim]
+        wait_round(net, survivors, sid, r0 + 2, timeout_s=180)
+        elapsed = time.monotonic() - t_kill
+        last = net.train_status(h1, sid)["rounds"][-1]
+        self.assertNotIn(victim.address, last["members"])
+        self.assertLess(elapsed, 120, "the rounds did not go on without the killed host")
+        # Restarted, it resumes its run by itself (the records hold the run spec) and rejoins.
+        victim.start()
+        harness.wait_for(lambda: victim.address in net.train_status(h1, sid)["rounds"][-1][
+            "members"], 180, f"{victim.name} contributing again", interval_s=0.5)
+
+        # SIGKILL the planner of the round in progress.
+        r1, planner = current(h1)
+        if planner == h1.address:
+            observer = h2
+        else:
+            observer = h1
+        planner_host = next(h for h in net.hosts if h.address == planner)
+        planner_host.process.kill(signal.SIGKILL)
+        survivors = [h for h in net.hosts if h is not planner_host]
+        wait_round(net, survivors, sid, min(r1 + 2, rounds), timeout_s=180)
+        t = "\n".join(net.train_status(observer, sid)["transitions"])
+        self.assertRegex(t, r"(does not answer|failed)")
+        planner_host.start()
+        wait_settled(net, sid, timeout_s=400)
+
+        roots = set()
+        for h in net.hosts:
+            harness.wait_for(lambda h=h: certified(net, h, sid) >= rounds, 120,
+                             f"{h.name} to hold every certificate")
+            roots.add(net.train_status(h, sid)["root"])
+        self.assertEqual(len(roots), 1)
+        record = net.cli("shard", "settlement", "--id", sid)["settlement"]
+        contributed = {p["host"]: int(p["rounds_contributed"]) for p in record["payouts"]}
+        self.assertEqual(len(contributed), 4, contributed)
+        self.assertLess(contributed[victim.address], rounds)
+        self.assertLess(contributed[h4.address], rounds)
+
+
+if __name__ == "__main__":
+    unittest.main()
