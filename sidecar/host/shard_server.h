@@ -33,8 +33,9 @@ class ShardServer {
   // process asking for the same port fails here instead of silently sharing it (peers would
   // reach either host at random). With `chunk_stream`, also binds the chunk stream
   // (chunk_stream.h) on the same host and a port the kernel picks, which GetChunkStream
-  // announces. The pointers are not owned and must outlive the server. UNAVAILABLE naming the
-  // address if it cannot be bound.
+  // announces. `extra_services` (the training runs' ShardRound) are served on the same listener
+  // and check their own requests. The pointers are not owned and must outlive the server.
+  // UNAVAILABLE naming the address if it cannot be bound.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const std::string& listen, StoreRegistry* stores, ShardDirectory* directory,
       std::string self_address, common::Clock* clock, bool chunk_stream = true,
