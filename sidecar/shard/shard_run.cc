@@ -9,7 +9,10 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -127,6 +130,7 @@ struct ShardRun::Impl {
     std::string endpoint;
     uint32_t min_attempt = 0;
     int64_t at_ms = 0;
+    bool preparing = false;  // running its inner steps, not ready yet
   };
   std::map<std::string, Announced> announces ABSL_GUARDED_BY(mu);
   std::optional<pb::RoundPlan> plan ABSL_GUARDED_BY(mu);
@@ -412,6 +416,8 @@ struct ShardRun::Impl {
                                             const ShardView& view) {
     const int64_t start = host.clock->MonotonicMs();
     const uint64_t total = TotalWeight(view);
+    const int64_t preparing_wait_ms =
+        spec.spec.join_window_ms() + static_cast<int64_t>(round_inner_seconds * 1000.0);
     {
       absl::MutexLock lock(&mu);
       if (plan_round != round) {
@@ -437,16 +443,25 @@ struct ShardRun::Impl {
         const int64_t now = host.clock->MonotonicMs();
         uint64_t weight = 0;
         std::vector<std::pair<std::string, std::string>> ready;
+        bool waiting_for_preparing = false;
         for (const auto& [address, a] : announces) {
           const ShardMember* m = view.Find(address);
-          if (m == nullptr || a.min_attempt < plan_attempt || now - a.at_ms > kAnnounceFreshMs) {
+          if (m == nullptr) continue;
+          if (a.preparing) {
+            waiting_for_preparing |= now - a.at_ms <= preparing_wait_ms;
             continue;
           }
+          if (a.min_attempt < plan_attempt || now - a.at_ms > kAnnounceFreshMs) continue;
           weight += m->weight;
           ready.emplace_back(address, a.endpoint);
         }
         const bool everyone = ready.size() == view.members.size();
-        const bool window = now - start >= spec.spec.join_window_ms();
+        // Past the join window a quorum plans without the others, unless a member said it is
+        // running its inner steps: that one is waited for up to the planner's own inner-step
+        // time more, so a host that caught up a little late is not left out round after round.
+        const int64_t waited = now - start;
+        const bool window = waited >= spec.spec.join_window_ms() &&
+                            (!waiting_for_preparing || waited >= preparing_wait_ms);
         if (ready.size() >= 2 && (everyone || (window && HasQuorum(weight, total)))) {
           pb::RoundPlan p;
           p.set_shard_id(shard_id);
@@ -468,6 +483,40 @@ struct ShardRun::Impl {
       Sleep(50);
     }
     return absl::CancelledError("stopping");
+  }
+
+  // Sends a preparing announce for `round` to the first two planners in order (not this host),
+  // on a thread of its own, best effort: a planner that hears it waits a bounded time for this
+  // host's ready announce. The returned thread is joined when it goes out of scope.
+  std::jthread PreAnnounce(uint64_t round, uint32_t min_attempt) {
+    auto view = View();
+    if (!view.ok()) return {};
+    std::vector<std::pair<std::string, pb::ShardRound::Stub*>> targets;
+    for (const std::string& candidate : PlannerOrder(spec.spec.seed(), round, view->members)) {
+      if (targets.size() == 2) break;
+      if (candidate == host.address) continue;
+      const ShardMember* member = view->Find(candidate);
+      if (member != nullptr) targets.emplace_back(candidate, StubFor(member->endpoint));
+    }
+    std::vector<pb::AnnounceRequest> requests;
+    for (const auto& [candidate, stub] : targets) {
+      pb::AnnounceRequest request;
+      request.set_shard_id(shard_id);
+      request.set_round(round);
+      request.set_min_attempt(min_attempt);
+      request.set_collective_endpoint(transport->endpoint());
+      request.set_preparing(true);
+      if (!Sign(&request, kAnnounceMethod, candidate).ok()) return {};
+      requests.push_back(std::move(request));
+    }
+    return std::jthread([targets = std::move(targets), requests = std::move(requests)] {
+      for (size_t i = 0; i < targets.size(); ++i) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1000));
+        pb::AnnounceResponse response;
+        (void)targets[i].second->Announce(&context, requests[i], &response);
+      }
+    });
   }
 
   absl::StatusOr<PlanOutcome> ObtainPlan(uint64_t round, uint32_t min_attempt) {
@@ -1036,7 +1085,13 @@ struct ShardRun::Impl {
         min_attempt = 0;
       }
       if (delta_round != round) {
-        if (absl::Status s = InnerSteps(round); !s.ok()) {
+        absl::Status s;
+        {
+          // The first planners in order hear that this host is on its way while it trains.
+          std::jthread told = PreAnnounce(round, min_attempt);
+          s = InnerSteps(round);
+        }
+        if (!s.ok()) {
           if (!worker->Running()) {
             if (!RestartWorker(s)) return;
             continue;
@@ -1071,8 +1126,14 @@ struct ShardRun::Impl {
       if (!in_plan) {
         Transition(absl::StrCat("round ", round, " attempt ", plan.attempt(),
                                 " planned without this host; waiting for its certificate"));
-        Sleep(1000);
-        CatchUp(plan.planner()).IgnoreError();
+        // Polls the planner for the round's certificate, so that the next round finds this
+        // host ready in time; back to ObtainPlan after a second in case the attempt fails.
+        for (int i = 0; i < 5 && !stopping; ++i) {
+          Sleep(200);
+          CatchUp(plan.planner()).IgnoreError();
+          absl::MutexLock lock(&mu);
+          if (certified_round >= round) break;
+        }
         continue;
       }
       SetState("training");
@@ -1180,8 +1241,13 @@ pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
     m.plan_attempt = request.min_attempt();
     m.plan.reset();
   }
-  m.announces[signer] = {request.collective_endpoint(), request.min_attempt(),
-                         m.host.clock->MonotonicMs()};
+  auto [it, added] = m.announces.try_emplace(signer);
+  // A preparing announce never replaces a ready one of the same attempt.
+  if (added || !request.preparing() || it->second.preparing ||
+      it->second.min_attempt < request.min_attempt()) {
+    it->second = {request.collective_endpoint(), request.min_attempt(), m.host.clock->MonotonicMs(),
+                  request.preparing()};
+  }
   response.set_attempt(m.plan_attempt);
   if (m.plan && m.plan->attempt() >= request.min_attempt()) {
     *response.mutable_plan() = *m.plan;

@@ -1,0 +1,419 @@
+// diloco_bench: DiLoCo against synchronous data-parallel training at equal tokens, on the real
+// corpus, with the worker's own maths (Trainer, AssignBatches/GatherBatches, OuterStep) and every
+// exchange through the shard's collective (TcpTransport meshes on loopback, Collective::AllReduce).
+//
+// K workers train in one process, one after the other (the compute), then exchange at once, one
+// thread per member (the communication). Each keeps its own Trainer, so its inner AdamW state
+// persists from round to round as a worker's does. Each of T/H outer rounds: every worker starts
+// from the global parameters, runs H inner AdamW steps on the batches AssignBatches gives its
+// host name for the round (data seed derived from the round), and contributes
+// Δ = θ_global − θ_local; the collective's mean Δ (bit-identical on every member, checked) goes
+// through the outer Nesterov SGD step (outer_step.h) to give the new global parameters. The last
+// round is shorter when H does not divide T, so every method sees the same number of tokens.
+//
+// Outer step: the first `--warmup` steps of every method are synchronous (H = 1, see below);
+// then DiLoCo rounds with outer SGD-Nesterov, its learning rate ramped from --outer-lr-start to
+// --outer-lr over the first --outer-ramp rounds. docs/training.md says what helped and why.
+//
+// The synchronous baseline goes through the same exchange: H = 1 with outer SGD lr 1.0 and no
+// momentum, i.e. the workers' one-step updates are averaged after every step (parameter
+// averaging every step), which is what synchronous data-parallel training with per-worker AdamW
+// state amounts to. It exchanges T times; DiLoCo about T/H times.
+//
+// Bytes are the collective's own count (OpStats::wire_bytes_sent, frame headers included),
+// summed over the exchanges and averaged over the workers.
+//
+// Prints the figures per method, the ratios against the targets (DiLoCo/DP eval loss <= 1.05 at
+// H = 20; bytes <= 1/H with fp32 and <= 1/(4H) with int8) and one JSON line.
+//
+//   diloco_bench [--steps T] [--quick] [--lr X] [--threads N] [--workers K] [--batch B]
+//                [--files F] [--warmup W] [--outer-lr X] [--outer-lr-start X] [--outer-ramp R]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/crypto/secp256k1.h"
+#include "common/status.h"
+#include "sidecar/collective/collective.h"
+#include "sidecar/collective/tcp_transport.h"
+#include "worker/corpus.h"
+#include "worker/data_shard.h"
+#include "worker/model_config.h"
+#include "worker/outer_step.h"
+#include "worker/tokenizer.h"
+#include "worker/trainer.h"
+
+namespace ts::worker {
+namespace {
+
+using sidecar::Collective;
+using sidecar::Compression;
+using sidecar::GroupSpec;
+using sidecar::Mesh;
+using sidecar::OpOptions;
+using sidecar::OpStats;
+using sidecar::TcpTransport;
+
+constexpr double kTargetLossRatio = 1.05;  // DiLoCo / DP final eval loss, at H = 20
+constexpr uint32_t kTargetH = 20;
+constexpr char kChain[] = "diloco-bench";
+
+struct Flags {
+  uint32_t steps = 600;
+  bool quick = false;
+  float lr = 3e-3f;
+  int threads = 2;
+  uint32_t workers = 4;
+  uint32_t batch = 8;
+  uint32_t files = 6;
+  uint32_t warmup = 0;
+  float outer_lr = 0.7f;
+  float outer_lr_start = 0.7f;
+  uint32_t outer_ramp = 0;
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&](double* v) {
+      if (i + 1 >= argc) return false;
+      char* end = nullptr;
+      *v = std::strtod(argv[++i], &end);
+      return end != argv[i] && *end == '\0';
+    };
+    double v = 0;
+    if (flag == "--quick") {
+      f->quick = true;
+    } else if (flag == "--steps" && value(&v) && v >= 1 && v <= 1e6) {
+      f->steps = static_cast<uint32_t>(v);
+    } else if (flag == "--lr" && value(&v) && v > 0 && v < 1) {
+      f->lr = static_cast<float>(v);
+    } else if (flag == "--threads" && value(&v) && v >= 1 && v <= 256) {
+      f->threads = static_cast<int>(v);
+    } else if (flag == "--workers" && value(&v) && v >= 2 && v <= 16) {
+      f->workers = static_cast<uint32_t>(v);
+    } else if (flag == "--batch" && value(&v) && v >= 1 && v <= 4096) {
+      f->batch = static_cast<uint32_t>(v);
+    } else if (flag == "--files" && value(&v) && v >= 1 && v <= 41) {
+      f->files = static_cast<uint32_t>(v);
+    } else if (flag == "--warmup" && value(&v) && v >= 0 && v <= 1e6) {
+      f->warmup = static_cast<uint32_t>(v);
+    } else if (flag == "--outer-lr" && value(&v) && v > 0 && v <= 2) {
+      f->outer_lr = static_cast<float>(v);
+    } else if (flag == "--outer-lr-start" && value(&v) && v > 0 && v <= 2) {
+      f->outer_lr_start = static_cast<float>(v);
+    } else if (flag == "--outer-ramp" && value(&v) && v >= 0 && v <= 1e6) {
+      f->outer_ramp = static_cast<uint32_t>(v);
+    } else {
+      std::fprintf(stderr, "diloco_bench: bad argument %s\n", argv[i]);
+      return false;
+    }
+  }
+  if (f->quick) f->steps = 120;
+  return true;
+}
+
+// K members on loopback, one TcpTransport each; one mesh per method.
+class Exchange {
+ public:
+  static absl::StatusOr<std::unique_ptr<Exchange>> Start(uint32_t k) {
+    auto e = std::unique_ptr<Exchange>(new Exchange());
+    for (uint32_t i = 0; i < k; ++i) {
+      e->keys_.push_back(common::PrivateKey::Generate());
+      sidecar::TcpTransportOptions options;
+      options.chain_id = kChain;
+      TS_ASSIGN_OR_RETURN(std::unique_ptr<TcpTransport> t,
+                          TcpTransport::Start(e->keys_.back(), options, &common::SystemClock()));
+      e->group_.members.push_back({t->address(), t->endpoint()});
+      e->transports_.push_back(std::move(t));
+    }
+    e->group_.shard_id = 1;
+    return e;
+  }
+
+  // A new mesh (session) over every member.
+  absl::Status Open() {
+    collectives_.clear();
+    meshes_.clear();
+    group_.session++;
+    const size_t k = transports_.size();
+    std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> got;
+    for (size_t i = 0; i < k; ++i) got.emplace_back(absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    const int64_t deadline = common::SystemClock().MonotonicMs() + 30000;
+    for (size_t i = 0; i < k; ++i) {
+      threads.emplace_back([&, i] { got[i] = transports_[i]->Connect(group_, i, deadline); });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < k; ++i) {
+      if (!got[i].ok()) return got[i].status();
+      meshes_.push_back(std::move(*got[i]));
+      collectives_.push_back(std::make_unique<Collective>(meshes_.back().get(), &keys_[i], kChain,
+                                                          &common::SystemClock()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Mean over members of data[i], in place on every member (bit-identical, checked). Returns the
+  // wire bytes all members sent.
+  absl::StatusOr<uint64_t> AllReduceMean(std::vector<std::vector<float>>& data,
+                                         sidecar::CodecSpec codec) {
+    const size_t k = collectives_.size();
+    OpOptions o;
+    o.op_id = ++op_id_;
+    o.codec = codec;
+    o.reduce = sidecar::ReduceOp::kMean;
+    o.deadline_ms = common::SystemClock().MonotonicMs() + 60000;
+    std::vector<absl::StatusOr<OpStats>> stats(k, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < k; ++i) {
+      threads.emplace_back([&, i] { stats[i] = collectives_[i]->AllReduce(o, data[i]); });
+    }
+    for (auto& t : threads) t.join();
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < k; ++i) {
+      if (!stats[i].ok()) return stats[i].status();
+      bytes += stats[i]->wire_bytes_sent;
+      if (std::memcmp(data[i].data(), data[0].data(), data[0].size() * sizeof(float)) != 0) {
+        return absl::InternalError(absl::StrCat("member ", i, " got other bits than member 0"));
+      }
+    }
+    return bytes;
+  }
+
+ private:
+  Exchange() = default;
+  std::vector<common::PrivateKey> keys_;
+  std::vector<std::unique_ptr<TcpTransport>> transports_;
+  GroupSpec group_;
+  std::vector<std::unique_ptr<Mesh>> meshes_;
+  std::vector<std::unique_ptr<Collective>> collectives_;
+  uint64_t op_id_ = 0;
+};
+
+struct Method {
+  std::string name;
+  uint32_t h = 1;  // inner steps per round after the warm-up
+  bool sync = false;
+  Compression codec = Compression::kFp32;
+  // Results.
+  uint64_t exchanges = 0;
+  double bytes_per_worker = 0;
+  double eval_loss = 0;
+  double train_loss_end = 0;  // mean over workers of the last inner step's loss
+  double wall_s = 0;
+  double exchange_s = 0;
+};
+
+struct Setup {
+  ModelConfig config;
+  Dataset dataset;
+  std::vector<ShardRef> refs;
+  std::vector<float> init;
+};
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The outer step of DiLoCo round `r` (counted from the end of the warm-up).
+OuterOptions DilocoOuter(const Flags& flags, uint64_t r) {
+  float lr = flags.outer_lr;
+  if (r < flags.outer_ramp) {
+    lr = flags.outer_lr_start + (flags.outer_lr - flags.outer_lr_start) *
+                                    static_cast<float>(r + 1) /
+                                    static_cast<float>(flags.outer_ramp);
+  }
+  return {.lr = lr, .momentum = 0.9f, .nesterov = true};
+}
+
+// Trains `m` from setup.init for flags.steps inner steps per worker and evaluates the result.
+absl::Status RunMethod(const Flags& flags, const Setup& setup, Exchange& exchange, Method& m) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TS_RETURN_IF_ERROR(exchange.Open());
+  const RuntimeOptions runtime{.num_threads = flags.threads};
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (uint32_t k = 0; k < flags.workers; ++k) {
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t,
+                        Trainer::Create(setup.config, {.lr = flags.lr}, runtime));
+    trainers.push_back(std::move(t));
+  }
+  const size_t n = setup.init.size();
+  std::vector<float> global = setup.init;
+  std::vector<float> momentum(n, 0.0f);
+  std::vector<std::vector<float>> deltas(flags.workers);
+  uint64_t bytes = 0;
+  uint32_t done = 0;
+  uint64_t diloco_round = 0;
+  for (uint64_t round = 0; done < flags.steps; ++round) {
+    const bool sync = m.sync || done < flags.warmup;
+    const uint32_t h = std::min(sync ? 1u : m.h, flags.steps - done);
+    double last_loss = 0;
+    for (uint32_t k = 0; k < flags.workers; ++k) {
+      TS_ASSIGN_OR_RETURN(Assignment a,
+                          AssignBatches({.data_seed = absl::StrCat("diloco-bench/", round),
+                                         .round = round,
+                                         .host = absl::StrCat("host-", k),
+                                         .shards = setup.refs,
+                                         .steps = h,
+                                         .batch_size = flags.batch,
+                                         .context = setup.config.context}));
+      TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, GatherBatches(a, setup.dataset.train));
+      TS_ASSIGN_OR_RETURN(InnerResult r, trainers[k]->InnerSteps(global, batches));
+      deltas[k] = std::move(r.pseudo_gradient);
+      last_loss += r.losses.back();
+    }
+    const auto te = std::chrono::steady_clock::now();
+    TS_ASSIGN_OR_RETURN(uint64_t sent, exchange.AllReduceMean(
+                                           deltas, {.kind = sync ? Compression::kFp32 : m.codec}));
+    m.exchange_s += Seconds(te);
+    bytes += sent;
+    if (sync) {
+      // Parameter averaging: θ ← θ − mean Δ; the momentum is not used.
+      TS_RETURN_IF_ERROR(
+          OuterStep(global, momentum, deltas[0], {.lr = 1.0f, .momentum = 0, .nesterov = false}));
+    } else {
+      TS_RETURN_IF_ERROR(OuterStep(global, momentum, deltas[0], DilocoOuter(flags, diloco_round)));
+      ++diloco_round;
+    }
+    m.train_loss_end = last_loss / flags.workers;
+    ++m.exchanges;
+    done += h;
+  }
+  m.bytes_per_worker = static_cast<double>(bytes) / flags.workers;
+  TS_ASSIGN_OR_RETURN(m.eval_loss, trainers[0]->Evaluate(global, setup.dataset.eval,
+                                                         {.batch_size = 32, .windows_max = 256}));
+  m.wall_s = Seconds(t0);
+  return absl::OkStatus();
+}
+
+const char* Met(bool ok) { return ok ? "met" : "NOT met"; }
+
+absl::Status Run(const Flags& flags) {
+  const auto t_all = std::chrono::steady_clock::now();
+  Setup setup;
+  setup.config = {
+      .layers = 2, .d_model = 64, .heads = 4, .context = 32, .vocab = 384, .mlp_ratio = 4};
+  const auto files = DefaultFortuneFiles().first(flags.files);
+  TS_ASSIGN_OR_RETURN(std::vector<std::string> docs, ReadFortuneFiles(kFortunesDir, files));
+  TS_ASSIGN_OR_RETURN(std::string model,
+                      TrainTokenizer(docs, {.vocab_size = setup.config.vocab, .seed = 1}));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(model));
+  TS_ASSIGN_OR_RETURN(setup.dataset, BuildDataset(docs, *tok, {}));
+  uint64_t train_tokens = 0;
+  for (const DataShard& s : setup.dataset.train) {
+    train_tokens += s.tokens.size();
+    setup.refs.push_back({DataShardId(EncodeDataShard(s)), s.tokens.size()});
+  }
+  setup.init = InitParams(setup.config, 1);
+  const uint64_t params = setup.init.size();
+  double eval_init = 0;
+  {
+    TS_ASSIGN_OR_RETURN(
+        std::unique_ptr<Trainer> t,
+        Trainer::Create(setup.config, {.lr = flags.lr}, {.num_threads = flags.threads}));
+    TS_ASSIGN_OR_RETURN(eval_init, t->Evaluate(setup.init, setup.dataset.eval,
+                                               {.batch_size = 32, .windows_max = 256}));
+  }
+  std::printf("corpus: %zu documents, %llu train tokens in %zu shards, %zu eval tokens\n",
+              docs.size(), static_cast<unsigned long long>(train_tokens),
+              setup.dataset.train.size(), setup.dataset.eval.tokens.size());
+  std::printf(
+      "model: %s, %llu params; K=%u workers, batch %u, T=%u inner steps per worker, "
+      "AdamW lr %g, %d threads; eval at init %.4f\n",
+      ModelConfigString(setup.config).c_str(), static_cast<unsigned long long>(params),
+      flags.workers, flags.batch, flags.steps, flags.lr, flags.threads, eval_init);
+  std::printf(
+      "DiLoCo: %u synchronous warm-up steps, outer SGD-Nesterov momentum 0.9, lr %g "
+      "(ramped from %g over %u rounds)\n",
+      flags.warmup, flags.outer_lr, flags.outer_lr_start, flags.outer_ramp);
+  std::printf(
+      "baseline: synchronous DP through the same collective = H=1, outer SGD lr 1.0, "
+      "momentum 0 (parameter averaging of one-step updates every step, per-worker "
+      "AdamW state)\n");
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Exchange> exchange, Exchange::Start(flags.workers));
+
+  std::vector<Method> methods;
+  methods.push_back({.name = "dp", .h = 1, .sync = true});
+  for (uint32_t h : {10u, 20u, 50u}) {
+    methods.push_back({.name = absl::StrCat("diloco_h", h), .h = h});
+    methods.push_back(
+        {.name = absl::StrCat("diloco_h", h, "_int8"), .h = h, .codec = Compression::kInt8});
+  }
+  for (Method& m : methods) {
+    TS_RETURN_IF_ERROR(RunMethod(flags, setup, *exchange, m));
+    std::printf(
+        "%-16s H=%-3u %s: %llu exchanges (%.1f s), %.0f bytes per worker, train loss "
+        "end %.4f, eval loss %.4f, %.1f s\n",
+        m.name.c_str(), m.sync ? 1 : m.h, m.codec == Compression::kInt8 ? "int8" : "fp32",
+        static_cast<unsigned long long>(m.exchanges), m.exchange_s, m.bytes_per_worker,
+        m.train_loss_end, m.eval_loss, m.wall_s);
+    std::fflush(stdout);
+  }
+
+  const Method& dp = methods[0];
+  bool loss_ok = true;
+  bool bytes_ok = true;
+  std::string json =
+      absl::StrCat("{\"params\":", params, ",\"workers\":", flags.workers,
+                   ",\"batch\":", flags.batch, ",\"steps\":", flags.steps, ",\"lr\":", flags.lr,
+                   ",\"threads\":", flags.threads, ",\"warmup\":", flags.warmup,
+                   ",\"outer_lr\":", flags.outer_lr, ",\"outer_lr_start\":", flags.outer_lr_start,
+                   ",\"outer_ramp\":", flags.outer_ramp, ",\"eval_init\":", eval_init,
+                   ",\"dp\":{\"exchanges\":", dp.exchanges, ",\"eval_loss\":", dp.eval_loss,
+                   ",\"bytes\":", dp.bytes_per_worker, ",\"wall_s\":", dp.wall_s, "},\"diloco\":[");
+  for (size_t i = 1; i < methods.size(); ++i) {
+    const Method& m = methods[i];
+    const bool int8 = m.codec == Compression::kInt8;
+    const double loss_ratio = m.eval_loss / dp.eval_loss;
+    const double bytes_ratio = m.bytes_per_worker / dp.bytes_per_worker;
+    const double bytes_target = int8 ? 1.0 / (4.0 * m.h) : 1.0 / m.h;
+    const bool bytes_met = bytes_ratio <= bytes_target;
+    bytes_ok = bytes_ok && bytes_met;
+    const bool at_target = m.h == kTargetH && !int8;
+    if (at_target) loss_ok = loss_ratio <= kTargetLossRatio;
+    std::printf(
+        "%-16s eval loss ratio DiLoCo/DP %.4f%s; bytes ratio %.5f (target <= %.5f: %s)\n",
+        m.name.c_str(), loss_ratio,
+        at_target ? (loss_ok ? " (target <= 1.05: met)" : " (target <= 1.05: NOT met)") : "",
+        bytes_ratio, bytes_target, Met(bytes_met));
+    absl::StrAppend(&json, i > 1 ? "," : "", "{\"name\":\"", m.name, "\",\"h\":", m.h,
+                    ",\"codec\":\"", int8 ? "int8" : "fp32", "\",\"exchanges\":", m.exchanges,
+                    ",\"eval_loss\":", m.eval_loss, ",\"loss_ratio\":", loss_ratio,
+                    ",\"bytes\":", m.bytes_per_worker, ",\"bytes_ratio\":", bytes_ratio,
+                    ",\"bytes_target\":", bytes_target, ",\"wall_s\":", m.wall_s, "}");
+  }
+  const double total_s = Seconds(t_all);
+  std::printf("wall time: %.1f s in all\n", total_s);
+  absl::StrAppend(&json, "],\"loss_target_met\":", loss_ok ? "true" : "false",
+                  ",\"bytes_target_met\":", bytes_ok ? "true" : "false", ",\"wall_s\":", total_s,
+                  "}");
+  std::printf("%s\n", json.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ts::worker
+
+int main(int argc, char** argv) {
+  ts::worker::Flags flags;
+  if (!ts::worker::ParseFlags(argc, argv, &flags)) return 2;
+  absl::Status s = ts::worker::Run(flags);
+  if (!s.ok()) {
+    std::fprintf(stderr, "diloco_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
