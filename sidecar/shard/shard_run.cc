@@ -485,6 +485,19 @@ struct ShardRun::Impl {
     return absl::CancelledError("stopping");
   }
 
+  // A signed Announce for `round` to `candidate`.
+  absl::StatusOr<pb::AnnounceRequest> AnnounceTo(const std::string& candidate, uint64_t round,
+                                                 uint32_t min_attempt, bool preparing) {
+    pb::AnnounceRequest request;
+    request.set_shard_id(shard_id);
+    request.set_round(round);
+    request.set_min_attempt(min_attempt);
+    request.set_collective_endpoint(transport->endpoint());
+    request.set_preparing(preparing);
+    TS_RETURN_IF_ERROR(Sign(&request, kAnnounceMethod, candidate));
+    return request;
+  }
+
   // Sends a preparing announce for `round` to the first two planners in order (not this host),
   // on a thread of its own, best effort: a planner that hears it waits a bounded time for this
   // host's ready announce. The returned thread is joined when it goes out of scope.
@@ -500,14 +513,9 @@ struct ShardRun::Impl {
     }
     std::vector<pb::AnnounceRequest> requests;
     for (const auto& [candidate, stub] : targets) {
-      pb::AnnounceRequest request;
-      request.set_shard_id(shard_id);
-      request.set_round(round);
-      request.set_min_attempt(min_attempt);
-      request.set_collective_endpoint(transport->endpoint());
-      request.set_preparing(true);
-      if (!Sign(&request, kAnnounceMethod, candidate).ok()) return {};
-      requests.push_back(std::move(request));
+      auto request = AnnounceTo(candidate, round, min_attempt, /*preparing=*/true);
+      if (!request.ok()) return {};
+      requests.push_back(std::move(*request));
     }
     return std::jthread([targets = std::move(targets), requests = std::move(requests)] {
       for (size_t i = 0; i < targets.size(); ++i) {
@@ -542,12 +550,8 @@ struct ShardRun::Impl {
           return PlanOutcome{.plan = std::nullopt, .behind_peer = std::exchange(ahead_peer, "")};
       }
       const ShardMember* member = view.Find(candidate);
-      pb::AnnounceRequest request;
-      request.set_shard_id(shard_id);
-      request.set_round(round);
-      request.set_min_attempt(min_attempt);
-      request.set_collective_endpoint(transport->endpoint());
-      TS_RETURN_IF_ERROR(Sign(&request, kAnnounceMethod, candidate));
+      TS_ASSIGN_OR_RETURN(pb::AnnounceRequest request,
+                          AnnounceTo(candidate, round, min_attempt, /*preparing=*/false));
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::milliseconds(kRpcTimeoutMs));
