@@ -28,60 +28,53 @@
 //
 //   diloco_bench [--steps T] [--quick] [--lr X] [--threads N] [--workers K] [--batch B]
 //                [--files F] [--warmup W] [--outer-lr X] [--outer-lr-start X] [--outer-ramp R]
+//                [--only diloco_h20,diloco_h50_int8,...]  (dp always runs)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
-#include "common/crypto/secp256k1.h"
+#include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "sidecar/collective/collective.h"
-#include "sidecar/collective/tcp_transport.h"
+#include "tests/bench/bench_training.h"
 #include "worker/corpus.h"
 #include "worker/data_shard.h"
 #include "worker/model_config.h"
 #include "worker/outer_step.h"
-#include "worker/tokenizer.h"
 #include "worker/trainer.h"
 
 namespace ts::worker {
 namespace {
 
-using sidecar::Collective;
 using sidecar::Compression;
-using sidecar::GroupSpec;
-using sidecar::Mesh;
-using sidecar::OpOptions;
-using sidecar::OpStats;
-using sidecar::TcpTransport;
 
 constexpr double kTargetLossRatio = 1.05;  // DiLoCo / DP final eval loss, at H = 20
 constexpr uint32_t kTargetH = 20;
-constexpr char kChain[] = "diloco-bench";
 
 struct Flags {
   uint32_t steps = 600;
   bool quick = false;
-  float lr = 3e-3f;
-  int threads = 2;
+  float lr = 3e-3f;         // inner AdamW learning rate of the DP baseline
+  float diloco_lr = 3e-3f;  // and of DiLoCo's inner steps
+  int threads = 1;          // intra-op threads; at this model size more cost more than they give
   uint32_t workers = 4;
   uint32_t batch = 8;
   uint32_t files = 6;
   uint32_t warmup = 0;
   float outer_lr = 0.7f;
   float outer_lr_start = 0.7f;
+  float outer_momentum = 0.9f;
   uint32_t outer_ramp = 0;
+  std::string only;  // comma-separated method names to run besides dp; empty: all
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -100,6 +93,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->steps = static_cast<uint32_t>(v);
     } else if (flag == "--lr" && value(&v) && v > 0 && v < 1) {
       f->lr = static_cast<float>(v);
+    } else if (flag == "--diloco-lr" && value(&v) && v > 0 && v < 1) {
+      f->diloco_lr = static_cast<float>(v);
     } else if (flag == "--threads" && value(&v) && v >= 1 && v <= 256) {
       f->threads = static_cast<int>(v);
     } else if (flag == "--workers" && value(&v) && v >= 2 && v <= 16) {
@@ -114,8 +109,12 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->outer_lr = static_cast<float>(v);
     } else if (flag == "--outer-lr-start" && value(&v) && v > 0 && v <= 2) {
       f->outer_lr_start = static_cast<float>(v);
+    } else if (flag == "--outer-momentum" && value(&v) && v >= 0 && v < 1) {
+      f->outer_momentum = static_cast<float>(v);
     } else if (flag == "--outer-ramp" && value(&v) && v >= 0 && v <= 1e6) {
       f->outer_ramp = static_cast<uint32_t>(v);
+    } else if (flag == "--only" && i + 1 < argc) {
+      f->only = argv[++i];
     } else {
       std::fprintf(stderr, "diloco_bench: bad argument %s\n", argv[i]);
       return false;
@@ -124,84 +123,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   if (f->quick) f->steps = 120;
   return true;
 }
-
-// K members on loopback, one TcpTransport each; one mesh per method.
-class Exchange {
- public:
-  static absl::StatusOr<std::unique_ptr<Exchange>> Start(uint32_t k) {
-    auto e = std::unique_ptr<Exchange>(new Exchange());
-    for (uint32_t i = 0; i < k; ++i) {
-      e->keys_.push_back(common::PrivateKey::Generate());
-      sidecar::TcpTransportOptions options;
-      options.chain_id = kChain;
-      TS_ASSIGN_OR_RETURN(std::unique_ptr<TcpTransport> t,
-                          TcpTransport::Start(e->keys_.back(), options, &common::SystemClock()));
-      e->group_.members.push_back({t->address(), t->endpoint()});
-      e->transports_.push_back(std::move(t));
-    }
-    e->group_.shard_id = 1;
-    return e;
-  }
-
-  // A new mesh (session) over every member.
-  absl::Status Open() {
-    collectives_.clear();
-    meshes_.clear();
-    group_.session++;
-    const size_t k = transports_.size();
-    std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> got;
-    for (size_t i = 0; i < k; ++i) got.emplace_back(absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    const int64_t deadline = common::SystemClock().MonotonicMs() + 30000;
-    for (size_t i = 0; i < k; ++i) {
-      threads.emplace_back([&, i] { got[i] = transports_[i]->Connect(group_, i, deadline); });
-    }
-    for (auto& t : threads) t.join();
-    for (size_t i = 0; i < k; ++i) {
-      if (!got[i].ok()) return got[i].status();
-      meshes_.push_back(std::move(*got[i]));
-      collectives_.push_back(std::make_unique<Collective>(meshes_.back().get(), &keys_[i], kChain,
-                                                          &common::SystemClock()));
-    }
-    return absl::OkStatus();
-  }
-
-  // Mean over members of data[i], in place on every member (bit-identical, checked). Returns the
-  // wire bytes all members sent.
-  absl::StatusOr<uint64_t> AllReduceMean(std::vector<std::vector<float>>& data,
-                                         sidecar::CodecSpec codec) {
-    const size_t k = collectives_.size();
-    OpOptions o;
-    o.op_id = ++op_id_;
-    o.codec = codec;
-    o.reduce = sidecar::ReduceOp::kMean;
-    o.deadline_ms = common::SystemClock().MonotonicMs() + 60000;
-    std::vector<absl::StatusOr<OpStats>> stats(k, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < k; ++i) {
-      threads.emplace_back([&, i] { stats[i] = collectives_[i]->AllReduce(o, data[i]); });
-    }
-    for (auto& t : threads) t.join();
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < k; ++i) {
-      if (!stats[i].ok()) return stats[i].status();
-      bytes += stats[i]->wire_bytes_sent;
-      if (std::memcmp(data[i].data(), data[0].data(), data[0].size() * sizeof(float)) != 0) {
-        return absl::InternalError(absl::StrCat("member ", i, " got other bits than member 0"));
-      }
-    }
-    return bytes;
-  }
-
- private:
-  Exchange() = default;
-  std::vector<common::PrivateKey> keys_;
-  std::vector<std::unique_ptr<TcpTransport>> transports_;
-  GroupSpec group_;
-  std::vector<std::unique_ptr<Mesh>> meshes_;
-  std::vector<std::unique_ptr<Collective>> collectives_;
-  uint64_t op_id_ = 0;
-};
 
 struct Method {
   std::string name;
@@ -219,14 +140,9 @@ struct Method {
 
 struct Setup {
   ModelConfig config;
-  Dataset dataset;
-  std::vector<ShardRef> refs;
+  bench::BenchCorpus corpus;
   std::vector<float> init;
 };
-
-double Seconds(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // The outer step of DiLoCo round `r` (counted from the end of the warm-up).
 OuterOptions DilocoOuter(const Flags& flags, uint64_t r) {
@@ -236,18 +152,20 @@ OuterOptions DilocoOuter(const Flags& flags, uint64_t r) {
                                     static_cast<float>(r + 1) /
                                     static_cast<float>(flags.outer_ramp);
   }
-  return {.lr = lr, .momentum = 0.9f, .nesterov = true};
+  return {.lr = lr, .momentum = flags.outer_momentum, .nesterov = true};
 }
 
 // Trains `m` from setup.init for flags.steps inner steps per worker and evaluates the result.
-absl::Status RunMethod(const Flags& flags, const Setup& setup, Exchange& exchange, Method& m) {
+absl::Status RunMethod(const Flags& flags, const Setup& setup, bench::BenchMesh& exchange,
+                       Method& m) {
   const auto t0 = std::chrono::steady_clock::now();
   TS_RETURN_IF_ERROR(exchange.Open());
   const RuntimeOptions runtime{.num_threads = flags.threads};
   std::vector<std::unique_ptr<Trainer>> trainers;
   for (uint32_t k = 0; k < flags.workers; ++k) {
-    TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t,
-                        Trainer::Create(setup.config, {.lr = flags.lr}, runtime));
+    TS_ASSIGN_OR_RETURN(
+        std::unique_ptr<Trainer> t,
+        Trainer::Create(setup.config, {.lr = m.sync ? flags.lr : flags.diloco_lr}, runtime));
     trainers.push_back(std::move(t));
   }
   const size_t n = setup.init.size();
@@ -262,15 +180,9 @@ absl::Status RunMethod(const Flags& flags, const Setup& setup, Exchange& exchang
     const uint32_t h = std::min(sync ? 1u : m.h, flags.steps - done);
     double last_loss = 0;
     for (uint32_t k = 0; k < flags.workers; ++k) {
-      TS_ASSIGN_OR_RETURN(Assignment a,
-                          AssignBatches({.data_seed = absl::StrCat("diloco-bench/", round),
-                                         .round = round,
-                                         .host = absl::StrCat("host-", k),
-                                         .shards = setup.refs,
-                                         .steps = h,
-                                         .batch_size = flags.batch,
-                                         .context = setup.config.context}));
-      TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, GatherBatches(a, setup.dataset.train));
+      TS_ASSIGN_OR_RETURN(
+          std::vector<TokenBatch> batches,
+          bench::RoundBatches(setup.corpus, setup.config, round, k, h, flags.batch));
       TS_ASSIGN_OR_RETURN(InnerResult r, trainers[k]->InnerSteps(global, batches));
       deltas[k] = std::move(r.pseudo_gradient);
       last_loss += r.losses.back();
@@ -278,7 +190,7 @@ absl::Status RunMethod(const Flags& flags, const Setup& setup, Exchange& exchang
     const auto te = std::chrono::steady_clock::now();
     TS_ASSIGN_OR_RETURN(uint64_t sent, exchange.AllReduceMean(
                                            deltas, {.kind = sync ? Compression::kFp32 : m.codec}));
-    m.exchange_s += Seconds(te);
+    m.exchange_s += bench::SecondsSince(te);
     bytes += sent;
     if (sync) {
       // Parameter averaging: θ ← θ − mean Δ; the momentum is not used.
@@ -293,9 +205,9 @@ absl::Status RunMethod(const Flags& flags, const Setup& setup, Exchange& exchang
     done += h;
   }
   m.bytes_per_worker = static_cast<double>(bytes) / flags.workers;
-  TS_ASSIGN_OR_RETURN(m.eval_loss, trainers[0]->Evaluate(global, setup.dataset.eval,
+  TS_ASSIGN_OR_RETURN(m.eval_loss, trainers[0]->Evaluate(global, setup.corpus.dataset.eval,
                                                          {.batch_size = 32, .windows_max = 256}));
-  m.wall_s = Seconds(t0);
+  m.wall_s = bench::SecondsSince(t0);
   return absl::OkStatus();
 }
 
@@ -306,17 +218,7 @@ absl::Status Run(const Flags& flags) {
   Setup setup;
   setup.config = {
       .layers = 2, .d_model = 64, .heads = 4, .context = 32, .vocab = 384, .mlp_ratio = 4};
-  const auto files = DefaultFortuneFiles().first(flags.files);
-  TS_ASSIGN_OR_RETURN(std::vector<std::string> docs, ReadFortuneFiles(kFortunesDir, files));
-  TS_ASSIGN_OR_RETURN(std::string model,
-                      TrainTokenizer(docs, {.vocab_size = setup.config.vocab, .seed = 1}));
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(model));
-  TS_ASSIGN_OR_RETURN(setup.dataset, BuildDataset(docs, *tok, {}));
-  uint64_t train_tokens = 0;
-  for (const DataShard& s : setup.dataset.train) {
-    train_tokens += s.tokens.size();
-    setup.refs.push_back({DataShardId(EncodeDataShard(s)), s.tokens.size()});
-  }
+  TS_ASSIGN_OR_RETURN(setup.corpus, bench::LoadBenchCorpus(flags.files, setup.config.vocab));
   setup.init = InitParams(setup.config, 1);
   const uint64_t params = setup.init.size();
   double eval_init = 0;
@@ -324,26 +226,27 @@ absl::Status Run(const Flags& flags) {
     TS_ASSIGN_OR_RETURN(
         std::unique_ptr<Trainer> t,
         Trainer::Create(setup.config, {.lr = flags.lr}, {.num_threads = flags.threads}));
-    TS_ASSIGN_OR_RETURN(eval_init, t->Evaluate(setup.init, setup.dataset.eval,
+    TS_ASSIGN_OR_RETURN(eval_init, t->Evaluate(setup.init, setup.corpus.dataset.eval,
                                                {.batch_size = 32, .windows_max = 256}));
   }
   std::printf("corpus: %zu documents, %llu train tokens in %zu shards, %zu eval tokens\n",
-              docs.size(), static_cast<unsigned long long>(train_tokens),
-              setup.dataset.train.size(), setup.dataset.eval.tokens.size());
+              setup.corpus.documents, static_cast<unsigned long long>(setup.corpus.train_tokens),
+              setup.corpus.dataset.train.size(), setup.corpus.dataset.eval.tokens.size());
   std::printf(
       "model: %s, %llu params; K=%u workers, batch %u, T=%u inner steps per worker, "
-      "AdamW lr %g, %d threads; eval at init %.4f\n",
+      "inner AdamW lr %g (DP) and %g (DiLoCo), %d threads; eval at init %.4f\n",
       ModelConfigString(setup.config).c_str(), static_cast<unsigned long long>(params),
-      flags.workers, flags.batch, flags.steps, flags.lr, flags.threads, eval_init);
+      flags.workers, flags.batch, flags.steps, flags.lr, flags.diloco_lr, flags.threads, eval_init);
   std::printf(
-      "DiLoCo: %u synchronous warm-up steps, outer SGD-Nesterov momentum 0.9, lr %g "
+      "DiLoCo: %u synchronous warm-up steps, outer SGD-Nesterov momentum %g, lr %g "
       "(ramped from %g over %u rounds)\n",
-      flags.warmup, flags.outer_lr, flags.outer_lr_start, flags.outer_ramp);
+      flags.warmup, flags.outer_momentum, flags.outer_lr, flags.outer_lr_start, flags.outer_ramp);
   std::printf(
       "baseline: synchronous DP through the same collective = H=1, outer SGD lr 1.0, "
       "momentum 0 (parameter averaging of one-step updates every step, per-worker "
       "AdamW state)\n");
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Exchange> exchange, Exchange::Start(flags.workers));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<bench::BenchMesh> exchange,
+                      bench::BenchMesh::Start(flags.workers));
 
   std::vector<Method> methods;
   methods.push_back({.name = "dp", .h = 1, .sync = true});
@@ -351,6 +254,15 @@ absl::Status Run(const Flags& flags) {
     methods.push_back({.name = absl::StrCat("diloco_h", h), .h = h});
     methods.push_back(
         {.name = absl::StrCat("diloco_h", h, "_int8"), .h = h, .codec = Compression::kInt8});
+  }
+  if (!flags.only.empty()) {
+    const std::vector<std::string> only = absl::StrSplit(flags.only, ',');
+    std::erase_if(methods, [&](const Method& m) {
+      return m.sync ? false : std::find(only.begin(), only.end(), m.name) == only.end();
+    });
+    if (methods.size() == 1)
+      return absl::InvalidArgumentError(absl::StrCat("--only: no method named in \"", flags.only,
+                                                     "\" (diloco_h10, diloco_h20_int8, ...)"));
   }
   for (Method& m : methods) {
     TS_RETURN_IF_ERROR(RunMethod(flags, setup, *exchange, m));
@@ -366,14 +278,15 @@ absl::Status Run(const Flags& flags) {
   const Method& dp = methods[0];
   bool loss_ok = true;
   bool bytes_ok = true;
-  std::string json =
-      absl::StrCat("{\"params\":", params, ",\"workers\":", flags.workers,
-                   ",\"batch\":", flags.batch, ",\"steps\":", flags.steps, ",\"lr\":", flags.lr,
-                   ",\"threads\":", flags.threads, ",\"warmup\":", flags.warmup,
-                   ",\"outer_lr\":", flags.outer_lr, ",\"outer_lr_start\":", flags.outer_lr_start,
-                   ",\"outer_ramp\":", flags.outer_ramp, ",\"eval_init\":", eval_init,
-                   ",\"dp\":{\"exchanges\":", dp.exchanges, ",\"eval_loss\":", dp.eval_loss,
-                   ",\"bytes\":", dp.bytes_per_worker, ",\"wall_s\":", dp.wall_s, "},\"diloco\":[");
+  std::string json = absl::StrCat(
+      "{\"params\":", params, ",\"workers\":", flags.workers, ",\"batch\":", flags.batch,
+      ",\"steps\":", flags.steps, ",\"lr\":", flags.lr, ",\"diloco_lr\":", flags.diloco_lr,
+      ",\"threads\":", flags.threads, ",\"warmup\":", flags.warmup,
+      ",\"outer_lr\":", flags.outer_lr, ",\"outer_lr_start\":", flags.outer_lr_start,
+      ",\"outer_ramp\":", flags.outer_ramp, ",\"outer_momentum\":", flags.outer_momentum,
+      ",\"eval_init\":", eval_init, ",\"dp\":{\"exchanges\":", dp.exchanges,
+      ",\"eval_loss\":", dp.eval_loss, ",\"bytes\":", dp.bytes_per_worker,
+      ",\"wall_s\":", dp.wall_s, "},\"diloco\":[");
   for (size_t i = 1; i < methods.size(); ++i) {
     const Method& m = methods[i];
     const bool int8 = m.codec == Compression::kInt8;
@@ -395,7 +308,7 @@ absl::Status Run(const Flags& flags) {
                     ",\"bytes\":", m.bytes_per_worker, ",\"bytes_ratio\":", bytes_ratio,
                     ",\"bytes_target\":", bytes_target, ",\"wall_s\":", m.wall_s, "}");
   }
-  const double total_s = Seconds(t_all);
+  const double total_s = bench::SecondsSince(t_all);
   std::printf("wall time: %.1f s in all\n", total_s);
   absl::StrAppend(&json, "],\"loss_target_met\":", loss_ok ? "true" : "false",
                   ",\"bytes_target_met\":", bytes_ok ? "true" : "false", ",\"wall_s\":", total_s,
