@@ -47,6 +47,10 @@ constexpr size_t kVoteBlockBytes = 2048;
 constexpr size_t kSettlementBlockBytes = 512;
 constexpr int64_t kAnnounceFreshMs = 3000;  // an announce older than this is not counted
 constexpr int64_t kRpcTimeoutMs = 5000;
+// The least time members of a plan get to connect their mesh (see Exchange).
+constexpr int64_t kConnectMinMs = 5000;
+// How often a planner without a plan past its window asks a member for newer certificates.
+constexpr int64_t kStuckProbeMs = 1000;
 constexpr size_t kRoundsKept = 256;
 constexpr int kWorkerRestartsMax = 5;
 
@@ -321,7 +325,8 @@ struct ShardRun::Impl {
     }
     Transition(absl::StrCat("data prepared: ", data.shard_files_size(), " training shards, ",
                             data.train_tokens(), " + ", data.eval_tokens(),
-                            " held-out tokens, root ", Hex8(dataset_root)));
+                            " held-out tokens, root ", Hex8(dataset_root),
+                            data.reused() ? " (the files on disk, re-verified)" : ""));
     if (!data_published) PublishData();
     return absl::OkStatus();
   }
@@ -415,6 +420,8 @@ struct ShardRun::Impl {
   absl::StatusOr<PlanOutcome> PlanAsPlanner(uint64_t round, uint32_t min_attempt,
                                             const ShardView& view) {
     const int64_t start = host.clock->MonotonicMs();
+    int64_t last_probe = start;
+    size_t probe = 0;
     const uint64_t total = TotalWeight(view);
     const int64_t preparing_wait_ms =
         spec.spec.join_window_ms() + static_cast<int64_t>(round_inner_seconds * 1000.0);
@@ -478,6 +485,28 @@ struct ShardRun::Impl {
           TS_RETURN_IF_ERROR(SignPlan(*host.key, host.chain_id, &p));
           plan = p;
           return PlanOutcome{.plan = p, .behind_peer = {}};
+        }
+      }
+      // No plan long past the window: the others may have certified this round without this
+      // host (it failed its attempt while they completed theirs) and be waiting on the next
+      // round's planner, so nobody announces this round here again. Ask one member a second,
+      // in turn, for certificates past this host's.
+      const int64_t now = host.clock->MonotonicMs();
+      if (now - start > spec.spec.join_window_ms() + spec.spec.planner_timeout_ms() &&
+          now - last_probe >= kStuckProbeMs && view.members.size() > 1) {
+        last_probe = now;
+        const std::string& peer = view.members[probe++ % view.members.size()].address;
+        if (peer != host.address && CatchUp(peer).ok()) {
+          bool past;
+          {
+            absl::MutexLock lock(&mu);
+            past = certified_round >= round;
+          }
+          if (past) {
+            Transition(absl::StrCat(
+                "round ", round, " was certified without this host; caught up from ", Short(peer)));
+            return PlanOutcome{.plan = std::nullopt, .behind_peer = peer};
+          }
         }
       }
       Sleep(50);
@@ -652,7 +681,14 @@ struct ShardRun::Impl {
       group.members.push_back({plan.members(i).address(), plan.members(i).collective_endpoint()});
       if (plan.members(i).address() == host.address) self = i;
     }
-    TS_ASSIGN_OR_RETURN(std::unique_ptr<Mesh> mesh, transport->Connect(group, self, deadline));
+    // Every member of a plan announced within the last seconds and polls for the plan, so all of
+    // them dial within a poll or two; a member that died after the plan was made would otherwise
+    // hold the others until the exchange deadline.
+    const int64_t connect_deadline = std::min(
+        deadline, started + std::max<int64_t>(kConnectMinMs, spec.spec.join_window_ms() +
+                                                                 spec.spec.planner_timeout_ms()));
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Mesh> mesh,
+                        transport->Connect(group, self, connect_deadline));
     Collective collective(mesh.get(), host.key, host.chain_id, host.clock);
 
     TS_ASSIGN_OR_RETURN(std::string raw,
