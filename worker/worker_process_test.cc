@@ -463,5 +463,60 @@ TEST_F(WorkerProcessTest, KilledMidCallIsUnavailableWithinTheDeadlineAndARestart
   EXPECT_TRUE(inner.ok()) << inner.status();
 }
 
+// PrepareData on a restart: intact files of the same request are re-verified and returned as
+// they are; a changed file or request is built again, to the same bytes as the first time.
+TEST_F(WorkerProcessTest, PreparedDataIsReusedWhenIntactAndRebuiltOtherwise) {
+  const std::string work = dir_ + "/prep";
+  ASSERT_EQ(mkdir(work.c_str(), 0700), 0);
+  auto worker = Start("w", work);
+  ASSERT_NE(worker, nullptr);
+  pb::PrepareDataRequest req;
+  req.set_corpus("fortunes");
+  req.set_files(1);
+  req.set_vocab(128);
+  req.set_shard_tokens(4096);
+  req.set_eval_every(20);
+  req.set_out_dir("data");
+  auto first = worker->client().PrepareData(req);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->reused());
+  ASSERT_GE(first->shard_files_size(), 2);
+  const std::string shard0 = Read(work, first->shard_files(0));
+
+  // A new worker process on the same work dir, as after a crash.
+  worker = Start("w2", work);
+  ASSERT_NE(worker, nullptr);
+  auto second = worker->client().PrepareData(req);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->reused());
+  pb::PrepareDataResponse a = *first;
+  pb::PrepareDataResponse b = *second;
+  b.set_reused(false);
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+
+  // One flipped byte in a training shard: rebuilt, and the shard is whole again.
+  std::string damaged = shard0;
+  damaged[damaged.size() / 2] ^= 1;
+  ASSERT_TRUE(WriteWorkFile(work, "f", first->shard_files(0), damaged).ok());
+  auto third = worker->client().PrepareData(req);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_FALSE(third->reused());
+  EXPECT_EQ(third->shard_ids(0), first->shard_ids(0));
+  EXPECT_EQ(Read(work, first->shard_files(0)), shard0);
+
+  // A missing tokenizer file: rebuilt.
+  ASSERT_EQ(::unlink((work + "/" + first->tokenizer_file()).c_str()), 0);
+  auto fourth = worker->client().PrepareData(req);
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_FALSE(fourth->reused());
+
+  // Another request (vocab) is not served from the files of this one.
+  req.set_vocab(160);
+  auto other = worker->client().PrepareData(req);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_FALSE(other->reused());
+  EXPECT_NE(other->shard_ids(0), first->shard_ids(0));
+}
+
 }  // namespace
 }  // namespace ts::worker

@@ -30,6 +30,58 @@
 namespace ts::worker {
 namespace {
 
+constexpr char kPreparedFile[] = "prepared.pb";
+constexpr uint64_t kPreparedBytesMax = 1u << 20;
+
+// What a prepared data set depends on: this worker's code, the request and the corpus bytes.
+std::string PreparedKey(const pb::PrepareDataRequest& request,
+                        const std::vector<std::string>& documents) {
+  common::Sha256Hasher h;
+  auto field = [&](std::string_view v) {
+    h.Update(absl::StrCat(v.size(), ":"));
+    h.Update(v);
+  };
+  field(kWorkerVersion);
+  field(request.corpus());
+  field(absl::StrCat(request.files(), ",", request.vocab(), ",", request.shard_tokens(), ",",
+                     request.eval_every()));
+  for (const std::string& d : documents) field(d);
+  return h.Finish();
+}
+
+bool FileHashes(const std::string& work_dir, const std::string& name, uint64_t bytes_max,
+                bool data_shard, std::string_view want) {
+  auto bytes = ReadWorkFile(work_dir, "prepared file", name, bytes_max);
+  if (!bytes.ok()) return false;
+  return (data_shard ? DataShardId(*bytes) : common::Sha256(*bytes)) == want;
+}
+
+// True, with *response filled in, when `manifest` was written for `key` and every file it names
+// is still what it was; a missing, stale or damaged set is rebuilt by the caller.
+bool ReusePrepared(const std::string& work_dir, const std::string& manifest, const std::string& key,
+                   uint64_t bytes_max, pb::PrepareDataResponse* response) {
+  auto raw = ReadWorkFile(work_dir, "prepared", manifest, kPreparedBytesMax);
+  pb::PreparedData prepared;
+  if (!raw.ok() || !prepared.ParseFromString(*raw) || prepared.key() != key) return false;
+  const pb::PrepareDataResponse& r = prepared.response();
+  if (r.shard_files_size() != r.shard_ids_size() || r.shard_files_size() == 0) return false;
+  for (int i = 0; i < r.shard_files_size(); ++i) {
+    if (!ValidateWorkFileName("shard_file", r.shard_files(i)).ok() ||
+        !FileHashes(work_dir, r.shard_files(i), bytes_max, true, r.shard_ids(i))) {
+      return false;
+    }
+  }
+  if (!ValidateWorkFileName("eval_file", r.eval_file()).ok() ||
+      !ValidateWorkFileName("tokenizer_file", r.tokenizer_file()).ok() ||
+      !FileHashes(work_dir, r.eval_file(), bytes_max, true, r.eval_id()) ||
+      !FileHashes(work_dir, r.tokenizer_file(), bytes_max, false, prepared.tokenizer_sha256())) {
+    return false;
+  }
+  *response = r;
+  response->set_reused(true);
+  return true;
+}
+
 constexpr std::string_view kComponent = "ts_worker";
 constexpr char kModelKindGpt[] = "gpt";
 
@@ -527,13 +579,19 @@ absl::Status WorkerService::DoPrepareData(const pb::PrepareDataRequest& request,
   }
   TS_ASSIGN_OR_RETURN(std::vector<std::string> documents,
                       ReadFortuneFiles(kFortunesDir, files.subspan(0, request.files())));
+  const std::string prefix = request.out_dir() + "/";
+  const std::string key = PreparedKey(request, documents);
+  if (ReusePrepared(options_.work_dir, prefix + kPreparedFile, key, options_.file_bytes_max,
+                    response)) {
+    return absl::OkStatus();
+  }
+  response->Clear();
   TS_ASSIGN_OR_RETURN(std::string model,
                       TrainTokenizer(documents, {.vocab_size = request.vocab(), .seed = 1}));
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Load(model));
   TS_ASSIGN_OR_RETURN(Dataset dataset, BuildDataset(documents, *tokenizer,
                                                     {.shard_tokens = request.shard_tokens(),
                                                      .eval_every = request.eval_every()}));
-  const std::string prefix = request.out_dir() + "/";
   response->set_tokenizer_file(prefix + "tokenizer.model");
   TS_RETURN_IF_ERROR(
       WriteWorkFile(options_.work_dir, "tokenizer_file", response->tokenizer_file(), model));
@@ -554,7 +612,13 @@ absl::Status WorkerService::DoPrepareData(const pb::PrepareDataRequest& request,
   response->set_train_tokens(train_tokens);
   response->set_eval_tokens(dataset.eval.tokens.size());
   response->set_documents(dataset.documents);
-  return absl::OkStatus();
+  // Last, after every file it names: a crash before this leaves nothing to reuse.
+  pb::PreparedData prepared;
+  prepared.set_key(key);
+  *prepared.mutable_response() = *response;
+  prepared.set_tokenizer_sha256(common::Sha256(model));
+  return WriteWorkFile(options_.work_dir, "out_dir", prefix + kPreparedFile,
+                       prepared.SerializeAsString());
 }
 
 absl::Status WorkerService::DoSample(const pb::SampleRequest& request,
