@@ -11,9 +11,11 @@
 // through the outer Nesterov SGD step (outer_step.h) to give the new global parameters. The last
 // round is shorter when H does not divide T, so every method sees the same number of tokens.
 //
-// Outer step: the first `--warmup` steps of every method are synchronous (H = 1, see below);
-// then DiLoCo rounds with outer SGD-Nesterov, its learning rate ramped from --outer-lr-start to
-// --outer-lr over the first --outer-ramp rounds. docs/training.md says what helped and why.
+// Hyperparameters, each method at its own tuned inner learning rate (a sweep at T = 600,
+// docs/benchmarks.md): DP AdamW lr 3e-3 (--lr; its best of 1e-3..5e-3), DiLoCo AdamW lr 1e-3
+// (--diloco-lr) with outer SGD-Nesterov lr 0.7 and momentum 0.7 (--outer-lr, --outer-momentum).
+// Optional: the first --warmup steps synchronous (H = 1, see below) and the outer learning rate
+// ramped from --outer-lr-start to --outer-lr over the first --outer-ramp rounds.
 //
 // The synchronous baseline goes through the same exchange: H = 1 with outer SGD lr 1.0 and no
 // momentum, i.e. the workers' one-step updates are averaged after every step (parameter
@@ -26,8 +28,9 @@
 // Prints the figures per method, the ratios against the targets (DiLoCo/DP eval loss <= 1.05 at
 // H = 20; bytes <= 1/H with fp32 and <= 1/(4H) with int8) and one JSON line.
 //
-//   diloco_bench [--steps T] [--quick] [--lr X] [--threads N] [--workers K] [--batch B]
-//                [--files F] [--warmup W] [--outer-lr X] [--outer-lr-start X] [--outer-ramp R]
+//   diloco_bench [--steps T] [--quick] [--lr X] [--diloco-lr X] [--threads N] [--workers K]
+//                [--batch B] [--files F] [--warmup W] [--outer-lr X] [--outer-momentum X]
+//                [--outer-lr-start X] [--outer-ramp R]
 //                [--only diloco_h20,diloco_h50_int8,...]  (dp always runs)
 #include <algorithm>
 #include <chrono>
@@ -64,7 +67,7 @@ struct Flags {
   uint32_t steps = 600;
   bool quick = false;
   float lr = 3e-3f;         // inner AdamW learning rate of the DP baseline
-  float diloco_lr = 3e-3f;  // and of DiLoCo's inner steps
+  float diloco_lr = 1e-3f;  // and of DiLoCo's inner steps (each tuned: docs/benchmarks.md)
   int threads = 1;          // intra-op threads; at this model size more cost more than they give
   uint32_t workers = 4;
   uint32_t batch = 8;
@@ -72,7 +75,7 @@ struct Flags {
   uint32_t warmup = 0;
   float outer_lr = 0.7f;
   float outer_lr_start = 0.7f;
-  float outer_momentum = 0.9f;
+  float outer_momentum = 0.7f;
   uint32_t outer_ramp = 0;
   std::string only;  // comma-separated method names to run besides dp; empty: all
 };
