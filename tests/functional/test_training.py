@@ -183,9 +183,21 @@ class ElasticTest(unittest.TestCase):
         self.net.cleanup()
 
     def test_join_kill_rejoin(self):
+        try:
+            self.join_kill_rejoin()
+        except Exception:
+            # What each host's run did, for a failure seen only on a loaded machine.
+            for h in self.net.hosts:
+                lines = [l for l in h.log_tail(4000).splitlines() if "component=shard_run" in l]
+                sys.stderr.write(f"--- {h.name} ({h.address}): last shard_run lines\n")
+                sys.stderr.write("\n".join(lines[-40:]) + "\n")
+            raise
+
+    def join_kill_rejoin(self):
         net = self.net
         h1, h2, h3, h4 = net.hosts
-        rounds = 9
+        # Rounds to spare: on a loaded machine the joins and restarts take several rounds each.
+        rounds = 14
         run_spec = net.write_run_spec("elastic", rounds=rounds, innerSteps=8, evalEvery=3)
         sid = open_shard(net, "elastic", run_spec, min_nodes=4, max_nodes=4, bps=4000)
         for h in (h1, h2, h3):
