@@ -49,11 +49,12 @@ std::string PreparedKey(const pb::PrepareDataRequest& request,
   return h.Finish();
 }
 
-bool FileHashes(const std::string& work_dir, const std::string& name, uint64_t bytes_max,
-                bool data_shard, std::string_view want) {
+// True when work_dir/name (a valid name: ReadWorkFile checks it) holds bytes `id_of` maps to
+// `want`.
+bool FileIs(const std::string& work_dir, const std::string& name, uint64_t bytes_max,
+            std::string (*id_of)(std::string_view), std::string_view want) {
   auto bytes = ReadWorkFile(work_dir, "prepared file", name, bytes_max);
-  if (!bytes.ok()) return false;
-  return (data_shard ? DataShardId(*bytes) : common::Sha256(*bytes)) == want;
+  return bytes.ok() && id_of(*bytes) == want;
 }
 
 // True, with *response filled in, when `manifest` was written for `key` and every file it names
@@ -66,15 +67,11 @@ bool ReusePrepared(const std::string& work_dir, const std::string& manifest, con
   const pb::PrepareDataResponse& r = prepared.response();
   if (r.shard_files_size() != r.shard_ids_size() || r.shard_files_size() == 0) return false;
   for (int i = 0; i < r.shard_files_size(); ++i) {
-    if (!ValidateWorkFileName("shard_file", r.shard_files(i)).ok() ||
-        !FileHashes(work_dir, r.shard_files(i), bytes_max, true, r.shard_ids(i))) {
-      return false;
-    }
+    if (!FileIs(work_dir, r.shard_files(i), bytes_max, DataShardId, r.shard_ids(i))) return false;
   }
-  if (!ValidateWorkFileName("eval_file", r.eval_file()).ok() ||
-      !ValidateWorkFileName("tokenizer_file", r.tokenizer_file()).ok() ||
-      !FileHashes(work_dir, r.eval_file(), bytes_max, true, r.eval_id()) ||
-      !FileHashes(work_dir, r.tokenizer_file(), bytes_max, false, prepared.tokenizer_sha256())) {
+  if (!FileIs(work_dir, r.eval_file(), bytes_max, DataShardId, r.eval_id()) ||
+      !FileIs(work_dir, r.tokenizer_file(), bytes_max, common::Sha256,
+              prepared.tokenizer_sha256())) {
     return false;
   }
   *response = r;

@@ -492,11 +492,12 @@ struct ShardRun::Impl {
       // round's planner, so nobody announces this round here again. Ask one member a second,
       // in turn, for certificates past this host's.
       const int64_t now = host.clock->MonotonicMs();
-      if (now - start > spec.spec.join_window_ms() + spec.spec.planner_timeout_ms() &&
-          now - last_probe >= kStuckProbeMs && view.members.size() > 1) {
+      if (now - start > PlanningBoundMs() && now - last_probe >= kStuckProbeMs &&
+          view.members.size() > 1) {
         last_probe = now;
+        if (view.members[probe % view.members.size()].address == host.address) ++probe;
         const std::string& peer = view.members[probe++ % view.members.size()].address;
-        if (peer != host.address && CatchUp(peer).ok()) {
+        if (CatchUp(peer).ok()) {
           bool past;
           {
             absl::MutexLock lock(&mu);
@@ -512,6 +513,12 @@ struct ShardRun::Impl {
       Sleep(50);
     }
     return absl::CancelledError("stopping");
+  }
+
+  // How long the members of a round take, at most, to announce to a planner that answers and
+  // to learn its plan: the join window plus the planner timeout.
+  int64_t PlanningBoundMs() const {
+    return spec.spec.join_window_ms() + spec.spec.planner_timeout_ms();
   }
 
   // A signed Announce for `round` to `candidate`.
@@ -684,9 +691,8 @@ struct ShardRun::Impl {
     // Every member of a plan announced within the last seconds and polls for the plan, so all of
     // them dial within a poll or two; a member that died after the plan was made would otherwise
     // hold the others until the exchange deadline.
-    const int64_t connect_deadline = std::min(
-        deadline, started + std::max<int64_t>(kConnectMinMs, spec.spec.join_window_ms() +
-                                                                 spec.spec.planner_timeout_ms()));
+    const int64_t connect_deadline =
+        std::min(deadline, started + std::max<int64_t>(kConnectMinMs, PlanningBoundMs()));
     TS_ASSIGN_OR_RETURN(std::unique_ptr<Mesh> mesh,
                         transport->Connect(group, self, connect_deadline));
     Collective collective(mesh.get(), host.key, host.chain_id, host.clock);

@@ -1,5 +1,6 @@
 #include "tests/bench/bench_training.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -17,6 +18,13 @@ constexpr char kChain[] = "trainshard-bench";
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool FlagNumber(int argc, char** argv, int* i, double* v) {
+  if (*i + 1 >= argc) return false;
+  char* end = nullptr;
+  *v = std::strtod(argv[++*i], &end);
+  return end != argv[*i] && *end == '\0';
 }
 
 absl::StatusOr<BenchCorpus> LoadBenchCorpus(uint32_t files, uint32_t vocab) {

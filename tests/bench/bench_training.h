@@ -78,6 +78,10 @@ class BenchMesh {
 
 double SecondsSince(std::chrono::steady_clock::time_point t0);
 
+// The number after flag argv[*i]: advances *i past it and reads it into *v; false when there is
+// none or it is not a number in strtod's syntax.
+bool FlagNumber(int argc, char** argv, int* i, double* v);
+
 }  // namespace ts::bench
 
 #endif  // TS_TESTS_BENCH_BENCH_TRAINING_H_

@@ -80,12 +80,7 @@ struct Flags {
 bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    auto value = [&](double* v) {
-      if (i + 1 >= argc) return false;
-      char* end = nullptr;
-      *v = std::strtod(argv[++i], &end);
-      return end != argv[i] && *end == '\0';
-    };
+    auto value = [&](double* v) { return FlagNumber(argc, argv, &i, v); };
     double v = 0;
     if (flag == "--quick") {
       f->rounds = 3;
