@@ -51,6 +51,9 @@ constexpr int64_t kRpcTimeoutMs = 5000;
 constexpr int64_t kConnectMinMs = 5000;
 // How often a planner without a plan past its window asks a member for newer certificates.
 constexpr int64_t kStuckProbeMs = 1000;
+// Reconnect backoff of the channels to other members (see StubFor).
+constexpr int kReconnectBackoffMinMs = 100;
+constexpr int kReconnectBackoffMaxMs = 1000;
 constexpr size_t kRoundsKept = 256;
 constexpr int kWorkerRestartsMax = 5;
 
@@ -179,6 +182,12 @@ struct ShardRun::Impl {
     if (it != stubs.end()) return it->second.get();
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(16 << 20);
+    // A member that died and came back must be reachable again within a poll or two: gRPC's
+    // default reconnect backoff grows to minutes while it is down, and a channel in backoff fails
+    // every call at once, so a restarted planner would be skipped round after round.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMinMs);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectBackoffMinMs);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectBackoffMaxMs);
     auto channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
     auto stub = pb::ShardRound::NewStub(channel);
     auto* raw = stub.get();

@@ -188,7 +188,7 @@ class ElasticTest(unittest.TestCase):
         except Exception:
             # What each host's run did, for a failure seen only on a loaded machine.
             for h in self.net.hosts:
-                lines = [l for l in h.log_tail(4000).splitlines() if "component=shard_run" in l]
+                lines = [l for l in h.process.log_tail(4000).splitlines() if "component=shard_run" in l]
                 sys.stderr.write(f"--- {h.name} ({h.address}): last shard_run lines\n")
                 sys.stderr.write("\n".join(lines[-40:]) + "\n")
             raise
@@ -197,7 +197,7 @@ class ElasticTest(unittest.TestCase):
         net = self.net
         h1, h2, h3, h4 = net.hosts
         # Rounds to spare: on a loaded machine the joins and restarts take several rounds each.
-        rounds = 14
+        rounds = 20
         run_spec = net.write_run_spec("elastic", rounds=rounds, innerSteps=8, evalEvery=3)
         sid = open_shard(net, "elastic", run_spec, min_nodes=4, max_nodes=4, bps=4000)
         for h in (h1, h2, h3):
@@ -229,9 +229,15 @@ class ElasticTest(unittest.TestCase):
         self.assertNotIn(victim.address, last["members"])
         self.assertLess(elapsed, 120, "the rounds did not go on without the killed host")
         # Restarted, it resumes its run by itself (the records hold the run spec) and rejoins.
+        r_restart, _ = current(h1)
         victim.start()
-        harness.wait_for(lambda: victim.address in net.train_status(h1, sid)["rounds"][-1][
-            "members"], 180, f"{victim.name} contributing again", interval_s=0.5)
+
+        def contributed_since(h, r):
+            return any(h.address in x["members"] for x in net.train_status(h1, sid)["rounds"]
+                       if int(x["round"]) > r)
+
+        harness.wait_for(lambda: contributed_since(victim, r_restart), 180,
+                         f"{victim.name} contributing again", interval_s=0.5)
 
         # SIGKILL the planner of the round in progress.
         r1, planner = current(h1)
