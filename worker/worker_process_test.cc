@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -279,6 +280,61 @@ TEST_F(WorkerProcessTest, RoundsMatchTheLibraryAndEvalLossGoesDown) {
 
   EXPECT_TRUE(worker->Stop().ok()) << "a SIGTERM must end the worker cleanly";
   EXPECT_FALSE(worker->Running());
+}
+
+TEST_F(WorkerProcessTest, InnerStepsRebasedOnTheHostsOwnDeltaMatchTheLibrary) {
+  const std::string work = MakeWorkDir("work");
+  auto worker = Start("w", work);
+  ASSERT_NE(worker, nullptr);
+  WorkerClient& client = worker->client();
+  auto init = client.InitModel(InitRequest("ckpt-0.tsck"));
+  ASSERT_TRUE(init.ok()) << init.status();
+  const std::vector<float> params = InitParams(kConfig, 7);
+
+  // Round 1 from the checkpoint; round 2 rebased on round 1's Δ (the exchange of round 1 in
+  // flight): the steps start from θ − Δ₁, the checkpoint itself stays current.
+  auto first = client.InnerSteps(InnerRequest(init->root(), 1, "d1.bin"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string d1 = Read(work, "d1.bin");
+  pb::InnerStepsRequest rebased = InnerRequest(init->root(), 2, "d2.bin");
+  rebased.set_rebase_delta_file("d1.bin");
+  rebased.set_reset_optimizer(true);
+  auto second = client.InnerSteps(rebased);
+  ASSERT_TRUE(second.ok()) << second.status();
+
+  std::vector<float> own(params.size());
+  ASSERT_EQ(d1.size(), 4 * own.size());
+  std::memcpy(own.data(), d1.data(), d1.size());
+  std::vector<float> start(params.size());
+  for (size_t i = 0; i < start.size(); ++i) start[i] = params[i] - own[i];
+  auto ref = ts::worker::InnerSteps(kConfig, start, ExpectedBatches(work, 2), TestAdamW(),
+                                    {.num_threads = kThreads});
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const std::string d2 = Read(work, "d2.bin");
+  ASSERT_EQ(d2.size(), 4 * ref->pseudo_gradient.size());
+  EXPECT_EQ(std::memcmp(d2.data(), ref->pseudo_gradient.data(), d2.size()), 0)
+      << "the delta must be against the rebased start";
+  auto status = client.Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->root(), init->root()) << "rebasing must leave the checkpoint current";
+
+  // A rebase file of the wrong size, or holding a value that is not finite, is refused.
+  ASSERT_TRUE(WriteWorkFile(work, "f", "short.bin", std::string(12, '\0')).ok());
+  rebased.set_rebase_delta_file("short.bin");
+  auto refused = client.InnerSteps(rebased);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("rebase_delta_file: \"short.bin\" holds 12 bytes"));
+  std::vector<float> bad = own;
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(
+      WriteWorkFile(work, "f", "nan.bin",
+                    std::string_view(reinterpret_cast<const char*>(bad.data()), 4 * bad.size()))
+          .ok());
+  rebased.set_rebase_delta_file("nan.bin");
+  refused = client.InnerSteps(rebased);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("not finite"));
 }
 
 TEST_F(WorkerProcessTest, TwoWorkersWithTheSameInputsGiveTheSameRoots) {

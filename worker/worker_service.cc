@@ -391,6 +391,12 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   }
   TS_ASSIGN_OR_RETURN(AdamWOptions adamw, AdamWFromProto(request));
   TS_RETURN_IF_ERROR(ValidateWorkFileName("delta_file", request.delta_file()));
+  std::vector<float> rebased;
+  if (!request.rebase_delta_file().empty()) {
+    TS_ASSIGN_OR_RETURN(rebased, ReadDeltaFile("rebase_delta_file", request.rebase_delta_file()));
+    const std::vector<float>& global = current_->params;
+    for (size_t i = 0; i < rebased.size(); ++i) rebased[i] = global[i] - rebased[i];
+  }
 
   std::vector<DataShard> shards;
   AssignmentRequest assign{.data_seed = request.data_seed(),
@@ -426,7 +432,8 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   TS_ASSIGN_OR_RETURN(Trainer * trainer, TrainerFor(config, adamw));
   if (request.reset_optimizer()) trainer->ResetOptimizer();
   const auto start = std::chrono::steady_clock::now();
-  TS_ASSIGN_OR_RETURN(InnerResult result, trainer->InnerSteps(current_->params, batches));
+  TS_ASSIGN_OR_RETURN(InnerResult result,
+                      trainer->InnerSteps(rebased.empty() ? current_->params : rebased, batches));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -442,6 +449,23 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<float>> WorkerService::ReadDeltaFile(const char* field,
+                                                                const std::string& name) {
+  TS_RETURN_IF_ERROR(ValidateWorkFileName(field, name));
+  const uint64_t n = current_->params.size();
+  TS_ASSIGN_OR_RETURN(std::string bytes, ReadWorkFile(options_.work_dir, field, name, 4 * n));
+  if (bytes.size() != 4 * n) {
+    return Invalid(field, Quoted(name),
+                   absl::StrCat("holds ", bytes.size(), " bytes, not 4 x ", n, " parameters"));
+  }
+  std::vector<float> delta(n);
+  internal::GetFloats(bytes.data(), delta);
+  for (float v : delta) {
+    if (!std::isfinite(v)) return Invalid(field, Quoted(name), "holds a value that is not finite");
+  }
+  return delta;
+}
+
 absl::Status WorkerService::DoOuterStep(const pb::OuterStepRequest& request,
                                         pb::OuterStepResponse* response) {
   TS_RETURN_IF_ERROR(CheckBase(request.base_root()));
@@ -453,23 +477,14 @@ absl::Status WorkerService::DoOuterStep(const pb::OuterStepRequest& request,
   if (o.momentum() < 0 || o.momentum() >= 1) {
     return Invalid("outer.momentum", o.momentum(), "is outside [0, 1)");
   }
-  TS_RETURN_IF_ERROR(ValidateWorkFileName("delta_file", request.delta_file()));
   TS_RETURN_IF_ERROR(ValidateWorkFileName("checkpoint_file", request.checkpoint_file()));
-  const uint64_t n = current_->params.size();
-  TS_ASSIGN_OR_RETURN(std::string bytes,
-                      ReadWorkFile(options_.work_dir, "delta_file", request.delta_file(), 4 * n));
-  if (bytes.size() != 4 * n) {
-    return Invalid("delta_file", Quoted(request.delta_file()),
-                   absl::StrCat("holds ", bytes.size(), " bytes, not 4 x ", n, " parameters"));
-  }
-  std::vector<float> delta(n);
-  internal::GetFloats(bytes.data(), delta);
+  TS_ASSIGN_OR_RETURN(std::vector<float> delta, ReadDeltaFile("delta_file", request.delta_file()));
 
   Checkpoint next;
   next.config = current_->config;
   next.params = current_->params;
   std::vector<float> momentum =
-      current_->momentum ? *current_->momentum : std::vector<float>(n, 0.0f);
+      current_->momentum ? *current_->momentum : std::vector<float>(delta.size(), 0.0f);
   TS_RETURN_IF_ERROR(Prefixed(
       "delta_file: ",
       ts::worker::OuterStep(next.params, momentum, delta,

@@ -93,6 +93,9 @@ class WorkerService final : public pb::Worker::Service {
 
   // FAILED_PRECONDITION without a current checkpoint, or when base_root is not its root.
   absl::Status CheckBase(std::string_view base_root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Δ file of the current model's size, every value finite.
+  absl::StatusOr<std::vector<float>> ReadDeltaFile(const char* field, const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads and decodes a checkpoint file of the work dir; sets *root to its root.
   absl::StatusOr<Checkpoint> ReadCheckpoint(std::string_view field, std::string_view name,
                                             std::string* root);
