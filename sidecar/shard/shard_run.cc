@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <limits>
-#include <set>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -64,6 +66,8 @@ std::string RoundKey(uint64_t shard_id, uint64_t round) {
 }
 
 std::string CheckpointDir(uint64_t round) { return absl::StrCat("ckpt/r", round); }
+// A round's Δ file: by parity, so the Δ of the round in flight and of the next one coexist.
+std::string DeltaName(uint64_t round) { return absl::StrCat("delta-", round % 2, ".bin"); }
 std::string CheckpointName(uint64_t round) {
   return absl::StrCat(CheckpointDir(round), "/", kCheckpointFile);
 }
@@ -114,6 +118,13 @@ struct ShardRun::Impl {
   bool data_published = false;
   int worker_restarts = 0;
   uint64_t delta_round = 0;
+  // With overlap: the rounds whose Δ file (DeltaName) holds this host's Δ, computed since the
+  // last catch-up (at most the round in flight and the next), with what the steps reported.
+  struct DeltaInfo {
+    float train_loss = 0;
+    double inner_seconds = 0;
+  };
+  std::map<uint64_t, DeltaInfo> deltas;
   float last_train_loss = 0;
   double round_inner_seconds = 0;
   std::vector<pb::SettlementSignature> settlement_signatures;
@@ -129,6 +140,7 @@ struct ShardRun::Impl {
   // The certified state.
   uint64_t certified_round ABSL_GUARDED_BY(mu) = 0;
   std::string certified_root ABSL_GUARDED_BY(mu);
+  std::string certified_base_root ABSL_GUARDED_BY(mu);  // the base of certified_round
   std::string checkpoint_artifact ABSL_GUARDED_BY(mu);  // holds certified_root, if published
   // Planning of round plan_round (by this host, if acting).
   uint64_t plan_round ABSL_GUARDED_BY(mu) = 0;
@@ -244,6 +256,9 @@ struct ShardRun::Impl {
   }
 
   void RecordRound(const pb::RoundCertificate& c, double round_seconds) {
+    RecordRound(c, round_seconds, round_inner_seconds);
+  }
+  void RecordRound(const pb::RoundCertificate& c, double round_seconds, double inner_seconds) {
     absl::MutexLock lock(&mu);
     pb::RoundSummary* s = status.add_rounds();
     s->set_round(c.result().round());
@@ -254,7 +269,7 @@ struct ShardRun::Impl {
     s->set_eval_loss_micro(c.eval_loss_micro());
     s->set_bytes_exchanged(c.bytes_exchanged());
     s->set_signed_weight(c.signed_weight());
-    s->set_inner_seconds(round_inner_seconds);
+    s->set_inner_seconds(inner_seconds);
     s->set_round_seconds(round_seconds);
     if (static_cast<size_t>(status.rounds_size()) > kRoundsKept) {
       status.mutable_rounds()->DeleteSubrange(0, 1);
@@ -273,6 +288,7 @@ struct ShardRun::Impl {
     absl::MutexLock lock(&mu);
     certified_round = certs.back().result().round();
     certified_root = certs.back().result().new_root();
+    certified_base_root = certs.back().result().base_root();
     status.set_certified_round(certified_round);
     status.set_root(certified_root);
     checkpoint_artifact.clear();
@@ -358,6 +374,7 @@ struct ShardRun::Impl {
       if (certs.empty()) {
         certified_round = 0;
         certified_root = made.root();
+        certified_base_root = made.root();
         status.set_root(made.root());
       }
     }
@@ -382,6 +399,7 @@ struct ShardRun::Impl {
       absl::MutexLock lock(&mu);
       certified_round = last.result().round();
       certified_root = last.result().new_root();
+      certified_base_root = last.result().base_root();
       status.set_certified_round(certified_round);
       status.set_root(certified_root);
     }
@@ -490,7 +508,8 @@ struct ShardRun::Impl {
             m->set_collective_endpoint(endpoint);
           }
           p.set_base_root(certified_root);
-          p.set_data_seed(DataSeedOf(spec.spec.seed(), round, certified_root));
+          TS_ASSIGN_OR_RETURN(std::string data_root, DataRoot(round));
+          p.set_data_seed(DataSeedOf(spec.spec.seed(), round, data_root));
           TS_RETURN_IF_ERROR(SignPlan(*host.key, host.chain_id, &p));
           plan = p;
           return PlanOutcome{.plan = p, .behind_peer = {}};
@@ -522,6 +541,24 @@ struct ShardRun::Impl {
       Sleep(50);
     }
     return absl::CancelledError("stopping");
+  }
+
+  // The root the data seed of `round` is drawn from: the round's base (the root certified at
+  // round - 1) or, with overlap, the root certified at round - 2 (round 0's for rounds 1 and 2),
+  // since then a round's inner steps start before the round before it is certified.
+  absl::StatusOr<std::string> DataRoot(uint64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const uint64_t lag = spec.spec.overlap() ? 2 : 1;
+    const uint64_t from = round > lag ? round - lag : 0;
+    if (certified_round == from) return certified_root;
+    if (certified_round == from + 1) return certified_base_root;
+    return absl::FailedPreconditionError(absl::StrCat("round ", round,
+                                                      ": its data seed needs the root of round ",
+                                                      from, ", certified is ", certified_round));
+  }
+
+  // Whether this host holds its Δ of `round`.
+  bool HasDelta(uint64_t round) const {
+    return spec.spec.overlap() ? deltas.contains(round) : delta_round == round;
   }
 
   // How long the members of a round take, at most, to announce to a planner that answers and
@@ -578,13 +615,15 @@ struct ShardRun::Impl {
     size_t p = 0;
     int64_t failing_since = -1;
     std::string base;
+    std::string data_root;
     {
       absl::MutexLock lock(&mu);
       base = certified_root;
+      TS_ASSIGN_OR_RETURN(data_root, DataRoot(round));
       status.set_current_round(round);
       status.set_attempt(min_attempt);
     }
-    const std::string seed = DataSeedOf(spec.spec.seed(), round, base);
+    const std::string seed = DataSeedOf(spec.spec.seed(), round, data_root);
     while (!stopping) {
       const std::string& candidate = order[p % order.size()];
       if (candidate == host.address) return PlanAsPlanner(round, min_attempt, view);
@@ -620,7 +659,7 @@ struct ShardRun::Impl {
             continue;
           }
           if (plan.attempt() >= min_attempt) return PlanOutcome{.plan = plan, .behind_peer = {}};
-        } else if (response.attempt() > min_attempt && delta_round == round) {
+        } else if (response.attempt() > min_attempt && HasDelta(round)) {
           // A planner already past the attempts this host knows of: join its attempt.
           min_attempt = response.attempt();
         }
@@ -640,28 +679,38 @@ struct ShardRun::Impl {
     return absl::CancelledError("stopping");
   }
 
-  absl::Status InnerSteps(uint64_t round) {
+  // H inner steps of `round` from the certified checkpoint, or from it minus this host's Δ in
+  // `rebase_on` (the round in flight, with overlap).
+  absl::Status InnerSteps(uint64_t round, const std::string& rebase_on = {}) {
     std::string base;
+    std::string data_root;
     {
       absl::MutexLock lock(&mu);
       base = certified_root;
+      TS_ASSIGN_OR_RETURN(data_root, DataRoot(round));
       status.set_state("training");
       status.set_current_round(round);
     }
     pb::InnerStepsRequest request;
     for (const auto& f : data.shard_files()) request.add_shard_files(f);
-    request.set_data_seed(DataSeedOf(spec.spec.seed(), round, base));
+    request.set_data_seed(DataSeedOf(spec.spec.seed(), round, data_root));
     request.set_round(round);
     request.set_host(host.address);
     request.set_steps(spec.spec.inner_steps());
     request.set_batch_size(spec.spec.batch_size());
     *request.mutable_adamw() = spec.spec.inner();
-    request.set_delta_file("delta.bin");
+    request.set_delta_file(DeltaName(round));
+    request.set_rebase_delta_file(rebase_on);
     request.set_base_root(base);
+    if (spec.spec.overlap()) {
+      deltas.erase(round);  // rewritten now, over round - 2's
+      deltas.erase(round - 2);
+    }
     TS_ASSIGN_OR_RETURN(pb::InnerStepsResponse done, worker->client().InnerSteps(request));
     delta_round = round;
     last_train_loss = done.losses().empty() ? 0 : done.losses(done.losses_size() - 1);
     round_inner_seconds = done.seconds();
+    if (spec.spec.overlap()) deltas[round] = {last_train_loss, round_inner_seconds};
     absl::MutexLock lock(&mu);
     status.set_inner_seconds(status.inner_seconds() + done.seconds());
     return absl::OkStatus();
@@ -683,13 +732,32 @@ struct ShardRun::Impl {
     return done.status();
   }
 
-  // The exchange of one attempt of a round: allreduce, outer step, evaluation, signatures.
-  absl::Status Exchange(const pb::RoundPlan& plan) {
-    const uint64_t round = plan.round();
-    const int64_t started = host.clock->MonotonicMs();
-    const int64_t deadline = started + spec.spec.exchange_timeout_ms();
-    TS_ASSIGN_OR_RETURN(ShardView view, View());
+  // The first half of a round's exchange: the mesh of the plan's members and the allreduce of
+  // their Δ. Touches no state of the run thread's but the transport and the Δ file, so with
+  // overlap it runs on a thread of its own while the worker computes the next round's steps.
+  struct Reduced {
+    pb::RoundPlan plan;
+    ShardView view;
     GroupSpec group;
+    size_t self = 0;
+    int64_t started = 0;
+    int64_t deadline = 0;
+    std::unique_ptr<Mesh> mesh;
+    std::unique_ptr<Collective> collective;
+    std::vector<float> aggregate;
+    uint64_t bytes = 0;
+  };
+
+  absl::StatusOr<Reduced> Reduce(const pb::RoundPlan& plan) {
+    Reduced r;
+    r.plan = plan;
+    const uint64_t round = plan.round();
+    r.started = host.clock->MonotonicMs();
+    r.deadline = r.started + spec.spec.exchange_timeout_ms();
+    const int64_t started = r.started;
+    const int64_t deadline = r.deadline;
+    TS_ASSIGN_OR_RETURN(r.view, View());
+    GroupSpec& group = r.group;
     group.shard_id = shard_id;
     group.session = (round << 16) | plan.attempt();
     size_t self = plan.members_size();
@@ -697,36 +765,68 @@ struct ShardRun::Impl {
       group.members.push_back({plan.members(i).address(), plan.members(i).collective_endpoint()});
       if (plan.members(i).address() == host.address) self = i;
     }
+    r.self = self;
     // Every member of a plan announced within the last seconds and polls for the plan, so all of
     // them dial within a poll or two; a member that died after the plan was made would otherwise
     // hold the others until the exchange deadline.
     const int64_t connect_deadline =
         std::min(deadline, started + std::max<int64_t>(kConnectMinMs, PlanningBoundMs()));
-    TS_ASSIGN_OR_RETURN(std::unique_ptr<Mesh> mesh,
-                        transport->Connect(group, self, connect_deadline));
-    Collective collective(mesh.get(), host.key, host.chain_id, host.clock);
+    TS_ASSIGN_OR_RETURN(r.mesh, transport->Connect(group, self, connect_deadline));
+    r.collective = std::make_unique<Collective>(r.mesh.get(), host.key, host.chain_id, host.clock);
+    Collective& collective = *r.collective;
 
+    const std::string delta_name = DeltaName(round);
     TS_ASSIGN_OR_RETURN(std::string raw,
-                        worker::ReadWorkFile(work_dir, "delta_file", "delta.bin", 4 * parameters));
+                        worker::ReadWorkFile(work_dir, "delta_file", delta_name, 4 * parameters));
     if (raw.size() != 4 * parameters) {
       return absl::InternalError(
-          absl::StrCat("delta.bin: ", raw.size(), " bytes, want ", 4 * parameters));
+          absl::StrCat(delta_name, ": ", raw.size(), " bytes, want ", 4 * parameters));
     }
-    std::vector<float> delta(parameters);
+    std::vector<float>& delta = r.aggregate;
+    delta.resize(parameters);
     std::memcpy(delta.data(), raw.data(), raw.size());
     OpOptions op;
     op.op_id = 1;
     op.codec = spec.codec;
     op.reduce = ReduceOp::kMean;
     op.deadline_ms = deadline;
-    uint64_t bytes = 0;
     if (spec.aggregate.kind == Aggregator::kMean) {
       TS_ASSIGN_OR_RETURN(OpStats stats, collective.AllReduce(op, delta));
-      bytes += stats.wire_bytes_sent;
+      r.bytes += stats.wire_bytes_sent;
     } else {
       TS_ASSIGN_OR_RETURN(OpStats stats, collective.RobustAllReduce(op, spec.aggregate, delta));
-      bytes += stats.wire_bytes_sent;
+      r.bytes += stats.wire_bytes_sent;
     }
+    return r;
+  }
+
+  // The exchange of one attempt of a round: allreduce, outer step, evaluation, signatures.
+  absl::Status Exchange(const pb::RoundPlan& plan) {
+    TS_ASSIGN_OR_RETURN(Reduced r, Reduce(plan));
+    return Finish(r, last_train_loss, round_inner_seconds);
+  }
+
+  // The second half: the outer step with the aggregate, the members' signed results (and
+  // evaluations) gathered over the same mesh, the certificate, the published checkpoint.
+  // `own_train_loss` and `inner_seconds` are this host's of the round's inner steps.
+  absl::Status Finish(Reduced& r, float own_train_loss, double inner_seconds) {
+    const pb::RoundPlan& plan = r.plan;
+    const uint64_t round = plan.round();
+    const ShardView& view = r.view;
+    const GroupSpec& group = r.group;
+    const size_t self = r.self;
+    const int64_t started = r.started;
+    // With overlap the members come here after their next round's steps, which take a while
+    // and not the same while on every host: the rest of the exchange gets its own timeout.
+    const int64_t deadline =
+        std::max(r.deadline, host.clock->MonotonicMs() + spec.spec.exchange_timeout_ms());
+    Collective& collective = *r.collective;
+    std::vector<float>& delta = r.aggregate;
+    uint64_t bytes = r.bytes;
+    OpOptions op;
+    op.codec = spec.codec;
+    op.reduce = ReduceOp::kMean;
+    op.deadline_ms = deadline;
     TS_RETURN_IF_ERROR(worker::WriteWorkFile(
         work_dir, "aggregate", "aggregate.bin",
         std::string_view(reinterpret_cast<const char*>(delta.data()), 4 * delta.size())));
@@ -752,7 +852,7 @@ struct ShardRun::Impl {
     own->set_host(host.address);
     TS_ASSIGN_OR_RETURN(std::string sig, SignRoundResult(*host.key, host.chain_id, result));
     own->set_signature(sig);
-    vote.set_train_loss(last_train_loss);
+    vote.set_train_loss(own_train_loss);
     const bool evaluate = round % spec.spec.eval_every() == 0 || round == spec.spec.rounds();
     if (evaluate) {
       pb::EvaluateRequest er;
@@ -834,7 +934,8 @@ struct ShardRun::Impl {
     TS_RETURN_IF_ERROR(VerifyCertificate(host.chain_id, cert, view));
     TS_RETURN_IF_ERROR(StoreCertificates({cert}));
     loaded = true;
-    RecordRound(cert, (host.clock->MonotonicMs() - started) / 1000.0 + round_inner_seconds);
+    RecordRound(cert, (host.clock->MonotonicMs() - started) / 1000.0 + inner_seconds,
+                inner_seconds);
     std::vector<std::string> short_members;
     for (const auto& m : result.members()) short_members.push_back(Short(m));
     Transition(absl::StrCat("round ", round, " certified (attempt ", plan.attempt(), ", ",
@@ -1113,6 +1214,10 @@ struct ShardRun::Impl {
       return;
     }
     CatchUpFromAnyone();
+    if (spec.spec.overlap()) {
+      LoopOverlapped();
+      return;
+    }
     uint32_t min_attempt = 0;
     uint64_t attempt_round = 0;
     bool first_member = false;
@@ -1147,65 +1252,190 @@ struct ShardRun::Impl {
           s = InnerSteps(round);
         }
         if (!s.ok()) {
-          if (!worker->Running()) {
-            if (!RestartWorker(s)) return;
-            continue;
-          }
-          // A data shard the worker refused (missing, corrupt): build the data again.
-          Transition(absl::StrCat("round ", round, ": inner steps failed: ", s.message(),
-                                  "; preparing the data again"));
-          if (absl::Status again = PrepareData(); !again.ok()) {
-            Transition(absl::StrCat("preparing the data: ", again.message()));
-          }
-          Sleep(1000);
+          if (!InnerStepsFailed(round, s)) return;
           continue;
         }
       }
-      auto outcome = ObtainPlan(round, min_attempt);
-      if (!outcome.ok()) {
-        if (!stopping) Transition(absl::StrCat("round ", round, ": ", outcome.status().message()));
-        Sleep(500);
-        continue;
-      }
-      if (!outcome->behind_peer.empty()) {
-        if (absl::Status s = CatchUp(outcome->behind_peer); !s.ok()) {
-          Transition(
-              absl::StrCat("catching up from ", Short(outcome->behind_peer), ": ", s.message()));
-          Sleep(500);
-        }
-        continue;
-      }
-      const pb::RoundPlan& plan = *outcome->plan;
-      bool in_plan = false;
-      for (const auto& m : plan.members()) in_plan |= m.address() == host.address;
-      if (!in_plan) {
-        Transition(absl::StrCat("round ", round, " attempt ", plan.attempt(),
-                                " planned without this host; waiting for its certificate"));
-        // Polls the planner for the round's certificate, so that the next round finds this
-        // host ready in time; back to ObtainPlan after a second in case the attempt fails.
-        for (int i = 0; i < 5 && !stopping; ++i) {
-          Sleep(200);
-          CatchUp(plan.planner()).IgnoreError();
-          absl::MutexLock lock(&mu);
-          if (certified_round >= round) break;
-        }
-        continue;
-      }
+      std::optional<pb::RoundPlan> plan = PlanWithThisHost(round, min_attempt);
+      if (!plan) continue;
       SetState("training");
-      first_member = plan.members(0).address() == host.address;
-      absl::Status exchanged = Exchange(plan);
+      first_member = plan->members(0).address() == host.address;
+      absl::Status exchanged = Exchange(*plan);
       if (exchanged.ok()) continue;
-      std::string who = FailedPeerOf(exchanged);
-      Transition(absl::StrCat("round ", round, " attempt ", plan.attempt(), " failed",
-                              who.empty() ? "" : absl::StrCat(" (", Short(who), ")"), ": ",
-                              exchanged.message(), "; retrying with the members that answer"));
-      min_attempt = plan.attempt() + 1;
-      if (!loaded) {
-        if (absl::Status reloaded = ReloadBase(); !reloaded.ok()) {
-          Transition(absl::StrCat("reloading the certified checkpoint: ", reloaded.message()));
+      min_attempt = plan->attempt() + 1;
+      if (!AttemptFailed(*plan, exchanged)) return;
+    }
+  }
+
+  // After inner steps that failed: a worker that died is started again, a data shard it
+  // refused (missing, corrupt) is built again. False when the run must end.
+  bool InnerStepsFailed(uint64_t round, const absl::Status& s) {
+    if (!worker->Running()) return RestartWorker(s);
+    Transition(absl::StrCat("round ", round, ": inner steps failed: ", s.message(),
+                            "; preparing the data again"));
+    if (absl::Status again = PrepareData(); !again.ok()) {
+      Transition(absl::StrCat("preparing the data: ", again.message()));
+    }
+    Sleep(1000);
+    return true;
+  }
+
+  // Drops this host's Δs when the certified round moved while it was in scope (by catching up:
+  // they were computed from a start the others are past).
+  class CertifiedMoves {
+   public:
+    explicit CertifiedMoves(Impl* run) : run_(run), before_(run->CertifiedRound()) {}
+    ~CertifiedMoves() {
+      if (run_->CertifiedRound() != before_) run_->deltas.clear();
+    }
+
+   private:
+    Impl* run_;
+    uint64_t before_;
+  };
+  uint64_t CertifiedRound() {
+    absl::MutexLock lock(&mu);
+    return certified_round;
+  }
+
+  // The plan of `round` when this host is in it. Otherwise (no plan yet, this host behind or
+  // left out) nullopt after catching up or waiting a little; the caller goes round again.
+  std::optional<pb::RoundPlan> PlanWithThisHost(uint64_t round, uint32_t min_attempt) {
+    auto outcome = ObtainPlan(round, min_attempt);
+    if (!outcome.ok()) {
+      if (!stopping) Transition(absl::StrCat("round ", round, ": ", outcome.status().message()));
+      Sleep(500);
+      return std::nullopt;
+    }
+    if (!outcome->behind_peer.empty()) {
+      CertifiedMoves moves(this);
+      if (absl::Status s = CatchUp(outcome->behind_peer); !s.ok()) {
+        Transition(
+            absl::StrCat("catching up from ", Short(outcome->behind_peer), ": ", s.message()));
+        Sleep(500);
+      }
+      return std::nullopt;
+    }
+    const pb::RoundPlan& plan = *outcome->plan;
+    bool in_plan = false;
+    for (const auto& m : plan.members()) in_plan |= m.address() == host.address;
+    if (in_plan) return plan;
+    Transition(absl::StrCat("round ", round, " attempt ", plan.attempt(),
+                            " planned without this host; waiting for its certificate"));
+    // Polls the planner for the round's certificate, so that the next round finds this host
+    // ready in time; back to ObtainPlan after a second in case the attempt fails.
+    CertifiedMoves moves(this);
+    for (int i = 0; i < 5 && !stopping; ++i) {
+      Sleep(200);
+      CatchUp(plan.planner()).IgnoreError();
+      absl::MutexLock lock(&mu);
+      if (certified_round >= round) break;
+    }
+    return std::nullopt;
+  }
+
+  // After an attempt of `plan` that failed: back to the certified checkpoint, the worker
+  // started again if it died. False when the run must end.
+  bool AttemptFailed(const pb::RoundPlan& plan, const absl::Status& exchanged) {
+    std::string who = FailedPeerOf(exchanged);
+    Transition(absl::StrCat("round ", plan.round(), " attempt ", plan.attempt(), " failed",
+                            who.empty() ? "" : absl::StrCat(" (", Short(who), ")"), ": ",
+                            exchanged.message(), "; retrying with the members that answer"));
+    if (!loaded) {
+      if (absl::Status reloaded = ReloadBase(); !reloaded.ok()) {
+        Transition(absl::StrCat("reloading the certified checkpoint: ", reloaded.message()));
+      }
+    }
+    return worker->Running() || RestartWorker(exchanged);
+  }
+
+  // ---- the run with overlap (docs/training.md "Overlap")
+
+  // This host's Δ of a round in flight: its plan, its allreduce running on a thread of its own,
+  // and what the inner steps reported.
+  struct InFlight {
+    pb::RoundPlan plan;
+    DeltaInfo info;
+    std::future<absl::StatusOr<Reduced>> reduced;
+  };
+
+  // Round r's allreduce runs while the worker computes round r + 1's inner steps from the
+  // certified checkpoint minus this host's Δ of round r; then round r's outer step, signatures
+  // and certificate, round r + 1's plan and its allreduce in the background, and so on. A
+  // failed attempt is retried with the members that answer, as without overlap; the last
+  // round is exchanged without anything to overlap.
+  void LoopOverlapped() {
+    std::optional<InFlight> flight;
+    uint32_t min_attempt = 0;
+    uint64_t attempt_round = 0;
+    bool first_member = false;
+    while (!stopping) {
+      uint64_t next;
+      {
+        absl::MutexLock lock(&mu);
+        next = certified_round + 1;
+        status.set_wall_seconds((host.clock->MonotonicMs() - start_ms) / 1000.0);
+      }
+      if (next > spec.spec.rounds()) {
+        Settle(first_member);
+        while (!stopping) Sleep(200);
+        return;
+      }
+      if (!loaded && !flight) {
+        deltas.clear();
+        CatchUpFromAnyone();
+        if (!loaded) {
+          Sleep(500);
+          continue;
         }
       }
-      if (!worker->Running() && !RestartWorker(exchanged)) return;
+      if (attempt_round != next) {
+        attempt_round = next;
+        min_attempt = 0;
+      }
+      const uint64_t inner_round = flight ? next + 1 : next;
+      if (inner_round <= spec.spec.rounds() && !deltas.contains(inner_round)) {
+        absl::Status s;
+        {
+          std::jthread told = PreAnnounce(inner_round, min_attempt);
+          s = InnerSteps(inner_round, flight ? DeltaName(next) : std::string());
+        }
+        if (!s.ok()) {
+          flight.reset();  // waits for its allreduce (bounded by the exchange deadline)
+          deltas.clear();
+          if (!InnerStepsFailed(inner_round, s)) return;
+          continue;
+        }
+      }
+      if (flight) {
+        InFlight f = std::move(*flight);
+        flight.reset();
+        absl::StatusOr<Reduced> reduced = f.reduced.get();
+        absl::Status done = reduced.status();
+        if (reduced.ok()) done = Finish(*reduced, f.info.train_loss, f.info.inner_seconds);
+        if (done.ok()) continue;
+        min_attempt = f.plan.attempt() + 1;
+        if (!AttemptFailed(f.plan, done)) return;
+        continue;
+      }
+      auto info = deltas.find(next);
+      if (info == deltas.end()) continue;
+      std::optional<pb::RoundPlan> plan = PlanWithThisHost(next, min_attempt);
+      if (!plan) continue;
+      SetState("training");
+      first_member = plan->members(0).address() == host.address;
+      if (next < spec.spec.rounds()) {
+        flight = InFlight{.plan = *plan, .info = info->second, .reduced = {}};
+        flight->reduced = std::async(std::launch::async, [this, p = *plan] { return Reduce(p); });
+        continue;
+      }
+      absl::StatusOr<Reduced> reduced = Reduce(*plan);
+      absl::Status done = reduced.status();
+      if (reduced.ok())
+        done = Finish(*reduced, info->second.train_loss, info->second.inner_seconds);
+      if (done.ok()) continue;
+      min_attempt = plan->attempt() + 1;
+      if (!AttemptFailed(*plan, done)) return;
     }
   }
 
@@ -1226,6 +1456,7 @@ struct ShardRun::Impl {
     }
     worker.reset();
     delta_round = 0;
+    deltas.clear();
     loaded = false;
     if (absl::Status again = Prepare(); !again.ok()) {
       Fail(again);
@@ -1283,7 +1514,11 @@ pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
   if (request.round() <= m.certified_round) return response;
   if (request.round() > m.certified_round + 1) {
     response.set_note(absl::StrCat("this host is at round ", m.certified_round + 1));
-    m.ahead_peer = signer;
+    // With overlap, a member in the exchange of round c + 1 prepares round c + 2: expected,
+    // not a sign that this host is behind.
+    const bool overlapping =
+        m.spec.spec.overlap() && request.preparing() && request.round() == m.certified_round + 2;
+    if (!overlapping) m.ahead_peer = signer;
     return response;
   }
   if (m.plan_round != request.round()) {

@@ -116,6 +116,27 @@ class TrainTest(unittest.TestCase):
         again = net.train_status(net.hosts[0], sid2)
         self.assertEqual(again["root"], s["root"], "the same seed gave another final root")
 
+    def test_overlap_trains_and_settles(self):
+        """The one-step-delayed outer update (docs/training.md "Overlap"): each round's
+        allreduce runs during the next round's inner steps; the hosts still end on one root,
+        the loss goes down and the settlement lands."""
+        net = self.net
+        run_spec = net.write_run_spec("overlap", rounds=5, innerSteps=30, overlap=True)
+        sid = self.run_shard("overlap", run_spec)
+        statuses = [net.train_status(h, sid) for h in net.hosts]
+        roots = {s["root"] for s in statuses}
+        self.assertEqual(len(roots), 1, f"hosts hold different final roots: {roots}")
+        s = statuses[0]
+        self.assertEqual(int(s["certified_round"]), 5)
+        for r in s["rounds"]:
+            self.assertEqual(len(r["members"]), 3, r)
+        initial = int(s["initial_eval_loss_micro"]) / 1e6
+        final = int(s["rounds"][-1]["eval_loss_micro"]) / 1e6
+        self.assertLess(final, initial - LOSS_MARGIN,
+                        f"eval loss {initial:.3f} -> {final:.3f}: not down by {LOSS_MARGIN}")
+        settlement = net.cli("shard", "settlement", "--id", sid)["settlement"]
+        self.assertEqual(settlement["final_checkpoint_root"], s["root"])
+
     def test_bad_input(self):
         net = self.net
         run_spec = net.write_run_spec("bad", rounds=8, innerSteps=30)
