@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -135,6 +136,9 @@ struct ShardRun::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<pid_t> worker_pid{0};
   std::thread thread;
+  // The meshes in use by the exchange (at most the run thread's and the allreduce in flight):
+  // Stop aborts them, so the operations end at once instead of at their deadlines.
+  std::set<Mesh*> meshes ABSL_GUARDED_BY(mu);
 
   mutable absl::Mutex mu;
   // The certified state.
@@ -732,6 +736,30 @@ struct ShardRun::Impl {
     return done.status();
   }
 
+  // What a mesh is aborted with when the run stops: this host at fault, so the others retry
+  // without it.
+  absl::Status Stopping() const {
+    return PeerFailure(absl::StatusCode::kCancelled, host.address, "its run is stopping");
+  }
+
+  // Registers a mesh for Stop to abort while in scope (the mesh outlives the guard).
+  class AbortOnStop {
+   public:
+    AbortOnStop(Impl* run, Mesh* mesh) : run_(run), mesh_(mesh) {
+      absl::MutexLock lock(&run_->mu);
+      run_->meshes.insert(mesh_);
+      if (run_->stopping) mesh_->Abort(run_->Stopping());
+    }
+    ~AbortOnStop() {
+      absl::MutexLock lock(&run_->mu);
+      run_->meshes.erase(mesh_);
+    }
+
+   private:
+    Impl* run_;
+    Mesh* mesh_;
+  };
+
   // The first half of a round's exchange: the mesh of the plan's members and the allreduce of
   // their Δ. Touches no state of the run thread's but the transport and the Δ file, so with
   // overlap it runs on a thread of its own while the worker computes the next round's steps.
@@ -774,6 +802,7 @@ struct ShardRun::Impl {
     TS_ASSIGN_OR_RETURN(r.mesh, transport->Connect(group, self, connect_deadline));
     r.collective = std::make_unique<Collective>(r.mesh.get(), host.key, host.chain_id, host.clock);
     Collective& collective = *r.collective;
+    AbortOnStop guard(this, r.mesh.get());
 
     const std::string delta_name = DeltaName(round);
     TS_ASSIGN_OR_RETURN(std::string raw,
@@ -821,6 +850,7 @@ struct ShardRun::Impl {
     const int64_t deadline =
         std::max(r.deadline, host.clock->MonotonicMs() + spec.spec.exchange_timeout_ms());
     Collective& collective = *r.collective;
+    AbortOnStop guard(this, r.mesh.get());
     std::vector<float>& delta = r.aggregate;
     uint64_t bytes = r.bytes;
     OpOptions op;
@@ -1490,8 +1520,13 @@ void ShardRun::Stop() {
     if (impl_->thread.joinable()) impl_->thread.join();
     return;
   }
-  // A model call in progress ends with the worker; the thread then sees `stopping`.
+  // A model call in progress ends with the worker, an exchange with its meshes; the thread then
+  // sees `stopping`.
   if (pid_t pid = impl_->worker_pid.load(); pid > 0) ::kill(pid, SIGTERM);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    for (Mesh* mesh : impl_->meshes) mesh->Abort(impl_->Stopping());
+  }
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->worker.reset();
 }

@@ -7,7 +7,8 @@ their ts_worker processes, the CLI.
 - Determinism: a second shard with the same run spec and members ends on the same root.
 - Elastic: 4 hosts; one joins mid-run; an ordinary host and then a round's planner are SIGKILLed
   mid-run and the rounds go on without them; restarted, each rejoins from the certified
-  checkpoint and contributes again.
+  checkpoint and contributes again; the same again with overlap.
+- Overlap: 3 hosts train with each round's allreduce during the next round's inner steps.
 - Bad input: a run spec that does not match the shard, a malformed one, an unknown model; a
   corrupt data shard and a killed worker are recovered from.
 """
@@ -204,8 +205,15 @@ class ElasticTest(unittest.TestCase):
         self.net.cleanup()
 
     def test_join_kill_rejoin(self):
+        self.dump_on_failure(self.join_kill_rejoin, overlap=False)
+
+    def test_join_kill_rejoin_with_overlap(self):
+        """The same with each round's allreduce overlapping the next round's inner steps."""
+        self.dump_on_failure(self.join_kill_rejoin, overlap=True)
+
+    def dump_on_failure(self, fn, **kwargs):
         try:
-            self.join_kill_rejoin()
+            fn(**kwargs)
         except Exception:
             # What each host's run did, for a failure seen only on a loaded machine.
             for h in self.net.hosts:
@@ -214,12 +222,13 @@ class ElasticTest(unittest.TestCase):
                 sys.stderr.write("\n".join(lines[-40:]) + "\n")
             raise
 
-    def join_kill_rejoin(self):
+    def join_kill_rejoin(self, overlap):
         net = self.net
         h1, h2, h3, h4 = net.hosts
         # Rounds to spare: on a loaded machine the joins and restarts take several rounds each.
         rounds = 20
-        run_spec = net.write_run_spec("elastic", rounds=rounds, innerSteps=8, evalEvery=3)
+        run_spec = net.write_run_spec("elastic", rounds=rounds, innerSteps=8, evalEvery=3,
+                                      overlap=overlap)
         sid = open_shard(net, "elastic", run_spec, min_nodes=4, max_nodes=4, bps=4000)
         for h in (h1, h2, h3):
             net.start_run(h, sid, run_spec)
