@@ -6,6 +6,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -239,6 +241,13 @@ void ChunkStreamServer::AcceptLoop() {
 }
 
 void ChunkStreamServer::Serve(Connection* connection) {
+  // sendfile has no MSG_NOSIGNAL: a peer that closes mid-chunk would raise SIGPIPE, which kills
+  // any process that has not ignored it. Linux sends it to the writing thread, so blocking it
+  // here turns it into EPIPE for this connection alone (the pending signal ends with the thread).
+  sigset_t pipe_signal;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
   const int fd = connection->fd.get();
   try {
     uint32_t sent = 0;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -1342,6 +1343,60 @@ TEST_F(ChunkStreamAttackTest, MalformedRequestsGetAnErrorAndNoChunk) {
   EXPECT_EQ(junk.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(junk.message(), HasSubstr("not a GetChunksRequest"));
   EXPECT_EQ(publisher_->chunk_stream->chunks_sent(), 0u);
+}
+
+// A reader that resets the connection while a chunk is on its way: the server's sendfile, which
+// has no MSG_NOSIGNAL, meets the reset mid-file. This process does not ignore SIGPIPE (gtest's
+// main leaves it as it is), so the test dies if the server lets the signal through; the server
+// must go on serving afterwards.
+TEST_F(ChunkStreamAttackTest, ReaderThatResetsMidChunkDoesNotKillTheServer) {
+  std::mt19937_64 rng(11);
+  const fs::path dir = tmp_.path() / "large";
+  for (int i = 0; i < 6; ++i) {
+    WriteFile(dir / absl::StrCat("f", i, ".bin"), RandomBytes(rng, kMaxChunkSize));
+  }
+  PublishOptions options;
+  options.source_dir = dir.string();
+  options.chunk_size = kMaxChunkSize;
+  auto published = publisher_->store->Publish(options, publisher_->key, nullptr);
+  ASSERT_TRUE(published.ok()) << published.status();
+  pb::GetChunksRequest request;
+  request.set_shard_id(kShard);
+  request.set_artifact_id(published->id);
+  for (const auto& file : published->body.files()) {
+    for (const auto& hash : file.chunks()) request.add_chunks(hash);
+  }
+  auto auth = SignPeerRequest(member_->key, kChain, kShard, kMethodChunkStream, publisher_->address,
+                              request, Clock()->NowUnixMs(), 30000);
+  ASSERT_TRUE(auth.ok());
+  *request.mutable_auth() = *auth;
+  const std::string body = request.SerializeAsString();
+  const std::string bytes =
+      EncodeChunkStreamRequestHeader(static_cast<uint32_t>(body.size())) + body;
+
+  for (int round = 0; round < 5; ++round) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    const int small = 4096;  // a small window, so the server blocks inside a chunk
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(publisher_->chunk_stream->port());
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+    // Some of the first chunk arrives, then the server is left blocked in the middle of it.
+    char buf[4096];
+    ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const struct linger reset = {1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    ::close(fd);
+  }
+  auto got = Call(Request(5, member_->key));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), 5u);
 }
 
 TEST_F(ChunkStreamAttackTest, SilentAndExcessConnectionsAreBounded) {
