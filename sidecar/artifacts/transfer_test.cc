@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -394,6 +395,19 @@ class TransferTest : public ::testing::Test {
     auto published = publisher_->store->Publish(options, publisher_->key, nullptr);
     TS_CHECK(published.ok());
     return published->id;
+  }
+
+  // Signs `request` for `method` as the key's host (audience: the publisher unless given).
+  template <typename Request>
+  void Sign(Request* request, const common::PrivateKey& key, std::string_view method,
+            std::string audience = "", int64_t issued_ms = 0, int64_t lifetime_ms = 30000) {
+    if (audience.empty()) audience = publisher_->address;
+    if (issued_ms == 0) issued_ms = Clock()->NowUnixMs();
+    request->clear_auth();
+    auto auth = SignPeerRequest(key, kChain, request->shard_id(), method, audience, *request,
+                                issued_ms, lifetime_ms);
+    TS_CHECK(auth.ok());
+    *request->mutable_auth() = *auth;
   }
 
   test_util::TempDir tmp_{"ts_transfer_"};
@@ -831,18 +845,6 @@ class ServiceAttackTest : public TransferTest {
     }
   }
 
-  template <typename Request>
-  void Sign(Request* request, const common::PrivateKey& key, std::string_view method,
-            std::string audience = "", int64_t issued_ms = 0, int64_t lifetime_ms = 30000) {
-    if (audience.empty()) audience = publisher_->address;
-    if (issued_ms == 0) issued_ms = Clock()->NowUnixMs();
-    request->clear_auth();
-    auto auth = SignPeerRequest(key, kChain, request->shard_id(), method, audience, *request,
-                                issued_ms, lifetime_ms);
-    TS_CHECK(auth.ok());
-    *request->mutable_auth() = *auth;
-  }
-
   pb::GetManifestRequest ManifestRequest(uint64_t shard = kShard) {
     pb::GetManifestRequest request;
     request.set_shard_id(shard);
@@ -1223,11 +1225,7 @@ class ChunkStreamAttackTest : public TransferTest {
     request.set_shard_id(kShard);
     request.set_artifact_id(id_);
     for (size_t i = 0; i < n; ++i) request.add_chunks(chunks_[i]);
-    if (audience.empty()) audience = publisher_->address;
-    auto auth = SignPeerRequest(key, kChain, kShard, method, audience, request,
-                                Clock()->NowUnixMs(), 30000);
-    TS_CHECK(auth.ok());
-    *request.mutable_auth() = *auth;
+    Sign(&request, key, method, std::move(audience));
     return request;
   }
 
@@ -1250,15 +1248,25 @@ class ChunkStreamAttackTest : public TransferTest {
     }
   }
 
-  // Connects and writes raw bytes; returns what the server sent back before closing.
-  std::string RawExchange(const std::string& bytes, int64_t wait_ms = 5000) {
+  // A plain TCP connection to the publisher's chunk stream; `receive_buffer` > 0 sets SO_RCVBUF
+  // before the connect, so the window is that small from the start.
+  int RawConnect(int receive_buffer = 0) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     TS_CHECK(fd >= 0);
+    if (receive_buffer > 0) {
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+    }
     struct sockaddr_in addr = {};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(publisher_->chunk_stream->port());
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     TS_CHECK(::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0);
+    return fd;
+  }
+
+  // Connects and writes raw bytes; returns what the server sent back before closing.
+  std::string RawExchange(const std::string& bytes, int64_t wait_ms = 5000) {
+    const int fd = RawConnect();
     if (!bytes.empty()) TS_CHECK(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) > 0);
     struct timeval tv = {static_cast<time_t>(wait_ms / 1000),
                          static_cast<suseconds_t>((wait_ms % 1000) * 1000)};
@@ -1366,24 +1374,13 @@ TEST_F(ChunkStreamAttackTest, ReaderThatResetsMidChunkDoesNotKillTheServer) {
   for (const auto& file : published->body.files()) {
     for (const auto& hash : file.chunks()) request.add_chunks(hash);
   }
-  auto auth = SignPeerRequest(member_->key, kChain, kShard, kMethodChunkStream, publisher_->address,
-                              request, Clock()->NowUnixMs(), 30000);
-  ASSERT_TRUE(auth.ok());
-  *request.mutable_auth() = *auth;
+  Sign(&request, member_->key, kMethodChunkStream);
   const std::string body = request.SerializeAsString();
   const std::string bytes =
       EncodeChunkStreamRequestHeader(static_cast<uint32_t>(body.size())) + body;
 
   for (int round = 0; round < 5; ++round) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
-    const int small = 4096;  // a small window, so the server blocks inside a chunk
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-    struct sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(publisher_->chunk_stream->port());
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = RawConnect(/*receive_buffer=*/4096);  // the server blocks inside a chunk
     ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
     // Some of the first chunk arrives, then the server is left blocked in the middle of it.

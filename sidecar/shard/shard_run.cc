@@ -136,11 +136,11 @@ struct ShardRun::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<pid_t> worker_pid{0};
   std::thread thread;
+
+  mutable absl::Mutex mu;
   // The meshes in use by the exchange (at most the run thread's and the allreduce in flight):
   // Stop aborts them, so the operations end at once instead of at their deadlines.
   std::set<Mesh*> meshes ABSL_GUARDED_BY(mu);
-
-  mutable absl::Mutex mu;
   // The certified state.
   uint64_t certified_round ABSL_GUARDED_BY(mu) = 0;
   std::string certified_root ABSL_GUARDED_BY(mu);

@@ -205,15 +205,15 @@ class ElasticTest(unittest.TestCase):
         self.net.cleanup()
 
     def test_join_kill_rejoin(self):
-        self.dump_on_failure(self.join_kill_rejoin, overlap=False)
+        self.join_kill_rejoin_or_dump(overlap=False)
 
     def test_join_kill_rejoin_with_overlap(self):
         """The same with each round's allreduce overlapping the next round's inner steps."""
-        self.dump_on_failure(self.join_kill_rejoin, overlap=True)
+        self.join_kill_rejoin_or_dump(overlap=True)
 
-    def dump_on_failure(self, fn, **kwargs):
+    def join_kill_rejoin_or_dump(self, overlap):
         try:
-            fn(**kwargs)
+            self.join_kill_rejoin(overlap)
         except Exception:
             # What each host's run did, for a failure seen only on a loaded machine.
             for h in self.net.hosts:
