@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build ccache g++ pkg-config git python3 iproute2 procps
   clang-14 libclang-rt-14-dev lld-14 clang-format clang-tidy
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
-  librocksdb-dev libssl-dev libsecp256k1-dev libabsl-dev
+  librocksdb-dev libssl-dev libsecp256k1-dev libabsl-dev libzstd-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev
   libgloo-dev python3-numpy

@@ -6,6 +6,9 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
+
+#include <zstd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/absl_view.h"
@@ -322,6 +325,122 @@ absl::Status DecodeInt8(const CodecSpec& spec, std::string_view bytes, std::span
   return absl::OkStatus();
 }
 
+// ---- int8 + zstd ---------------------------------------------------------------------------
+
+// Mode bytes of kInt8Zstd.
+constexpr uint8_t kZstdStored = 0;  // kInt8's bytes follow as they are
+constexpr uint8_t kZstdFrame = 1;   // one zstd frame of kInt8's bytes follows
+// zstd level 1: on int8 values the gain is the entropy coding of the literals (matches are
+// rare), which every level does; higher levels only cost time.
+constexpr int kZstdLevel = 1;
+// A frame that asks for a window above 2^27 bytes is refused (zstd's own default limit); the
+// content is at most one chunk of int8 values anyway.
+constexpr int kZstdWindowLogMax = 27;
+
+size_t Int8Size(const CodecSpec& spec, size_t elements) {
+  const size_t blocks = (elements + spec.block_elements - 1) / spec.block_elements;
+  return 4 * blocks + elements;
+}
+
+// Per-thread zstd contexts and the int8 bytes between the two stages, reused call after call.
+struct ZstdState {
+  struct CCtxFree {
+    void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+  };
+  struct DCtxFree {
+    void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+  };
+  std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx;
+  std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx;
+  std::string int8;
+};
+
+ZstdState& Zstd() {
+  thread_local ZstdState state;
+  if (!state.cctx) {
+    state.cctx.reset(ZSTD_createCCtx());
+    TS_CHECK(state.cctx != nullptr);
+    ZSTD_CCtx_setParameter(state.cctx.get(), ZSTD_c_compressionLevel, kZstdLevel);
+    ZSTD_CCtx_setParameter(state.cctx.get(), ZSTD_c_contentSizeFlag, 1);
+    ZSTD_CCtx_setParameter(state.cctx.get(), ZSTD_c_checksumFlag, 0);
+    state.dctx.reset(ZSTD_createDCtx());
+    TS_CHECK(state.dctx != nullptr);
+    ZSTD_DCtx_setParameter(state.dctx.get(), ZSTD_d_windowLogMax, kZstdWindowLogMax);
+  }
+  return state;
+}
+
+// Encodes kInt8 into the thread's buffer, then compresses it into dst (at most 1 + Int8Size
+// bytes); returns the bytes written.
+absl::StatusOr<size_t> EncodeInt8Zstd(const CodecSpec& spec, std::span<const float> x, char* dst) {
+  ZstdState& z = Zstd();
+  const size_t raw = Int8Size(spec, x.size());
+  z.int8.resize(raw);
+  TS_RETURN_IF_ERROR(EncodeInt8(spec, x, z.int8.data()));
+  // A frame must be strictly smaller than the bytes it carries: zstd answers "destination too
+  // small" otherwise, and the bytes are stored as they are.
+  if (raw > 1) {
+    const size_t n = ZSTD_compress2(z.cctx.get(), dst + 1, raw - 1, z.int8.data(), raw);
+    if (!ZSTD_isError(n)) {
+      dst[0] = static_cast<char>(kZstdFrame);
+      return 1 + n;
+    }
+  }
+  dst[0] = static_cast<char>(kZstdStored);
+  std::memcpy(dst + 1, z.int8.data(), raw);
+  return 1 + raw;
+}
+
+// `bytes` is 1 .. 1 + Int8Size long (checked by the caller).
+template <bool kAdd>
+absl::Status DecodeInt8Zstd(const CodecSpec& spec, std::string_view bytes, std::span<float> out) {
+  const size_t raw = Int8Size(spec, out.size());
+  const uint8_t mode = static_cast<uint8_t>(bytes[0]);
+  const std::string_view body = bytes.substr(1);
+  if (mode == kZstdStored) {
+    if (body.size() != raw) {
+      return absl::InvalidArgumentError(absl::StrCat("codec int8-zstd: stored payload of ",
+                                                     body.size(), " bytes, expected ", raw));
+    }
+    return DecodeInt8<kAdd>(spec, body, out);
+  }
+  if (mode != kZstdFrame) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec int8-zstd: mode ", mode, " is unknown (0 stored, 1 zstd)"));
+  }
+  // Everything about the frame is checked from its header before any of it is decompressed.
+  if (body.size() >= raw) {
+    return absl::InvalidArgumentError(absl::StrCat("codec int8-zstd: frame of ", body.size(),
+                                                   " bytes is not smaller than the ", raw,
+                                                   " bytes it carries"));
+  }
+  const unsigned long long content = ZSTD_getFrameContentSize(body.data(), body.size());
+  if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN) {
+    return absl::InvalidArgumentError(
+        "codec int8-zstd: the frame header is damaged or records no content size");
+  }
+  if (content != raw) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec int8-zstd: frame content size ", content, " bytes, expected ", raw));
+  }
+  const size_t frame = ZSTD_findFrameCompressedSize(body.data(), body.size());
+  if (ZSTD_isError(frame) || frame != body.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec int8-zstd: payload of ", body.size(), " bytes is not exactly one zstd frame",
+        ZSTD_isError(frame) ? absl::StrCat(" (", ZSTD_getErrorName(frame), ")")
+                            : absl::StrCat(" (the frame is ", frame, " bytes)")));
+  }
+  ZstdState& z = Zstd();
+  z.int8.resize(raw);
+  const size_t n = ZSTD_decompressDCtx(z.dctx.get(), z.int8.data(), raw, body.data(), body.size());
+  if (ZSTD_isError(n) || n != raw) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec int8-zstd: the frame does not decompress to ", raw, " bytes",
+        ZSTD_isError(n) ? absl::StrCat(" (", ZSTD_getErrorName(n), ")") : std::string()));
+  }
+  return DecodeInt8<kAdd>(spec, z.int8, out);
+}
+
 // ---- top-k ---------------------------------------------------------------------------------
 
 // Packs fields LSB-first into consecutive bytes.
@@ -496,6 +615,14 @@ template <bool kAdd>
 absl::Status DecodeImpl(const CodecSpec& spec, std::string_view bytes, std::span<float> out) {
   TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
   const size_t expected = EncodedSize(spec, out.size());
+  if (spec.kind == Compression::kInt8Zstd) {
+    if (bytes.empty() || bytes.size() > expected) {
+      return absl::InvalidArgumentError(absl::StrCat("codec int8-zstd: ", bytes.size(),
+                                                     " bytes for ", out.size(),
+                                                     " elements, expected 1 to ", expected));
+    }
+    return DecodeInt8Zstd<kAdd>(spec, bytes, out);
+  }
   if (bytes.size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat("codec ", KindName(spec.kind), ": ",
                                                    bytes.size(), " bytes for ", out.size(),
@@ -511,6 +638,8 @@ absl::Status DecodeImpl(const CodecSpec& spec, std::string_view bytes, std::span
       return DecodeInt8<kAdd>(spec, bytes, out);
     case Compression::kTopK:
       return DecodeTopK<kAdd>(spec, bytes, out);
+    case Compression::kInt8Zstd:
+      break;  // above
   }
   return absl::InternalError("codec: unreachable");
 }
@@ -529,26 +658,30 @@ std::string_view CompressionName(Compression c) {
       return "int8";
     case Compression::kTopK:
       return "topk";
+    case Compression::kInt8Zstd:
+      return "int8-zstd";
   }
   return "unknown";
 }
 
 absl::StatusOr<Compression> ParseCompression(std::string_view name) {
   for (Compression c : {Compression::kFp32, Compression::kFp16, Compression::kBf16,
-                        Compression::kInt8, Compression::kTopK}) {
+                        Compression::kInt8, Compression::kTopK, Compression::kInt8Zstd}) {
     if (name == CompressionName(c)) return c;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "compression: unknown value '", common::AsAbsl(name), "' (fp32|fp16|bf16|int8|topk)"));
+  return absl::InvalidArgumentError(absl::StrCat("compression: unknown value '",
+                                                 common::AsAbsl(name),
+                                                 "' (fp32|fp16|bf16|int8|topk|int8-zstd)"));
 }
 
 absl::Status ValidateCodecSpec(const CodecSpec& spec) {
-  if (spec.kind > Compression::kTopK) {
+  if (spec.kind > Compression::kInt8Zstd) {
     return absl::InvalidArgumentError(
         absl::StrCat("codec spec: kind ", static_cast<int>(spec.kind), " is unknown"));
   }
   // Block and top-k fields only matter to the codecs that read them.
-  if (spec.kind == Compression::kInt8 || spec.kind == Compression::kTopK) {
+  if (spec.kind == Compression::kInt8 || spec.kind == Compression::kInt8Zstd ||
+      spec.kind == Compression::kTopK) {
     if (spec.block_elements < 1 || spec.block_elements > 65536) {
       return absl::InvalidArgumentError(absl::StrCat(
           "codec spec: block_elements ", spec.block_elements, " is outside [1, 65536]"));
@@ -568,6 +701,8 @@ absl::Status ValidateCodecSpec(const CodecSpec& spec) {
   return absl::OkStatus();
 }
 
+bool HasFixedSize(Compression kind) { return kind != Compression::kInt8Zstd; }
+
 size_t EncodedSize(const CodecSpec& spec, size_t elements) {
   switch (spec.kind) {
     case Compression::kFp32:
@@ -575,10 +710,10 @@ size_t EncodedSize(const CodecSpec& spec, size_t elements) {
     case Compression::kFp16:
     case Compression::kBf16:
       return 2 * elements;
-    case Compression::kInt8: {
-      const size_t blocks = (elements + spec.block_elements - 1) / spec.block_elements;
-      return 4 * blocks + elements;
-    }
+    case Compression::kInt8:
+      return Int8Size(spec, elements);
+    case Compression::kInt8Zstd:
+      return 1 + Int8Size(spec, elements);
     case Compression::kTopK: {
       const size_t full = elements / spec.block_elements;
       const size_t rest = elements % spec.block_elements;
@@ -591,31 +726,41 @@ size_t EncodedSize(const CodecSpec& spec, size_t elements) {
 
 namespace {
 
-// Encodes into exactly EncodedSize(spec, x.size()) bytes at dst; the spec is valid.
-absl::Status EncodeValid(const CodecSpec& spec, std::span<const float> x, char* dst) {
+// Encodes into at most EncodedSize(spec, x.size()) bytes at dst (exactly that for fixed-size
+// codecs); the spec is valid. Returns the bytes written.
+absl::StatusOr<size_t> EncodeValid(const CodecSpec& spec, std::span<const float> x, char* dst) {
+  absl::Status status;
   switch (spec.kind) {
     case Compression::kFp32:
-      return EncodeFp32(x, dst);
+      status = EncodeFp32(x, dst);
+      break;
     case Compression::kFp16:
     case Compression::kBf16:
-      return EncodeHalf(spec.kind, x, dst);
+      status = EncodeHalf(spec.kind, x, dst);
+      break;
     case Compression::kInt8:
-      return EncodeInt8(spec, x, dst);
+      status = EncodeInt8(spec, x, dst);
+      break;
     case Compression::kTopK:
-      return EncodeTopK(spec, x, dst);
+      status = EncodeTopK(spec, x, dst);
+      break;
+    case Compression::kInt8Zstd:
+      return EncodeInt8Zstd(spec, x, dst);
   }
-  return absl::InvalidArgumentError("encode: unknown codec");
+  if (!status.ok()) return status;
+  return EncodedSize(spec, x.size());
 }
 
 }  // namespace
 
-absl::Status EncodeInto(const CodecSpec& spec, std::span<const float> x, std::span<char> out) {
+absl::StatusOr<size_t> EncodeInto(const CodecSpec& spec, std::span<const float> x,
+                                  std::span<char> out) {
   TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
   const size_t want = EncodedSize(spec, x.size());
-  if (out.size() != want) {
+  if (out.size() < want) {
     return absl::InvalidArgumentError(absl::StrCat("encode: output holds ", out.size(),
                                                    " bytes, the encoding of ", x.size(),
-                                                   " elements is ", want));
+                                                   " elements needs ", want));
   }
   return EncodeValid(spec, x, out.data());
 }
@@ -624,10 +769,10 @@ absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string
   TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
   const size_t start = out->size();
   out->resize(start + EncodedSize(spec, x.size()));
-  absl::Status status = EncodeValid(spec, x, out->data() + start);
+  absl::StatusOr<size_t> written = EncodeValid(spec, x, out->data() + start);
   // A refused input leaves nothing behind: the caller's buffer is as it was.
-  if (!status.ok()) out->resize(start);
-  return status;
+  out->resize(written.ok() ? start + *written : start);
+  return written.status();
 }
 
 absl::Status CheckFinite(std::span<const float> x) {

@@ -1,8 +1,9 @@
 // Compression of fp32 vectors for the collective's wire: none (fp32), fp16, bf16, int8 with a
-// per-block scale, and top-k per block with low-bit values (SparseLoCo-style) plus the error
-// feedback that makes top-k converge. The byte layouts are in docs/collective.md ("Codecs"); the
-// decoders read bytes from peers and refuse anything malformed with INVALID_ARGUMENT naming the
-// field and the value, never reading out of bounds.
+// per-block scale, int8 followed by a lossless entropy stage (zstd), and top-k per block with
+// low-bit values (SparseLoCo-style) plus the error feedback that makes top-k converge. The byte
+// layouts are in docs/collective.md ("Codecs"); the decoders read bytes from peers and refuse
+// anything malformed with INVALID_ARGUMENT naming the field and the value, never reading out of
+// bounds.
 //
 // Error bounds (|decoded − x| per element, for finite x; tested in codec_test.cc):
 //   kFp32   exact.
@@ -14,6 +15,7 @@
 //           is refused (OUT_OF_RANGE).
 //   kInt8   ≤ s / 2 where s = max|x| over the element's block / 127 (symmetric, round to nearest),
 //           plus fp32 rounding of at most s · 2^-16, for a normal s (max|x| ≥ 127 · 2^-126).
+//   kInt8Zstd  the same as kInt8: the entropy stage is lossless.
 //   kTopK   kept elements (the top k of each block by |x|): ≤ m / 2^(value_bits) where m is the
 //           largest |x| kept in the block, plus fp32 rounding of at most m · 2^-23; dropped
 //           elements decode to 0 (their error is what the ErrorFeedback carries to the next
@@ -24,7 +26,15 @@
 // Dense codecs (all but kTopK) are "ring-compatible": a partial sum can be decoded, added to and
 // re-encoded at every hop of a ring. kTopK is not: its contributions are all-gathered.
 //
-// Thread-safety: free functions are pure; ErrorFeedback has one owner.
+// Every codec but kInt8Zstd has one encoded size per element count (EncodedSize). kInt8Zstd's
+// size depends on the values: a mode byte, then either kInt8's bytes as they are (mode 0, when
+// zstd would not make them smaller) or one zstd frame that records kInt8's size as its content
+// size (mode 1); EncodedSize is its bound. Its decoder refuses a frame that would decompress to
+// any other size before decompressing anything, so a peer cannot make it allocate or work more
+// than a plain int8 payload would.
+//
+// Thread-safety: free functions are thread-safe (pure but for int8-zstd's zstd contexts and buffer,
+// which are per thread); ErrorFeedback has one owner.
 #ifndef TS_SIDECAR_COLLECTIVE_CODEC_H_
 #define TS_SIDECAR_COLLECTIVE_CODEC_H_
 
@@ -46,17 +56,18 @@ enum class Compression : uint8_t {
   kBf16 = 2,
   kInt8 = 3,
   kTopK = 4,
+  kInt8Zstd = 5,
 };
 
-// "fp32", "fp16", "bf16", "int8", "topk".
+// "fp32", "fp16", "bf16", "int8", "topk", "int8-zstd".
 std::string_view CompressionName(Compression c);
-// INVALID_ARGUMENT "compression: unknown value '<name>' (fp32|fp16|bf16|int8|topk)".
+// INVALID_ARGUMENT "compression: unknown value '<name>' (fp32|fp16|bf16|int8|topk|int8-zstd)".
 absl::StatusOr<Compression> ParseCompression(std::string_view name);
 
 struct CodecSpec {
   Compression kind = Compression::kFp32;
-  // Elements per block for kInt8 (one fp32 scale each) and kTopK (one scale, topk_per_block
-  // indices and values each). 1..65536.
+  // Elements per block for kInt8 and kInt8Zstd (one fp32 scale each) and kTopK (one scale,
+  // topk_per_block indices and values each). 1..65536.
   uint32_t block_elements = 4096;
   // kTopK: elements kept per block, 1..block_elements (64 of 4096 = 1.56 %).
   uint32_t topk_per_block = 64;
@@ -67,25 +78,32 @@ struct CodecSpec {
 // INVALID_ARGUMENT naming the field and value when a spec is out of the ranges above.
 absl::Status ValidateCodecSpec(const CodecSpec& spec);
 
-// Exact size in bytes of Encode(spec, x) for x.size() == elements (the spec must be valid).
+// Whether every encoding of `elements` values has the same size (all kinds but kInt8Zstd).
+bool HasFixedSize(Compression kind);
+// The size in bytes of Encode(spec, x) for x.size() == elements: exact for fixed-size codecs, the
+// largest possible for kInt8Zstd (the spec must be valid).
 size_t EncodedSize(const CodecSpec& spec, size_t elements);
 
 // Appends the encoding of `x` to `*out`. Errors: INVALID_ARGUMENT (bad spec, non-finite input
 // naming the index), OUT_OF_RANGE (fp16 overflow naming the index and value).
 absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string* out);
-// The same into `out`, which must be exactly EncodedSize(spec, x.size()) bytes (INVALID_ARGUMENT
-// naming both sizes otherwise); on error its contents are unspecified.
-absl::Status EncodeInto(const CodecSpec& spec, std::span<const float> x, std::span<char> out);
+// The same into `out`, which must hold at least EncodedSize(spec, x.size()) bytes
+// (INVALID_ARGUMENT naming both sizes otherwise); returns the bytes written (the whole bound but
+// for kInt8Zstd). On error the contents of `out` are unspecified.
+absl::StatusOr<size_t> EncodeInto(const CodecSpec& spec, std::span<const float> x,
+                                  std::span<char> out);
 // What Encode refuses for fp32: INVALID_ARGUMENT naming the first Inf or NaN. For a sender
 // that passes fp32 values on the wire as they are, without a copy.
 absl::Status CheckFinite(std::span<const float> x);
 
-// Decodes `bytes` (exactly EncodedSize(spec, out.size()) long) into `out`, overwriting it.
-// INVALID_ARGUMENT when the size differs (naming both), an fp32/fp16/bf16 element is Inf or NaN,
-// a scale is negative or not finite (int8: or 127 · scale overflows), an int8 value is −128, a
-// top-k index is out of its block, indices within a block are not strictly increasing, or top-k
-// padding bits are not zero — anything an encoder never writes, so every decoded value is finite
-// and an encoding is canonical.
+// Decodes `bytes` (exactly EncodedSize(spec, out.size()) long; for kInt8Zstd at most that) into
+// `out`, overwriting it. INVALID_ARGUMENT when the size differs (naming both), a kInt8Zstd mode
+// is unknown or its zstd frame is damaged or records another content size, an fp32/fp16/bf16
+// element is Inf or NaN, a scale is negative or not finite (int8: or 127 · scale overflows), an
+// int8 value is −128, a top-k index is out of its block, indices within a block are not strictly
+// increasing, or top-k padding bits are not zero — anything an encoder never writes, so every
+// decoded value is finite and an encoding is canonical (for kInt8Zstd: its int8 bytes are; zstd
+// frames are not).
 absl::Status Decode(const CodecSpec& spec, std::string_view bytes, std::span<float> out);
 
 // Decodes and adds: out[i] += decoded[i]. Same errors as Decode; on error `out` may be partly

@@ -19,7 +19,9 @@ namespace ts::sidecar {
 namespace {
 
 constexpr std::string_view kCommitSignKind = "collective_commit";
-constexpr size_t kCommitBlockSize = 32 + 65;  // commitment || recoverable signature
+// commitment || recoverable signature || be64 payload size (sizes vary with int8-zstd; a size
+// that is not the committed payload's shows as a mismatch with the commitment).
+constexpr size_t kCommitBlockSize = 32 + 65 + 8;
 // Robust allreduce runs two all-gathers under one op id; the second one's steps start here.
 constexpr uint32_t kRevealStepBase = 1u << 16;
 
@@ -46,7 +48,8 @@ Range ChunkOf(Range segment, size_t chunk, size_t c) {
 size_t ChunkElements(const OpOptions& options) {
   size_t chunk = std::max<size_t>(options.chunk_elements, 1);
   const CodecSpec& codec = options.codec;
-  if (codec.kind == Compression::kInt8 || codec.kind == Compression::kTopK) {
+  if (codec.kind == Compression::kInt8 || codec.kind == Compression::kInt8Zstd ||
+      codec.kind == Compression::kTopK) {
     size_t block = codec.block_elements;
     chunk = std::max(block, chunk / block * block);
   }
@@ -160,17 +163,20 @@ FrameHeader DataHeader(uint64_t op_id, uint32_t step, uint32_t chunk) {
 }
 
 // Receives the next data frame from `link` and checks that it is the one expected.
+// The next frame from `link`, which must be (op_id, step, chunk) with a payload of exactly
+// `payload_size` bytes — or, with `up_to`, of 1 to `payload_size` bytes (a variable-size codec).
 absl::StatusOr<Frame> RecvExpected(Link* link, uint64_t op_id, uint32_t step, uint32_t chunk,
-                                   size_t payload_size, int64_t deadline_ms) {
+                                   size_t payload_size, int64_t deadline_ms, bool up_to = false) {
   TS_ASSIGN_OR_RETURN(Frame frame, link->Recv(deadline_ms));
   const FrameHeader& h = frame.header;
-  if (h.op_id != op_id || h.step != step || h.chunk != chunk ||
-      frame.payload.size() != payload_size) {
+  const size_t got = frame.payload.size();
+  const bool size_ok = up_to ? got >= 1 && got <= payload_size : got == payload_size;
+  if (h.op_id != op_id || h.step != step || h.chunk != chunk || !size_ok) {
     return PeerFailure(
         absl::StatusCode::kInvalidArgument, link->peer(),
         absl::StrCat("unexpected data frame: op ", h.op_id, " step ", h.step, " chunk ", h.chunk,
-                     " payload ", frame.payload.size(), " bytes; expected op ", op_id, " step ",
-                     step, " chunk ", chunk, " payload ", payload_size, " bytes"));
+                     " payload ", got, " bytes; expected op ", op_id, " step ", step, " chunk ",
+                     chunk, " payload ", up_to ? "1 to " : "", payload_size, " bytes"));
   }
   return frame;
 }
@@ -267,7 +273,11 @@ absl::StatusOr<OpStats> Collective::AllReduce(const OpOptions& options, std::spa
       return absl::OkStatus();
     }
     out->owned = sender.TakeBuffer(EncodedSize(codec, values.size()));
-    return EncodeInto(codec, values, std::span<char>(out->owned.data(), out->owned.size()));
+    TS_ASSIGN_OR_RETURN(
+        size_t written,
+        EncodeInto(codec, values, std::span<char>(out->owned.data(), out->owned.size())));
+    out->owned.resize(written);
+    return absl::OkStatus();
   };
   // Step 0: this member's own part of segment r.
   {
@@ -291,9 +301,9 @@ absl::StatusOr<OpStats> Collective::AllReduce(const OpOptions& options, std::spa
     for (size_t c = 0; c < ChunksOf(segment.size, chunk) && status.ok(); ++c) {
       Range part = ChunkOf(segment, chunk, c);
       std::span<float> values = data.subspan(part.begin, part.size);
-      absl::StatusOr<Frame> frame =
-          RecvExpected(prev, options.op_id, g, static_cast<uint32_t>(c),
-                       EncodedSize(codec, part.size), options.deadline_ms);
+      absl::StatusOr<Frame> frame = RecvExpected(prev, options.op_id, g, static_cast<uint32_t>(c),
+                                                 EncodedSize(codec, part.size), options.deadline_ms,
+                                                 /*up_to=*/!HasFixedSize(codec.kind));
       if (!frame.ok()) {
         status = frame.status();
         break;
@@ -462,7 +472,9 @@ absl::StatusOr<OpStats> Collective::RobustAllReduce(const OpOptions& options,
   absl::StatusOr<std::string> signature =
       common::SignStatement(*key_, kCommitSignKind, chain_id_, group.shard_id, commitment);
   if (!signature.ok()) return Fail(mesh_, signature.status());
-  std::string commit_block = commitment + *signature;
+  char size_bytes[8];
+  PutU64(size_bytes, payload.size());
+  std::string commit_block = commitment + *signature + std::string(size_bytes, 8);
   std::vector<char> commits(n * kCommitBlockSize);
   std::memcpy(commits.data() + r * kCommitBlockSize, commit_block.data(), kCommitBlockSize);
   const size_t chunk_bytes = ChunkElements(options) * sizeof(float);
@@ -471,7 +483,7 @@ absl::StatusOr<OpStats> Collective::RobustAllReduce(const OpOptions& options,
   for (size_t i = 0; i < n; ++i) {
     std::string_view block(commits.data() + i * kCommitBlockSize, kCommitBlockSize);
     absl::StatusOr<std::string> signer = common::RecoverStatementSigner(
-        kCommitSignKind, chain_id_, group.shard_id, block.substr(0, 32), block.substr(32));
+        kCommitSignKind, chain_id_, group.shard_id, block.substr(0, 32), block.substr(32, 65));
     if (!signer.ok() || *signer != group.members[i].address) {
       return Fail(mesh_,
                   PeerFailure(absl::StatusCode::kUnauthenticated, group.members[i].address,
@@ -480,16 +492,34 @@ absl::StatusOr<OpStats> Collective::RobustAllReduce(const OpOptions& options,
                                                        : std::string())));
     }
   }
+  // The contributions' sizes: each within the codec's bounds (exactly its size for a fixed-size
+  // codec); all are gathered in blocks of the largest, zero-padded.
+  const size_t bound = EncodedSize(codec, data.size());
+  std::vector<size_t> sizes(n);
+  size_t block = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t size = GetU64(commits.data() + i * kCommitBlockSize + 32 + 65);
+    const bool fits = HasFixedSize(codec.kind) ? size == bound : size >= 1 && size <= bound;
+    if (!fits) {
+      return Fail(mesh_,
+                  PeerFailure(absl::StatusCode::kInvalidArgument, group.members[i].address,
+                              absl::StrCat("contribution of member ", i, " announced as ", size,
+                                           " bytes; the codec's is ",
+                                           HasFixedSize(codec.kind) ? "" : "at most ", bound)));
+    }
+    sizes[i] = static_cast<size_t>(size);
+    block = std::max(block, sizes[i]);
+  }
 
   // 2. Reveal: gather the contributions and hold each to its commitment.
-  std::vector<char> all(n * payload.size());
-  std::memcpy(all.data() + r * payload.size(), payload.data(), payload.size());
-  TS_RETURN_IF_ERROR(GatherRing(mesh_, options.op_id, kRevealStepBase, payload.size(), chunk_bytes,
+  std::vector<char> all(n * block, '\0');
+  std::memcpy(all.data() + r * block, payload.data(), payload.size());
+  TS_RETURN_IF_ERROR(GatherRing(mesh_, options.op_id, kRevealStepBase, block, chunk_bytes,
                                 options.deadline_ms, all, &stats));
   std::vector<std::vector<float>> decoded(n, std::vector<float>(data.size()));
   std::vector<std::span<const float>> views;
   for (size_t i = 0; i < n; ++i) {
-    std::string_view bytes(all.data() + i * payload.size(), payload.size());
+    std::string_view bytes(all.data() + i * block, sizes[i]);
     std::string_view committed(commits.data() + i * kCommitBlockSize, 32);
     if (CommitmentOf(options.op_id, static_cast<uint32_t>(i), bytes) != committed) {
       return Fail(mesh_, PeerFailure(absl::StatusCode::kDataLoss, group.members[i].address,

@@ -36,6 +36,9 @@ TEST(RunSpec, ParsesAppliesDefaultsAndHashesTheExactBytes) {
   EXPECT_EQ(parsed->aggregate.kind, Aggregator::kMean);
   // One more space is another document.
   EXPECT_NE(ParseRunSpec(std::string(kSpec) + " ")->hash, parsed->hash);
+  auto zstd = ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("int8")", R"("int8-zstd")"}}));
+  ASSERT_TRUE(zstd.ok()) << zstd.status();
+  EXPECT_EQ(zstd->codec.kind, Compression::kInt8Zstd);
 }
 
 TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {

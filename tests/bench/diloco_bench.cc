@@ -26,12 +26,12 @@
 // summed over the exchanges and averaged over the workers.
 //
 // Prints the figures per method, the ratios against the targets (DiLoCo/DP eval loss <= 1.05 at
-// H = 20; bytes <= 1/H with fp32 and <= 1/(4H) with int8) and one JSON line.
+// H = 20; bytes <= 1/H with fp32 and <= 1/(4H) with int8 and int8-zstd) and one JSON line.
 //
 //   diloco_bench [--steps T] [--quick] [--lr X] [--diloco-lr X] [--threads N] [--workers K]
 //                [--batch B] [--files F] [--warmup W] [--outer-lr X] [--outer-momentum X]
 //                [--outer-lr-start X] [--outer-ramp R]
-//                [--only diloco_h20,diloco_h50_int8,...]  (dp always runs)
+//                [--only diloco_h20,diloco_h50_int8,diloco_h20_int8-zstd,...]  (dp always runs)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -250,8 +250,12 @@ absl::Status Run(const Flags& flags) {
   methods.push_back({.name = "dp", .h = 1, .sync = true});
   for (uint32_t h : {10u, 20u, 50u}) {
     methods.push_back({.name = absl::StrCat("diloco_h", h), .h = h});
-    methods.push_back(
-        {.name = absl::StrCat("diloco_h", h, "_int8"), .h = h, .codec = Compression::kInt8});
+    for (Compression c : {Compression::kInt8, Compression::kInt8Zstd}) {
+      methods.push_back(
+          {.name = absl::StrCat("diloco_h", h, "_", std::string(sidecar::CompressionName(c))),
+           .h = h,
+           .codec = c});
+    }
   }
   if (!flags.only.empty()) {
     const std::vector<std::string> only = absl::StrSplit(flags.only, ',');
@@ -267,7 +271,7 @@ absl::Status Run(const Flags& flags) {
     std::printf(
         "%-16s H=%-3u %s: %llu exchanges (%.1f s), %.0f bytes per worker, train loss "
         "end %.4f, eval loss %.4f, %.1f s\n",
-        m.name.c_str(), m.sync ? 1 : m.h, m.codec == Compression::kInt8 ? "int8" : "fp32",
+        m.name.c_str(), m.sync ? 1 : m.h, std::string(sidecar::CompressionName(m.codec)).c_str(),
         static_cast<unsigned long long>(m.exchanges), m.exchange_s, m.bytes_per_worker,
         m.train_loss_end, m.eval_loss, m.wall_s);
     std::fflush(stdout);
@@ -287,7 +291,7 @@ absl::Status Run(const Flags& flags) {
       ",\"wall_s\":", dp.wall_s, "},\"diloco\":[");
   for (size_t i = 1; i < methods.size(); ++i) {
     const Method& m = methods[i];
-    const bool int8 = m.codec == Compression::kInt8;
+    const bool int8 = m.codec == Compression::kInt8 || m.codec == Compression::kInt8Zstd;
     const double loss_ratio = m.eval_loss / dp.eval_loss;
     const double bytes_ratio = m.bytes_per_worker / dp.bytes_per_worker;
     const double bytes_target = int8 ? 1.0 / (4.0 * m.h) : 1.0 / m.h;
@@ -301,10 +305,11 @@ absl::Status Run(const Flags& flags) {
         at_target ? (loss_ok ? " (target <= 1.05: met)" : " (target <= 1.05: NOT met)") : "",
         bytes_ratio, bytes_target, Met(bytes_met));
     absl::StrAppend(&json, i > 1 ? "," : "", "{\"name\":\"", m.name, "\",\"h\":", m.h,
-                    ",\"codec\":\"", int8 ? "int8" : "fp32", "\",\"exchanges\":", m.exchanges,
-                    ",\"eval_loss\":", m.eval_loss, ",\"loss_ratio\":", loss_ratio,
-                    ",\"bytes\":", m.bytes_per_worker, ",\"bytes_ratio\":", bytes_ratio,
-                    ",\"bytes_target\":", bytes_target, ",\"wall_s\":", m.wall_s, "}");
+                    ",\"codec\":\"", std::string(sidecar::CompressionName(m.codec)),
+                    "\",\"exchanges\":", m.exchanges, ",\"eval_loss\":", m.eval_loss,
+                    ",\"loss_ratio\":", loss_ratio, ",\"bytes\":", m.bytes_per_worker,
+                    ",\"bytes_ratio\":", bytes_ratio, ",\"bytes_target\":", bytes_target,
+                    ",\"wall_s\":", m.wall_s, "}");
   }
   const double total_s = bench::SecondsSince(t_all);
   std::printf("wall time: %.1f s in all\n", total_s);

@@ -120,9 +120,11 @@ class TrainTest(unittest.TestCase):
     def test_overlap_trains_and_settles(self):
         """The one-step-delayed outer update (docs/training.md "Overlap"): each round's
         allreduce runs during the next round's inner steps; the hosts still end on one root,
-        the loss goes down and the settlement lands."""
+        the loss goes down and the settlement lands. The pseudo-gradients go as int8-zstd, whose
+        frames vary in size, so a real run exercises the variable-size codec too."""
         net = self.net
-        run_spec = net.write_run_spec("overlap", rounds=5, innerSteps=30, overlap=True)
+        run_spec = net.write_run_spec("overlap", rounds=5, innerSteps=30, overlap=True,
+                                      codec="int8-zstd")
         sid = self.run_shard("overlap", run_spec)
         statuses = [net.train_status(h, sid) for h in net.hosts]
         roots = {s["root"] for s in statuses}
