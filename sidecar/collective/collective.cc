@@ -19,7 +19,7 @@ namespace ts::sidecar {
 namespace {
 
 constexpr std::string_view kCommitSignKind = "collective_commit";
-// commitment || recoverable signature || be64 payload size (sizes vary with int8-zstd; a size
+// commitment || recoverable signature || u64 (little-endian) payload size (sizes vary with int8-zstd; a size
 // that is not the committed payload's shows as a mismatch with the commitment).
 constexpr size_t kCommitBlockSize = 32 + 65 + 8;
 // Robust allreduce runs two all-gathers under one op id; the second one's steps start here.
@@ -162,7 +162,6 @@ FrameHeader DataHeader(uint64_t op_id, uint32_t step, uint32_t chunk) {
   return header;
 }
 
-// Receives the next data frame from `link` and checks that it is the one expected.
 // The next frame from `link`, which must be (op_id, step, chunk) with a payload of exactly
 // `payload_size` bytes — or, with `up_to`, of 1 to `payload_size` bytes (a variable-size codec).
 absl::StatusOr<Frame> RecvExpected(Link* link, uint64_t op_id, uint32_t step, uint32_t chunk,
