@@ -79,7 +79,7 @@ int RunTrainStatus(Context& ctx, const StatusArgs& args) {
       {"state", status->state()},
       {"certified_round", absl::StrCat(status->certified_round(), "/", status->rounds_total())},
       {"root", common::HexEncode(status->root())},
-      {"planner", status->planner()},
+      {"planner", absl::StrCat(status->planner(), " (round ", status->planner_round(), ")")},
       {"parameters", std::to_string(status->parameters())},
       {"bytes_exchanged", std::to_string(status->bytes_exchanged())},
       {"inner_seconds", absl::StrFormat("%.1f", status->inner_seconds())},

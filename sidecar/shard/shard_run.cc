@@ -469,6 +469,7 @@ struct ShardRun::Impl {
         plan.reset();
       }
       status.set_planner(host.address);
+      status.set_planner_round(round);
     }
     while (!stopping) {
       {
@@ -634,6 +635,7 @@ struct ShardRun::Impl {
       {
         absl::MutexLock lock(&mu);
         status.set_planner(candidate);
+        status.set_planner_round(round);
         if (!ahead_peer.empty())
           return PlanOutcome{.plan = std::nullopt, .behind_peer = std::exchange(ahead_peer, "")};
       }

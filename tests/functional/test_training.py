@@ -271,8 +271,18 @@ class ElasticTest(unittest.TestCase):
         harness.wait_for(lambda: contributed_since(victim, r_restart), 180,
                          f"{victim.name} contributing again", interval_s=0.5)
 
-        # SIGKILL the planner of the round in progress.
-        r1, planner = current(h1)
+        # SIGKILL the planner of the round in progress: once h1 is obtaining that round's plan
+        # (its status names the planner of the round after the certified one; during the inner
+        # steps it still names the previous round's).
+        def planning(h):
+            s = net.train_status(h, sid)
+            certified = int(s["certified_round"])
+            if int(s.get("planner_round", "0")) == certified + 1 and s.get("planner"):
+                return certified, s["planner"]
+            return None
+
+        r1, planner = harness.wait_for(lambda: planning(h1), 120, "h1 obtaining a plan",
+                                       interval_s=0.05)
         if planner == h1.address:
             observer = h2
         else:
