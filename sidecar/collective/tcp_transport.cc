@@ -518,6 +518,7 @@ struct TcpTransport::Impl {
   // Meshes whose Connect is in progress, by mesh id: where accepted hellos go.
   absl::Mutex connect_mu;
   absl::flat_hash_map<std::string, MeshImpl*> connecting ABSL_GUARDED_BY(connect_mu);
+  absl::Status connect_refusal ABSL_GUARDED_BY(connect_mu);  // set by StopConnecting
 
   // Every live mesh, for the heartbeat thread (held through a whole tick).
   absl::Mutex meshes_mu;
@@ -1743,6 +1744,7 @@ absl::StatusOr<std::unique_ptr<Mesh>> TcpTransport::Connect(const GroupSpec& gro
   auto mesh = std::make_unique<MeshImpl>(&t, group, self_index, mesh_id);
   {
     absl::MutexLock lock(&t.connect_mu);
+    if (!t.connect_refusal.ok()) return t.connect_refusal;
     if (!t.connecting.emplace(mesh_id, mesh.get()).second) {
       return absl::AlreadyExistsError(
           absl::StrCat("mesh ", Hex8(mesh_id), " is already being connected here"));
@@ -1770,6 +1772,16 @@ absl::StatusOr<std::unique_ptr<Mesh>> TcpTransport::Connect(const GroupSpec& gro
   for (std::thread& d : dialers) d.join();
   if (!status.ok()) return status;
   return std::unique_ptr<Mesh>(std::move(mesh));
+}
+
+void TcpTransport::StopConnecting(const absl::Status& status) {
+  TS_CHECK(!status.ok());
+  Impl& t = *impl_;
+  // Under the lock a connecting mesh cannot go away (Connect takes it out of the map first);
+  // its abort frames go out within kAbortDeadlineMs.
+  absl::MutexLock lock(&t.connect_mu);
+  if (t.connect_refusal.ok()) t.connect_refusal = status;
+  for (auto& [id, mesh] : t.connecting) mesh->Abort(status);
 }
 
 }  // namespace ts::sidecar

@@ -77,6 +77,7 @@ class TcpTransport final : public Transport {
 
   absl::StatusOr<std::unique_ptr<Mesh>> Connect(const GroupSpec& group, size_t self_index,
                                                 int64_t deadline_ms) override;
+  void StopConnecting(const absl::Status& status) override;
 
   // The latest handshakes this host's listener refused (at most 32, oldest first), each naming
   // the peer (its address once authenticated, else its socket address) and what was wrong.

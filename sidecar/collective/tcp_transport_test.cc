@@ -618,6 +618,41 @@ TEST(TcpTransportTest, ConnectDeadlineNamesTheMissingMember) {
   EXPECT_LT(Now() - again, 300 + 100);
 }
 
+// An owner that stops does not wait out a connect deadline: the Connect in progress ends with
+// the owner's status, its linked member hears of it, and later Connects are refused at once.
+TEST(TcpTransportTest, StopConnectingEndsConnectsInProgressAndLaterOnes) {
+  std::vector<common::PrivateKey> keys = {common::PrivateKey::Generate(),
+                                          common::PrivateKey::Generate(),
+                                          common::PrivateKey::Generate()};
+  auto t0 = StartOrDie(keys[0]);
+  auto t1 = StartOrDie(keys[1]);
+  GroupSpec g;
+  // Member 2 never shows up, so neither Connect can finish before its deadline.
+  g.members = {{AddressOf(keys[0]), t0->endpoint()},
+               {AddressOf(keys[1]), t1->endpoint()},
+               {AddressOf(keys[2]), absl::StrCat("127.0.0.1:", FreePort())}};
+  const int64_t start = Now();
+  auto r0 = std::async(std::launch::async, [&] { return t0->Connect(g, 0, start + 20000); });
+  auto r1 = std::async(std::launch::async, [&] { return t1->Connect(g, 1, start + 20000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const absl::Status stopping =
+      PeerFailure(absl::StatusCode::kCancelled, AddressOf(keys[0]), "its run is stopping");
+  t0->StopConnecting(stopping);
+  const absl::Status s0 = r0.get().status();
+  EXPECT_EQ(s0.code(), absl::StatusCode::kCancelled) << s0;
+  EXPECT_TRUE(Contains(s0, "its run is stopping")) << s0;
+  // Member 1, linked to member 0 by then, is told and gives up too.
+  const absl::Status s1 = r1.get().status();
+  EXPECT_FALSE(s1.ok());
+  EXPECT_EQ(FailedPeerOf(s1), AddressOf(keys[0])) << s1;
+  EXPECT_LT(Now() - start, 3000);
+  // Later Connects are refused at once with the same status.
+  const int64_t again = Now();
+  const absl::Status later = t0->Connect(g, 0, again + 20000).status();
+  EXPECT_EQ(later.code(), absl::StatusCode::kCancelled) << later;
+  EXPECT_LT(Now() - again, 100);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Closed, vanished and stalled peers
 

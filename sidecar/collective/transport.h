@@ -107,6 +107,10 @@ class Transport {
   // member cannot be reached or refuses, or answers with the wrong identity.
   virtual absl::StatusOr<std::unique_ptr<Mesh>> Connect(const GroupSpec& group, size_t self_index,
                                                         int64_t deadline_ms) = 0;
+  // Fails every Connect in progress with `status` (its mesh aborted, so the members already
+  // linked hear of it) and every later one at once: for an owner that is stopping and must not
+  // wait out a connect deadline. Meshes already connected are the owner's to abort.
+  virtual void StopConnecting(const absl::Status& status) = 0;
 };
 
 // A status of `code` with message "peer <address>: <message>" and the address in a payload.

@@ -141,6 +141,8 @@ struct ShardRun::Impl {
   // The meshes in use by the exchange (at most the run thread's and the allreduce in flight):
   // Stop aborts them, so the operations end at once instead of at their deadlines.
   std::set<Mesh*> meshes ABSL_GUARDED_BY(mu);
+  // transport.get() once made, for Stop to end the Connects in progress.
+  TcpTransport* stop_transport ABSL_GUARDED_BY(mu) = nullptr;
   // The certified state.
   uint64_t certified_round ABSL_GUARDED_BY(mu) = 0;
   std::string certified_root ABSL_GUARDED_BY(mu);
@@ -327,6 +329,9 @@ struct ShardRun::Impl {
       to.chain_id = host.chain_id;
       to.heartbeat_interval_ms = options.heartbeat_interval_ms;
       TS_ASSIGN_OR_RETURN(transport, TcpTransport::Start(*host.key, to, host.clock));
+      absl::MutexLock lock(&mu);
+      stop_transport = transport.get();
+      if (stopping) transport->StopConnecting(Stopping());
     }
     return InitAndRestore();
   }
@@ -1522,12 +1527,13 @@ void ShardRun::Stop() {
     if (impl_->thread.joinable()) impl_->thread.join();
     return;
   }
-  // A model call in progress ends with the worker, an exchange with its meshes; the thread then
-  // sees `stopping`.
+  // A model call in progress ends with the worker, an exchange with its meshes (a mesh still
+  // connecting with the transport's StopConnecting); the thread then sees `stopping`.
   if (pid_t pid = impl_->worker_pid.load(); pid > 0) ::kill(pid, SIGTERM);
   {
     absl::MutexLock lock(&impl_->mu);
     for (Mesh* mesh : impl_->meshes) mesh->Abort(impl_->Stopping());
+    if (impl_->stop_transport != nullptr) impl_->stop_transport->StopConnecting(impl_->Stopping());
   }
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->worker.reset();
