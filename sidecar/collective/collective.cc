@@ -19,8 +19,8 @@ namespace ts::sidecar {
 namespace {
 
 constexpr std::string_view kCommitSignKind = "collective_commit";
-// commitment || recoverable signature || u64 (little-endian) payload size (sizes vary with int8-zstd; a size
-// that is not the committed payload's shows as a mismatch with the commitment).
+// commitment || recoverable signature || u64 (little-endian) payload size (sizes vary with
+// int8-zstd; a size that is not the committed payload's shows as a mismatch with the commitment).
 constexpr size_t kCommitBlockSize = 32 + 65 + 8;
 // Robust allreduce runs two all-gathers under one op id; the second one's steps start here.
 constexpr uint32_t kRevealStepBase = 1u << 16;
