@@ -391,7 +391,7 @@ absl::StatusOr<size_t> EncodeInt8Zstd(const CodecSpec& spec, std::span<const flo
   return 1 + raw;
 }
 
-// `bytes` is 1 .. 1 + Int8Size long (checked by the caller).
+// `bytes` is 1 .. 1 + Int8Size long (IsEncodedSize, checked by the caller).
 template <bool kAdd>
 absl::Status DecodeInt8Zstd(const CodecSpec& spec, std::string_view bytes, std::span<float> out) {
   const size_t raw = Int8Size(spec, out.size());
@@ -614,19 +614,11 @@ absl::Status DecodeTopK(const CodecSpec& spec, std::string_view bytes, std::span
 template <bool kAdd>
 absl::Status DecodeImpl(const CodecSpec& spec, std::string_view bytes, std::span<float> out) {
   TS_RETURN_IF_ERROR(ValidateCodecSpec(spec));
-  const size_t expected = EncodedSize(spec, out.size());
-  if (spec.kind == Compression::kInt8Zstd) {
-    if (bytes.empty() || bytes.size() > expected) {
-      return absl::InvalidArgumentError(absl::StrCat("codec int8-zstd: ", bytes.size(),
-                                                     " bytes for ", out.size(),
-                                                     " elements, expected 1 to ", expected));
-    }
-    return DecodeInt8Zstd<kAdd>(spec, bytes, out);
-  }
-  if (bytes.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("codec ", KindName(spec.kind), ": ",
-                                                   bytes.size(), " bytes for ", out.size(),
-                                                   " elements, expected ", expected));
+  if (!IsEncodedSize(spec, out.size(), bytes.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec ", KindName(spec.kind), ": ", bytes.size(), " bytes for ", out.size(),
+                     " elements, expected ", HasFixedSize(spec.kind) ? "" : "1 to ",
+                     EncodedSize(spec, out.size())));
   }
   switch (spec.kind) {
     case Compression::kFp32:
@@ -639,7 +631,7 @@ absl::Status DecodeImpl(const CodecSpec& spec, std::string_view bytes, std::span
     case Compression::kTopK:
       return DecodeTopK<kAdd>(spec, bytes, out);
     case Compression::kInt8Zstd:
-      break;  // above
+      return DecodeInt8Zstd<kAdd>(spec, bytes, out);
   }
   return absl::InternalError("codec: unreachable");
 }
@@ -680,8 +672,7 @@ absl::Status ValidateCodecSpec(const CodecSpec& spec) {
         absl::StrCat("codec spec: kind ", static_cast<int>(spec.kind), " is unknown"));
   }
   // Block and top-k fields only matter to the codecs that read them.
-  if (spec.kind == Compression::kInt8 || spec.kind == Compression::kInt8Zstd ||
-      spec.kind == Compression::kTopK) {
+  if (HasBlocks(spec.kind)) {
     if (spec.block_elements < 1 || spec.block_elements > 65536) {
       return absl::InvalidArgumentError(absl::StrCat(
           "codec spec: block_elements ", spec.block_elements, " is outside [1, 65536]"));
@@ -702,6 +693,15 @@ absl::Status ValidateCodecSpec(const CodecSpec& spec) {
 }
 
 bool HasFixedSize(Compression kind) { return kind != Compression::kInt8Zstd; }
+
+bool HasBlocks(Compression kind) {
+  return kind == Compression::kInt8 || kind == Compression::kInt8Zstd || kind == Compression::kTopK;
+}
+
+bool IsEncodedSize(const CodecSpec& spec, size_t elements, size_t bytes) {
+  const size_t bound = EncodedSize(spec, elements);
+  return HasFixedSize(spec.kind) ? bytes == bound : bytes >= 1 && bytes <= bound;
+}
 
 size_t EncodedSize(const CodecSpec& spec, size_t elements) {
   switch (spec.kind) {

@@ -80,9 +80,14 @@ absl::Status ValidateCodecSpec(const CodecSpec& spec);
 
 // Whether every encoding of `elements` values has the same size (all kinds but kInt8Zstd).
 bool HasFixedSize(Compression kind);
+// Whether the codec reads CodecSpec::block_elements (kInt8, kInt8Zstd, kTopK).
+bool HasBlocks(Compression kind);
 // The size in bytes of Encode(spec, x) for x.size() == elements: exact for fixed-size codecs, the
 // largest possible for kInt8Zstd (the spec must be valid).
 size_t EncodedSize(const CodecSpec& spec, size_t elements);
+// Whether `bytes` is a possible encoded size of `elements` values: EncodedSize for fixed-size
+// codecs, 1 to EncodedSize for kInt8Zstd.
+bool IsEncodedSize(const CodecSpec& spec, size_t elements, size_t bytes);
 
 // Appends the encoding of `x` to `*out`. Errors: INVALID_ARGUMENT (bad spec, non-finite input
 // naming the index), OUT_OF_RANGE (fp16 overflow naming the index and value).

@@ -48,8 +48,7 @@ Range ChunkOf(Range segment, size_t chunk, size_t c) {
 size_t ChunkElements(const OpOptions& options) {
   size_t chunk = std::max<size_t>(options.chunk_elements, 1);
   const CodecSpec& codec = options.codec;
-  if (codec.kind == Compression::kInt8 || codec.kind == Compression::kInt8Zstd ||
-      codec.kind == Compression::kTopK) {
+  if (HasBlocks(codec.kind)) {
     size_t block = codec.block_elements;
     chunk = std::max(block, chunk / block * block);
   }
@@ -498,8 +497,7 @@ absl::StatusOr<OpStats> Collective::RobustAllReduce(const OpOptions& options,
   size_t block = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t size = GetU64(commits.data() + i * kCommitBlockSize + 32 + 65);
-    const bool fits = HasFixedSize(codec.kind) ? size == bound : size >= 1 && size <= bound;
-    if (!fits) {
+    if (!IsEncodedSize(codec, data.size(), size)) {
       return Fail(mesh_,
                   PeerFailure(absl::StatusCode::kInvalidArgument, group.members[i].address,
                               absl::StrCat("contribution of member ", i, " announced as ", size,
