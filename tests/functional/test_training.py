@@ -245,12 +245,21 @@ class ElasticTest(unittest.TestCase):
         self.assertIn("caught up from", t4)
         self.assertIn("fetched", t4)
 
-        # SIGKILL an ordinary host (not the current round's planner), mid-round.
-        def current(h):
+        # The certified round and the planner of the round after it, once h1 is obtaining that
+        # round's plan (during the inner steps its status still names the previous round's).
+        def planning(h):
             s = net.train_status(h, sid)
-            return int(s["certified_round"]), s.get("planner", "")
+            certified = int(s["certified_round"])
+            if int(s.get("planner_round", "0")) == certified + 1 and s.get("planner"):
+                return certified, s["planner"]
+            return None
 
-        r0, planner = current(h1)
+        def wait_planning():
+            return harness.wait_for(lambda: planning(h1), 120, "h1 obtaining a plan",
+                                    interval_s=0.05)
+
+        # SIGKILL an ordinary host (not the current round's planner), mid-round.
+        r0, planner = wait_planning()
         victim = next(h for h in (h2, h3, h4) if h.address != planner)
         victim.process.kill(signal.SIGKILL)
         t_kill = time.monotonic()
@@ -261,7 +270,7 @@ class ElasticTest(unittest.TestCase):
         self.assertNotIn(victim.address, last["members"])
         self.assertLess(elapsed, 120, "the rounds did not go on without the killed host")
         # Restarted, it resumes its run by itself (the records hold the run spec) and rejoins.
-        r_restart, _ = current(h1)
+        r_restart = int(net.train_status(h1, sid)["certified_round"])
         victim.start()
 
         def contributed_since(h, r):
@@ -271,18 +280,8 @@ class ElasticTest(unittest.TestCase):
         harness.wait_for(lambda: contributed_since(victim, r_restart), 180,
                          f"{victim.name} contributing again", interval_s=0.5)
 
-        # SIGKILL the planner of the round in progress: once h1 is obtaining that round's plan
-        # (its status names the planner of the round after the certified one; during the inner
-        # steps it still names the previous round's).
-        def planning(h):
-            s = net.train_status(h, sid)
-            certified = int(s["certified_round"])
-            if int(s.get("planner_round", "0")) == certified + 1 and s.get("planner"):
-                return certified, s["planner"]
-            return None
-
-        r1, planner = harness.wait_for(lambda: planning(h1), 120, "h1 obtaining a plan",
-                                       interval_s=0.05)
+        # SIGKILL the planner of the round in progress.
+        r1, planner = wait_planning()
         if planner == h1.address:
             observer = h2
         else:
