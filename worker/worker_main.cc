@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "worker/client/worker_client.h"
 #include "worker/worker_service.h"
 
@@ -75,12 +76,7 @@ int Main(int argc, char** argv) {
   }
 
   // Signals are taken by sigwait on this thread; every thread started later inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = common::BlockStopSignals();
 
   // A socket left by a worker that was killed would make the bind fail.
   ::unlink(socket_path.c_str());

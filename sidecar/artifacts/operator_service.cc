@@ -188,6 +188,22 @@ grpc::Status StreamOperation(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+// OK when `out_dir` does not exist or is an empty directory.
+absl::Status CheckOutDirUsable(const std::string& out_dir) {
+  auto existing = SafeDir::Open(out_dir);
+  if (existing.ok()) {
+    TS_ASSIGN_OR_RETURN(bool empty, existing->Empty());
+    if (!empty) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("out_dir: ", Quote(out_dir), " exists and is not empty"));
+    }
+  } else if (!absl::IsNotFound(existing.status())) {
+    return absl::Status(existing.status().code(),
+                        absl::StrCat("out_dir: ", existing.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -388,17 +404,8 @@ grpc::Status ArtifactOperatorService::Fetch(grpc::ServerContext* context,
   }
   // Refuse an unusable out_dir before a long transfer rather than after it.
   if (!request->out_dir().empty()) {
-    auto existing = SafeDir::Open(request->out_dir());
-    if (existing.ok()) {
-      auto empty = existing->Empty();
-      if (!empty.ok()) return ToGrpc(empty.status());
-      if (!*empty) {
-        return ToGrpc(absl::FailedPreconditionError(
-            absl::StrCat("out_dir: ", Quote(request->out_dir()), " exists and is not empty")));
-      }
-    } else if (!absl::IsNotFound(existing.status())) {
-      return ToGrpc(absl::Status(existing.status().code(),
-                                 absl::StrCat("out_dir: ", existing.status().message())));
+    if (absl::Status usable = CheckOutDirUsable(request->out_dir()); !usable.ok()) {
+      return ToGrpc(usable);
     }
   }
 
@@ -494,6 +501,27 @@ grpc::Status ArtifactOperatorService::Gc(grpc::ServerContext*,
   auto result = (*store)->Gc(drops, request->drop_incomplete());
   if (!result.ok()) return ToGrpc(result.status());
   *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+grpc::Status ArtifactOperatorService::Export(grpc::ServerContext*,
+                                             const pb::ExportArtifactRequest* request,
+                                             pb::ArtifactProgress* response) {
+  absl::Status valid = CheckShardId(request->shard_id());
+  if (valid.ok()) valid = CheckId("artifact_id", request->artifact_id(), /*allow_empty=*/false);
+  if (valid.ok()) valid = CheckAbsolutePath("out_dir", request->out_dir());
+  if (valid.ok()) valid = CheckOutDirUsable(request->out_dir());
+  if (!valid.ok()) return ToGrpc(valid);
+  auto store = stores_->StoreFor(request->shard_id());
+  if (!store.ok()) return ToGrpc(store.status());
+  pb::ArtifactProgress last;
+  absl::Status exported = (*store)->Export(request->artifact_id(), request->out_dir(),
+                                           [&](const pb::ArtifactProgress& p) { last = p; });
+  if (!exported.ok()) return ToGrpc(exported);
+  *response = last;
+  response->set_phase("done");
+  response->set_done(true);
+  response->set_artifact_id(request->artifact_id());
   return grpc::Status::OK;
 }
 

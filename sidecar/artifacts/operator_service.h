@@ -118,6 +118,12 @@ class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
   // INVALID_ARGUMENT for a drop_artifacts entry that is not 32 bytes or more than kMaxGcDrops.
   grpc::Status Gc(grpc::ServerContext* context, const pb::GcArtifactsRequest* request,
                   pb::GcArtifactsResponse* response) override;
+  // Writes a complete artifact's files under out_dir (ArtifactStore::Export, every chunk
+  // re-hashed). INVALID_ARGUMENT: bad shard_id or artifact_id, out_dir not absolute;
+  // FAILED_PRECONDITION: out_dir existing and not empty; errors of StoreFor and Export
+  // (NOT_FOUND: no such complete artifact here).
+  grpc::Status Export(grpc::ServerContext* context, const pb::ExportArtifactRequest* request,
+                      pb::ArtifactProgress* response) override;
 
  private:
   StoreRegistry* const stores_;

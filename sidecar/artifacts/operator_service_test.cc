@@ -370,6 +370,44 @@ TEST_F(ArtifactOperatorTest, PublishOnAFetchOnBExportsTheSameBytes) {
   EXPECT_EQ(after_gc.artifacts_size(), 0);
 }
 
+TEST_F(ArtifactOperatorTest, ExportWritesAStoredArtifactAndRefusesBadRequests) {
+  std::map<std::string, std::string> files = MakeSource(root_ / "src");
+  const std::string id = PublishSource(files);
+  ASSERT_EQ(id.size(), 32u);
+  auto export_to = [&](uint64_t shard, const std::string& artifact, const fs::path& out,
+                       pb::ArtifactProgress* progress) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::ExportArtifactRequest request;
+    request.set_shard_id(shard);
+    request.set_artifact_id(artifact);
+    request.set_out_dir(out.string());
+    return a_->stub().Export(&context, request, progress);
+  };
+  pb::ArtifactProgress progress;
+  grpc::Status status = export_to(kShard, id, root_ / "exported", &progress);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(progress.done());
+  EXPECT_EQ(progress.artifact_id(), id);
+  for (const auto& [name, bytes] : files) {
+    EXPECT_EQ(ReadWhole(root_ / "exported" / name), bytes) << name;
+  }
+
+  // Not over what is there, not a relative path, not a short id, not an artifact not held.
+  status = export_to(kShard, id, root_ / "exported", &progress);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("exists and is not empty"));
+  status = export_to(kShard, id, "relative/out", &progress);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("out_dir"));
+  status = export_to(kShard, id.substr(0, 31), root_ / "other", &progress);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("artifact_id"));
+  status = export_to(kShard, std::string(32, '\x5a'), root_ / "other", &progress);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+  EXPECT_FALSE(fs::exists(root_ / "other" / "model.bin"));
+}
+
 TEST_F(ArtifactOperatorTest, AFetchWhoseClientGoesAwayStopsAndResumesLater) {
   std::map<std::string, std::string> files = MakeSource(root_ / "src", /*scale=*/4);
   std::string id = PublishSource(files);

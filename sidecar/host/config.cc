@@ -210,6 +210,8 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
                           GetInteger(key, node, kMinPollIntervalMs, kMaxPollIntervalMs));
     } else if (key == "worker_binary") {
       TS_ASSIGN_OR_RETURN(config.worker_binary, GetString(key, node));
+    } else if (key == "shard_binary") {
+      TS_ASSIGN_OR_RETURN(config.shard_binary, GetString(key, node));
     } else if (key == "worker_threads") {
       TS_ASSIGN_OR_RETURN(config.worker_threads, GetInteger(key, node, 1, 256));
     } else if (key == "log_level") {

@@ -58,6 +58,9 @@ struct HostConfig {
   // The worker executable the shard runs start (docs/training.md). Empty: `ts_worker` beside
   // trainshardd, else ../../worker/ts_worker from it (the build tree).
   std::string worker_binary;
+  // The shard process executable (docs/architecture.md). Empty: `ts_shard` beside trainshardd,
+  // else ../shard/ts_shard from it (the build tree).
+  std::string shard_binary;
   int64_t worker_threads = 2;  // torch threads of each worker, 1..256
   std::string log_level = "info";
   ReservationPolicy policy;

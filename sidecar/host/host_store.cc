@@ -37,7 +37,10 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Open(const std::string& pa
                     // Written by the shards' artifact stores (sidecar/artifacts), not by HostCore.
                     // Adding it keeps older data dirs opening: state::Db creates a missing table.
                     std::string(kTableArtifacts),
-                    // Written by the shard runs (sidecar/shard): round certificates, run specs.
+                    // The shards whose process this host runs (ShardProcesses).
+                    "shard_processes",
+                    // Written by the shard runs before they moved into shard processes (each
+                    // has a database of its own now); kept so older data dirs open.
                     "rounds", "run_specs"};
   options.schema_version = kHostSchemaVersion;
   TS_ASSIGN_OR_RETURN(auto db, state::Db::Open(path, options));

@@ -19,22 +19,21 @@
 
 #include <CLI/CLI.hpp>
 
-#include "absl/synchronization/mutex.h"
-
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/client/chain_client.h"
 #include "common/clock.h"
 #include "common/key_file.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status.h"
 #include "sidecar/artifacts/operator_service.h"
 #include "sidecar/host/config.h"
 #include "sidecar/host/host_core.h"
 #include "sidecar/host/host_daemon.h"
 #include "sidecar/host/operator_service.h"
+#include "sidecar/host/shard_processes.h"
 #include "sidecar/host/shard_server.h"
 #include "sidecar/peer/shard_directory.h"
-#include "sidecar/shard/shard_run.h"
 
 namespace ts::sidecar {
 namespace {
@@ -129,19 +128,20 @@ void TuneMalloc() {
   ::mallopt(M_TRIM_THRESHOLD, kMallocTrimThresholdBytes);
 }
 
-// The worker the shard runs start: the configured one, else `ts_worker` beside this executable,
-// else the build tree's (../../worker/ts_worker from sidecar/host/).
-std::string WorkerBinary(const HostConfig& config) {
-  if (!config.worker_binary.empty()) return config.worker_binary;
+// An executable the daemon starts: the configured one, else `name` beside this executable, else
+// `build_tree_path` from it (where the build tree puts it relative to sidecar/host/).
+std::string SiblingBinary(const std::string& configured, const std::string& name,
+                          const std::string& build_tree_path) {
+  if (!configured.empty()) return configured;
   char self[4096];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "ts_worker";
+  if (n <= 0) return name;
   std::string dir(self, static_cast<size_t>(n));
   dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& candidate : {dir + "/ts_worker", dir + "/../../worker/ts_worker"}) {
+  for (const std::string& candidate : {dir + "/" + name, dir + "/" + build_tree_path}) {
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
-  return dir + "/ts_worker";
+  return dir + "/" + name;
 }
 
 int Main(int argc, char** argv) {
@@ -191,12 +191,7 @@ int Main(int argc, char** argv) {
   }
 
   // Signals are taken by sigwait on this thread; every thread started later inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = common::BlockStopSignals();
 
   if (absl::Status made = MakeDirs(config.data_dir); !made.ok()) {
     LogError("cannot create the data dir", made);
@@ -235,52 +230,28 @@ int Main(int argc, char** argv) {
                               registry_options);
   ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock());
 
-  // Training runs (docs/training.md): one per shard this host trains in, each driving its own
-  // worker process; certificates and run specs in the host's database.
+  // Training runs (docs/training.md): one shard process (ts_shard) per shard this host trains
+  // in, each driving its own worker process and keeping its own records; they reach this daemon
+  // through the operator API on a Unix socket in the data dir (settlement, artifact store).
   HostDaemon daemon(core->get(), config.poll_interval_ms);
-  std::unique_ptr<bridge::ChainClient> run_chain =
-      bridge::NewGrpcChainClient(config.chain_endpoint);
-  absl::Mutex run_chain_mu;
-  ShardRunHost run_host;
-  run_host.key = &*key;
-  run_host.address = address;
-  run_host.chain_id = chain_id;
-  run_host.directory = &directory;
-  run_host.stores = &registry;
-  run_host.db = (*core)->shared_db();
-  run_host.clock = &common::SystemClock();
-  run_host.chain_shard = [&](uint64_t id) {
-    absl::MutexLock lock(&run_chain_mu);
-    return run_chain->Shard(id);
-  };
-  HostCore* core_ptr = core->get();
-  run_host.sign_settlement =
-      [&daemon](const pb::Settlement& draft) -> absl::StatusOr<pb::SettlementSignature> {
-    absl::StatusOr<pb::SettlementSignature> out = absl::UnavailableError("not run");
-    absl::Status ran = daemon.Run([&](HostCore& c) { out = c.SignSettlement(draft); },
-                                  absl::Now() + absl::Seconds(30));
-    if (!ran.ok()) return ran;
-    return out;
-  };
-  run_host.submit_settlement =
-      [core_ptr](const pb::Settlement& s,
-                 const std::vector<pb::SettlementSignature>& sigs) -> absl::StatusOr<std::string> {
-    TS_ASSIGN_OR_RETURN(auto tx, core_ptr->SubmitSettlement(s, sigs));
-    if (tx.code() != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the chain refused the settlement (code ", tx.code(), "): ", tx.raw_log()));
-    }
-    return tx.txhash();
-  };
-  ShardRunOptions run_options;
-  run_options.worker_binary = WorkerBinary(config);
-  run_options.worker_threads = static_cast<int>(config.worker_threads);
-  run_options.work_root = AbsolutePath(config.data_dir) + "/shards";
-  run_options.collective_host = EndpointHost(ShardListenAddress(config));
-  if (run_options.collective_host == "0.0.0.0" || run_options.collective_host.empty()) {
-    run_options.collective_host = EndpointHost(config.shard_endpoint);
+  const std::string data_root = AbsolutePath(config.data_dir);
+  std::string host_socket = data_root + "/host.sock";
+  if (host_socket.size() > 107) host_socket = absl::StrCat("/tmp/ts-host-", ::getpid(), ".sock");
+  ShardProcessOptions process_options;
+  process_options.binary = SiblingBinary(config.shard_binary, "ts_shard", "../shard/ts_shard");
+  process_options.shards_dir = data_root + "/shards";
+  process_options.host_socket = host_socket;
+  process_options.key_file = AbsolutePath(config.key_file);
+  process_options.chain_endpoint = config.chain_endpoint;
+  process_options.worker_binary =
+      SiblingBinary(config.worker_binary, "ts_worker", "../../worker/ts_worker");
+  process_options.worker_threads = static_cast<int>(config.worker_threads);
+  process_options.collective_host = EndpointHost(ShardListenAddress(config));
+  if (process_options.collective_host == "0.0.0.0" || process_options.collective_host.empty()) {
+    process_options.collective_host = EndpointHost(config.shard_endpoint);
   }
-  ShardRunManager runs(run_host, run_options);
+  process_options.log_level = config.log_level;
+  ShardProcesses runs((*core)->shared_db(), process_options);
 
   auto shard_server = ShardServer::Start(
       ShardListenAddress(config), &registry, &directory, address, &common::SystemClock(),
@@ -295,7 +266,8 @@ int Main(int argc, char** argv) {
   auto server = StartOperatorServer(
       config.listen, core->get(), &daemon, kVersion,
       {&artifact_operator,
-       static_cast<grpc::Service*>(static_cast<pb::ShardRunOperator::Service*>(&runs))});
+       static_cast<grpc::Service*>(static_cast<pb::ShardRunOperator::Service*>(&runs))},
+      host_socket);
   if (!server.ok()) {
     LogError("cannot serve the operator API", server.status());
     return kExitFailure;

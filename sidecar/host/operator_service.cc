@@ -1,5 +1,8 @@
 #include "sidecar/host/operator_service.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 
 #include <grpcpp/security/server_credentials.h>
@@ -142,13 +145,18 @@ grpc::Status SettlementQueryService::GetSettlement(grpc::ServerContext*,
 
 absl::StatusOr<OperatorServer> StartOperatorServer(
     const std::string& listen, HostCore* core, HostDaemon* daemon, std::string version,
-    const std::vector<grpc::Service*>& extra_services) {
+    const std::vector<grpc::Service*>& extra_services, const std::string& local_socket) {
   OperatorServer out;
   out.operator_service = std::make_unique<HostOperatorService>(core, daemon, std::move(version));
   out.settlement_service = std::make_unique<SettlementQueryService>(core);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  if (!local_socket.empty()) {
+    ::unlink(local_socket.c_str());
+    builder.AddListeningPort(absl::StrCat("unix:", local_socket),
+                             grpc::InsecureServerCredentials());
+  }
   builder.SetMaxReceiveMessageSize(kMaxOperatorMessageBytes);
   builder.RegisterService(out.operator_service.get());
   builder.RegisterService(out.settlement_service.get());
@@ -156,6 +164,10 @@ absl::StatusOr<OperatorServer> StartOperatorServer(
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("listen: cannot bind ", listen));
+  }
+  if (!local_socket.empty() && ::chmod(local_socket.c_str(), 0600) != 0) {
+    out.server->Shutdown();
+    return absl::UnavailableError(absl::StrCat("local socket: cannot serve on ", local_socket));
   }
   out.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   return out;

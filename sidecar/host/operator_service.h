@@ -82,10 +82,12 @@ struct OperatorServer {
 
 // Binds `listen` ("host:port", port 0 = any free port) and starts both services, and
 // `extra_services` next to them (e.g. the artifact operator API; not owned, they must outlive
-// the server). UNAVAILABLE naming the address if it cannot be bound.
+// the server). With `local_socket` (an absolute path), the same services are also served on that
+// Unix socket (mode 0600), for the host's shard processes. UNAVAILABLE naming the address if it
+// cannot be bound.
 absl::StatusOr<OperatorServer> StartOperatorServer(
     const std::string& listen, HostCore* core, HostDaemon* daemon, std::string version,
-    const std::vector<grpc::Service*>& extra_services = {});
+    const std::vector<grpc::Service*>& extra_services = {}, const std::string& local_socket = {});
 
 }  // namespace ts::sidecar
 

@@ -432,15 +432,10 @@ struct ShardRun::Impl {
   }
 
   void PublishData() {
-    auto store = host.stores->StoreFor(shard_id);
-    if (!store.ok()) return;
-    PublishOptions po;
-    po.source_dir = Path("data");
-    po.kind = "dataset";
-    auto published = (*store)->Publish(po, *host.key, nullptr);
+    auto published = host.artifacts->Publish(shard_id, Path("data"), "dataset", 0);
     data_published = published.ok();
     if (published.ok()) {
-      Transition(absl::StrCat("data set published as artifact ", Hex8(published->id)));
+      Transition(absl::StrCat("data set published as artifact ", Hex8(*published)));
     } else {
       Transition(absl::StrCat("data set not published: ", published.status().message()));
     }
@@ -995,19 +990,14 @@ struct ShardRun::Impl {
   // its chunks are already here), so a joining host can fetch one artifact from every member.
   void PublishCheckpoint(uint64_t round, Collective* collective, const GroupSpec& group,
                          size_t self, int64_t deadline) {
-    auto store = host.stores->StoreFor(shard_id);
-    if (!store.ok()) return;
-    PublishOptions po;
-    po.source_dir = Path(CheckpointDir(round));
-    po.round = round;
-    po.kind = "checkpoint";
-    auto published = (*store)->Publish(po, *host.key, nullptr);
+    auto published =
+        host.artifacts->Publish(shard_id, Path(CheckpointDir(round)), "checkpoint", round);
     if (!published.ok()) {
       Transition(absl::StrCat("round ", round,
                               ": checkpoint not published: ", published.status().message()));
       return;
     }
-    std::string mine = published->id;
+    std::string mine = *published;
     std::string gathered(32 * group.members.size(), '\0');
     OpOptions op;
     op.op_id = 3;
@@ -1015,23 +1005,12 @@ struct ShardRun::Impl {
     std::string adopted = mine;
     if (collective->AllGather(op, mine, gathered).ok() && self != 0) {
       std::string first = gathered.substr(0, 32);
-      auto view = View();
-      const ShardMember* m = view.ok() ? view->Find(group.members[0].address) : nullptr;
-      if (m != nullptr) {
-        FetchContext fc;
-        fc.key = host.key;
-        fc.self_address = host.address;
-        fc.store = *store;
-        fc.directory = host.directory;
-        fc.clock = host.clock;
-        FetchRequest fr;
-        fr.shard_id = shard_id;
-        fr.artifact_id = first;
-        fr.peers.push_back({m->address, m->endpoint});
-        if (FetchArtifact(fc, fr).ok()) {
-          adopted = first;
-          (void)(*store)->Gc({mine}, false);
-        }
+      if (host.artifacts
+              ->Fetch(shard_id, first, {group.members[0].address},
+                      [this] { return stopping.load(); })
+              .ok()) {
+        adopted = first;
+        (void)host.artifacts->Drop(shard_id, {mine});
       }
     }
     {
@@ -1039,17 +1018,17 @@ struct ShardRun::Impl {
       if (certified_round == round) checkpoint_artifact = adopted;
       status.set_final_checkpoint_artifact_id(adopted);
     }
-    DropOldCheckpoints(*store, adopted);
+    DropOldCheckpoints(adopted);
   }
 
-  void DropOldCheckpoints(ArtifactStore* store, const std::string& keep) {
-    auto list = store->List(true);
+  void DropOldCheckpoints(const std::string& keep) {
+    auto list = host.artifacts->List(shard_id);
     if (!list.ok()) return;
     std::vector<std::string> drop;
     for (const auto& a : *list) {
       if (a.kind() == "checkpoint" && a.artifact_id() != keep) drop.push_back(a.artifact_id());
     }
-    if (!drop.empty()) (void)store->Gc(drop, false);
+    if (!drop.empty()) (void)host.artifacts->Drop(shard_id, drop);
   }
 
   absl::StatusOr<pb::Settlement> Draft() {
@@ -1196,24 +1175,16 @@ struct ShardRun::Impl {
       return absl::UnavailableError(
           absl::StrCat("no member named an artifact holding the checkpoint of round ", round));
     }
-    TS_ASSIGN_OR_RETURN(ArtifactStore * store, host.stores->StoreFor(shard_id));
-    FetchContext fc;
-    fc.key = host.key;
-    fc.self_address = host.address;
-    fc.store = store;
-    fc.directory = host.directory;
-    fc.clock = host.clock;
-    fc.cancelled = [this] { return stopping.load(); };
-    FetchRequest fr;
-    fr.shard_id = shard_id;
-    fr.artifact_id = artifact_id;
+    std::vector<std::string> peers;
     for (const ShardMember& m : view.members) {
-      if (m.address != host.address) fr.peers.push_back({m.address, m.endpoint});
+      if (m.address != host.address && !m.endpoint.empty()) peers.push_back(m.address);
     }
     const int64_t start = host.clock->MonotonicMs();
-    TS_ASSIGN_OR_RETURN(pb::ArtifactProgress progress, FetchArtifact(fc, fr));
+    TS_ASSIGN_OR_RETURN(
+        pb::ArtifactProgress progress,
+        host.artifacts->Fetch(shard_id, artifact_id, peers, [this] { return stopping.load(); }));
     RemoveTree(CheckpointDir(round));
-    TS_RETURN_IF_ERROR(store->Export(artifact_id, Path(CheckpointDir(round)), nullptr));
+    TS_RETURN_IF_ERROR(host.artifacts->Export(shard_id, artifact_id, Path(CheckpointDir(round))));
     pb::LoadCheckpointRequest load;
     load.set_checkpoint_file(CheckpointName(round));
     load.set_expected_root(root);
@@ -1613,11 +1584,19 @@ absl::StatusOr<pb::SignedEvaluation> ShardRun::EvaluateArtifact(const std::strin
   if (m.worker == nullptr || m.data.eval_file().empty()) {
     return absl::UnavailableError("the run has not prepared its worker and data yet");
   }
-  TS_ASSIGN_OR_RETURN(ArtifactStore * store, m.host.stores->StoreFor(m.shard_id));
-  TS_ASSIGN_OR_RETURN(VerifiedManifest manifest, store->GetManifest(artifact_id, false));
+  TS_ASSIGN_OR_RETURN(std::vector<pb::ArtifactSummary> held, m.host.artifacts->List(m.shard_id));
+  const pb::ArtifactSummary* summary = nullptr;
+  for (const pb::ArtifactSummary& a : held) {
+    if (a.artifact_id() == artifact_id) summary = &a;
+  }
+  if (summary == nullptr) {
+    return absl::NotFoundError(absl::StrCat("artifact ", common::HexEncode(artifact_id),
+                                            " is not complete in this host's store of shard ",
+                                            m.shard_id));
+  }
   const std::string name = absl::StrCat("eval/", common::HexEncode(artifact_id));
   m.RemoveTree(name);
-  TS_RETURN_IF_ERROR(store->Export(artifact_id, m.Path(name), nullptr));
+  TS_RETURN_IF_ERROR(m.host.artifacts->Export(m.shard_id, artifact_id, m.Path(name)));
   pb::EvaluateRequest er;
   er.set_checkpoint_file(absl::StrCat(name, "/", kCheckpointFile));
   er.set_eval_file(m.data.eval_file());
@@ -1629,7 +1608,7 @@ absl::StatusOr<pb::SignedEvaluation> ShardRun::EvaluateArtifact(const std::strin
   pb::SignedEvaluation out;
   pb::EvaluationResult* e = out.mutable_result();
   e->set_shard_id(m.shard_id);
-  e->set_round(manifest.body.round());
+  e->set_round(summary->round());
   e->set_checkpoint_root(ev->root());
   e->set_eval_set_id(ev->eval_id());
   e->set_loss_micro(static_cast<int64_t>(std::llround(ev->mean_loss() * 1e6)));

@@ -5,15 +5,17 @@
 // with the round's planner (ShardRound.Announce), the pseudo-gradients reduced through the
 // shard's collective, the outer step, evaluation every eval_every rounds, the members' signed
 // results gathered into a round certificate (> 2/3 of the shard's frozen weight) kept in the
-// host's RocksDB, and the new checkpoint published as an artifact. After the last round it drafts
+// shard process's RocksDB, and the new checkpoint published as an artifact (through the host
+// sidecar, which keeps the shard's artifact store: host_link.h). After the last round it drafts
 // the settlement from its certificates, the members exchange signatures over it, and it is
 // submitted to the chain. A member that falls behind (restarted, excluded from a plan) catches
 // up: it fetches and checks the certificates it lacks and the latest checkpoint (from every
 // member that holds it), then joins the next round.
 //
-// ShardRunManager owns the runs of a host, serves ShardRound to peers and ShardRunOperator to
-// the operator, and keeps each run spec in the host's records so a restarted daemon resumes its
-// runs by itself.
+// ShardRunManager owns the runs of a shard process (ts_shard, one per host and shard: see
+// shard_main.cc), serves ShardRound to peers and ShardRunOperator to the operator (both reach it
+// through the host sidecar, which forwards them), and keeps each run spec in the process's
+// records so a restarted process resumes its run by itself.
 //
 // Thread-safety: ShardRun and ShardRunManager are thread-safe.
 #ifndef TS_SIDECAR_SHARD_SHARD_RUN_H_
@@ -36,9 +38,9 @@
 #include "common/crypto/secp256k1.h"
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "gonka/trainshard/v1/training.grpc.pb.h"
-#include "sidecar/artifacts/transfer.h"
 #include "sidecar/peer/peer_auth.h"
 #include "sidecar/peer/shard_directory.h"
+#include "sidecar/shard/host_link.h"
 #include "sidecar/shard/run_spec.h"
 #include "state/db.h"
 
@@ -60,8 +62,8 @@ struct ShardRunHost {
   std::string address;
   std::string chain_id;
   ShardDirectory* directory = nullptr;
-  StoreRegistry* stores = nullptr;
-  state::Db* db = nullptr;  // opened with kTableRounds and kTableRunSpecs
+  ShardArtifacts* artifacts = nullptr;  // the shard's artifact store, in the host sidecar
+  state::Db* db = nullptr;              // opened with kTableRounds and kTableRunSpecs
   common::Clock* clock = nullptr;
   // The shard as the chain has it now (spec: escrow, reward policy, run spec hash; status).
   std::function<absl::StatusOr<::gonka::trainshard::v1::Shard>(uint64_t)> chain_shard;

@@ -10,7 +10,7 @@ their ts_worker processes, the CLI.
   checkpoint and contributes again; the same again with overlap.
 - Overlap: 3 hosts train with each round's allreduce during the next round's inner steps.
 - Bad input: a run spec that does not match the shard, a malformed one, an unknown model; a
-  corrupt data shard and a killed worker are recovered from.
+  corrupt data shard, a killed worker and a killed shard process are recovered from.
 """
 
 import json
@@ -25,6 +25,23 @@ import harness  # noqa: E402
 
 # The final eval loss must be at least this far (nats) below the round-0 checkpoint's.
 LOSS_MARGIN = 0.4
+
+
+def worker_pid_of(status):
+    """The pid the run's latest "worker started (pid N, ...)" transition names."""
+    pids = [int(t.split("worker started (pid ")[1].split(",")[0])
+            for t in status.get("transitions", [])
+            if "worker started (pid " in t]
+    return pids[-1] if pids else 0
+
+
+def process_running(pid):
+    """True while `pid` exists and is not a zombie (a reaped or exited process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def certified(net, host, sid):
@@ -179,6 +196,24 @@ class TrainTest(unittest.TestCase):
             "transitions"] else 0
         self.assertGreater(worker_pid, 0)
         os.kill(worker_pid, signal.SIGKILL)
+        # host1's shard process dies (SIGKILL): its sidecar stays up, starts the process
+        # again, the run resumes from the process's records, and the killed process's worker
+        # does not outlive it.
+        wait_round(net, [h1], sid, 2)
+        s1 = net.train_status(h1, sid)
+        shard_pid = int(s1["shard_process_pid"])
+        old_worker = worker_pid_of(s1)
+        self.assertGreater(shard_pid, 0)
+        self.assertGreater(old_worker, 0)
+        os.kill(shard_pid, signal.SIGKILL)
+        harness.wait_for(lambda: not process_running(old_worker), 30,
+                         f"the killed shard process's worker (pid {old_worker}) to go")
+        harness.wait_for(
+            lambda: int(net.train_status(h1, sid, check=False).get("shard_process_restarts", 0))
+            >= 1, 60, "host1's shard process to be started again")
+        self.assertTrue(h1.process.alive(), "the sidecar died with its shard process")
+        s1 = net.train_status(h1, sid)
+        self.assertNotEqual(int(s1["shard_process_pid"]), shard_pid)
         wait_settled(net, sid)
         for h in net.hosts:
             harness.wait_for(lambda h=h: certified(net, h, sid) >= 8, 120,
@@ -189,6 +224,13 @@ class TrainTest(unittest.TestCase):
         st3 = net.train_status(net.hosts[2], sid)
         self.assertGreaterEqual(int(st3.get("worker_restarts", 0)), 1)
         self.assertIn("the worker died", "\n".join(st3["transitions"]))
+        st1 = net.train_status(h1, sid)
+        self.assertIn("restarted at certified round", "\n".join(st1["transitions"]))
+        # The restarted process contributed again: host2's last round has host1 among its
+        # members.
+        last = net.train_status(h2, sid)["rounds"][-1]
+        self.assertEqual(int(last["round"]), 8)
+        self.assertIn(h1.address, last["members"])
         roots = {net.train_status(h, sid)["root"] for h in net.hosts}
         self.assertEqual(len(roots), 1)
 

@@ -1,8 +1,6 @@
 #include "worker/client/worker_client.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/client/grpc_status.h"
 #include "common/absl_view.h"
+#include "common/process.h"
+#include "common/status.h"
 
 namespace ts::worker {
 namespace {
@@ -144,39 +144,21 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(WorkerProces
     return absl::InvalidArgumentError(
         absl::StrCat("threads: ", options.threads, " is out of range 1..256"));
   }
-  // Everything the child needs is built before fork: after it, only exec-safe calls.
-  std::vector<std::string> args = {options.binary,
-                                   "--socket",
-                                   options.socket_path,
-                                   "--work-dir",
-                                   options.work_dir,
-                                   "--threads",
-                                   std::to_string(options.threads)};
-  args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
+  common::SpawnOptions spawn;
+  spawn.args = {options.binary,
+                "--socket",
+                options.socket_path,
+                "--work-dir",
+                options.work_dir,
+                "--threads",
+                std::to_string(options.threads)};
+  spawn.args.insert(spawn.args.end(), options.extra_args.begin(), options.extra_args.end());
+  spawn.log_file = options.log_file;
   // The path belongs to this worker: a socket left by a killed one must not be mistaken for the
   // new one's, and the channel is only used once the new socket exists (a channel that tried
   // too early waits out gRPC's reconnect backoff).
   ::unlink(options.socket_path.c_str());
-
-  pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(126);
-    if (!options.log_file.empty()) {
-      int fd = ::open(options.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-    }
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
+  TS_ASSIGN_OR_RETURN(pid_t pid, common::SpawnProcess(spawn));
 
   std::unique_ptr<WorkerProcess> process(new WorkerProcess(std::move(options), pid));
   const auto deadline = std::chrono::steady_clock::now() +
@@ -212,39 +194,14 @@ WorkerProcess::~WorkerProcess() { (void)Stop(); }
 
 bool WorkerProcess::Reap(int64_t timeout_ms, std::string* how) {
   if (reaped_) return true;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (true) {
-    int status = 0;
-    pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) {
-      reaped_ = true;
-      if (r < 0) {
-        *how = "was reaped elsewhere";
-      } else if (WIFEXITED(status)) {
-        *how = absl::StrCat("exited with code ", WEXITSTATUS(status));
-        if (WEXITSTATUS(status) == 0) how->clear();
-      } else if (WIFSIGNALED(status)) {
-        *how = absl::StrCat("was killed by signal ", WTERMSIG(status));
-      }
-      return true;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  reaped_ = common::ReapProcess(pid_, timeout_ms, how);
+  return reaped_;
 }
 
 absl::Status WorkerProcess::Stop() {
   if (reaped_) return stop_status_;
-  std::string how;
-  if (!Reap(0, &how)) {
-    ::kill(pid_, SIGTERM);
-    if (!Reap(options_.stop_grace_ms, &how)) {
-      ::kill(pid_, SIGKILL);
-      Reap(/*timeout_ms=*/60'000, &how);
-      how = absl::StrCat("did not exit within ", options_.stop_grace_ms,
-                         " ms of SIGTERM and was killed");
-    }
-  }
+  std::string how = common::StopProcess(pid_, options_.stop_grace_ms);
+  reaped_ = true;
   stop_status_ = how.empty() ? absl::OkStatus()
                              : absl::AbortedError(absl::StrCat("worker ", client_->target(),
                                                                " (pid ", pid_, ") ", how));

@@ -1,0 +1,88 @@
+#include "common/process.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace ts::common {
+
+absl::StatusOr<pid_t> SpawnProcess(const SpawnOptions& options) {
+  if (options.args.empty() || options.args[0].empty()) {
+    return absl::InvalidArgumentError("args: no executable");
+  }
+  // Everything the child needs is built before fork: after it, only exec-safe calls.
+  std::vector<std::string> args = options.args;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, options.death_signal);
+    if (::getppid() != parent) ::_exit(126);
+    if (!options.log_file.empty()) {
+      int fd = ::open(options.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+    }
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+bool ReapProcess(pid_t pid, int64_t timeout_ms, std::string* how) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    int status = 0;
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD)) {
+      how->clear();
+      if (r < 0) {
+        *how = "was reaped elsewhere";
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+        *how = absl::StrCat("exited with code ", WEXITSTATUS(status));
+      } else if (WIFSIGNALED(status)) {
+        *how = absl::StrCat("was killed by signal ", WTERMSIG(status));
+      }
+      return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::string StopProcess(pid_t pid, int64_t grace_ms) {
+  std::string how;
+  if (ReapProcess(pid, 0, &how)) return how;
+  ::kill(pid, SIGTERM);
+  if (ReapProcess(pid, grace_ms, &how)) return how;
+  ::kill(pid, SIGKILL);
+  ReapProcess(pid, /*timeout_ms=*/60'000, &how);
+  return absl::StrCat("did not exit within ", grace_ms, " ms of SIGTERM and was killed");
+}
+
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
+}  // namespace ts::common

@@ -1,0 +1,146 @@
+// ShardProcesses: the host sidecar's side of its shard processes (docs/architecture.md, "Shard
+// process"). Each shard this host trains in runs in a `ts_shard` process of its own, which
+// drives the run's worker, carries the collective's traffic and keeps the run's records in a
+// database of its own; a crash there leaves the sidecar and the other shards running.
+//
+// This class starts a shard's process when the operator starts its run (and, after a restart of
+// the sidecar, for every shard whose process it recorded), watches it, starts it again with
+// exponential backoff when it dies (the run resumes from its records), and stops every process
+// with SIGTERM when the sidecar stops. It serves ShardRunOperator to the operator and ShardRound
+// to peers by forwarding each call to the shard's process over its Unix socket, with a deadline
+// no later than the caller's and at most kForwardTimeoutMs (kEvaluateTimeoutMs for Evaluate);
+// the process checks every request itself (peer signatures, audience, expiry, membership). The
+// processes themselves reach the sidecar through its Unix socket (sidecar/shard/host_link.h).
+//
+// Thread-safety: thread-safe. Processes are spawned on the supervisor's own thread, which lives
+// until StopAll, so their death signal (PR_SET_PDEATHSIG) is tied to the sidecar's life.
+#ifndef TS_SIDECAR_HOST_SHARD_PROCESSES_H_
+#define TS_SIDECAR_HOST_SHARD_PROCESSES_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "gonka/trainshard/v1/training.grpc.pb.h"
+#include "state/db.h"
+
+namespace ts::sidecar {
+
+// Table in the host's database: be64(shard) -> "" for every shard whose process the sidecar runs.
+inline constexpr std::string_view kTableShardProcesses = "shard_processes";
+
+inline constexpr int64_t kForwardTimeoutMs = 30'000;
+inline constexpr int64_t kEvaluateTimeoutMs = 600'000;
+
+struct ShardProcessOptions {
+  std::string binary;       // the ts_shard executable
+  std::string shards_dir;   // absolute: <data_dir>/shards; a shard's folder is <shards_dir>/<id>
+  std::string host_socket;  // the sidecar's Unix socket, passed to the processes
+  std::string key_file;
+  std::string chain_endpoint;
+  std::string worker_binary;
+  int worker_threads = 2;
+  std::string collective_host = "127.0.0.1";
+  std::string log_level = "info";
+  int64_t start_timeout_ms = 30'000;  // a Start waits this long for a new process to serve
+  int64_t restart_backoff_min_ms = 500;
+  int64_t restart_backoff_max_ms = 30'000;
+  int64_t stable_after_ms = 60'000;  // up this long: the next restart starts at the minimum
+  int64_t stop_grace_ms = 20'000;    // SIGTERM to SIGKILL
+};
+
+class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::Service,
+                             public ::gonka::trainshard::v1::ShardRound::Service {
+ public:
+  // `db` is not owned, outlives this, and was opened with kTableShardProcesses.
+  ShardProcesses(state::Db* db, ShardProcessOptions options);
+  ~ShardProcesses() override;  // StopAll()
+
+  // Sets the chain id and starts the supervisor: a process for every recorded shard. Later calls
+  // are ignored.
+  void Activate(const std::string& chain_id);
+  // Stops every process (SIGTERM, then SIGKILL after stop_grace_ms) and the supervisor.
+  // Idempotent.
+  void StopAll();
+
+  // Records the shard, starts its process (or finds it running), waits until it serves and
+  // forwards the call. A refused run leaves no process behind unless the shard already had one.
+  grpc::Status Start(grpc::ServerContext* context,
+                     const ::gonka::trainshard::v1::StartShardRunRequest* request,
+                     ::gonka::trainshard::v1::StartShardRunResponse* response) override;
+  // Forwarded; the answer carries the process's pid and restart count.
+  grpc::Status Status(grpc::ServerContext* context,
+                      const ::gonka::trainshard::v1::ShardRunStatusRequest* request,
+                      ::gonka::trainshard::v1::ShardRunStatus* response) override;
+  grpc::Status Evaluate(grpc::ServerContext* context,
+                        const ::gonka::trainshard::v1::EvaluateCheckpointRequest* request,
+                        ::gonka::trainshard::v1::EvaluateCheckpointResponse* response) override;
+  grpc::Status Announce(grpc::ServerContext* context,
+                        const ::gonka::trainshard::v1::AnnounceRequest* request,
+                        ::gonka::trainshard::v1::AnnounceResponse* response) override;
+  grpc::Status GetCertificates(grpc::ServerContext* context,
+                               const ::gonka::trainshard::v1::GetCertificatesRequest* request,
+                               ::gonka::trainshard::v1::GetCertificatesResponse* response) override;
+
+  // The socket a shard's process serves on.
+  std::string SocketPath(uint64_t shard_id) const;
+
+  // What the supervisor knows of a shard's process; nullopt for a shard without one here.
+  struct ProcessInfo {
+    pid_t pid = 0;          // 0 while none runs (between a death and the next start)
+    bool serving = false;   // its socket is connected to
+    uint32_t restarts = 0;  // starts after the first
+    std::string last_exit;  // how the previous process ended
+  };
+  std::optional<ProcessInfo> Info(uint64_t shard_id) const;
+
+ private:
+  struct Child {
+    pid_t pid = 0;
+    int64_t started_ms = 0;
+    int64_t next_start_ms = 0;
+    int64_t backoff_ms = 0;
+    uint32_t starts = 0;
+    std::string last_exit;       // how the previous process ended
+    bool stop = false;           // asked to stop; not started again
+    bool being_stopped = false;  // the supervisor is stopping its process (outside the lock)
+    std::shared_ptr<::gonka::trainshard::v1::ShardRunOperator::Stub> operator_stub;
+    std::shared_ptr<::gonka::trainshard::v1::ShardRound::Stub> round_stub;
+  };
+  struct Stubs {
+    std::shared_ptr<::gonka::trainshard::v1::ShardRunOperator::Stub> operator_stub;
+    std::shared_ptr<::gonka::trainshard::v1::ShardRound::Stub> round_stub;
+    pid_t pid = 0;
+    uint32_t restarts = 0;
+  };
+
+  void Loop();
+  void Supervise(uint64_t shard_id, Child& child, int64_t now_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stubs of the shard's serving process: NOT_FOUND for a shard without one on this host,
+  // UNAVAILABLE (with its last exit) while its process starts.
+  absl::StatusOr<Stubs> Find(uint64_t shard_id) const;
+  template <typename Request, typename Response, typename Method>
+  grpc::Status ForwardRound(const grpc::ServerContext& context, const Request& request,
+                            Response* response, Method method);
+
+  state::Db* const db_;
+  const ShardProcessOptions options_;
+  mutable absl::Mutex mu_;
+  std::string chain_id_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, Child> children_ ABSL_GUARDED_BY(mu_);
+  std::thread supervisor_;
+};
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_HOST_SHARD_PROCESSES_H_

@@ -1,0 +1,188 @@
+// ShardProcesses with the real ts_shard executable: a recorded shard's process is started and
+// served through, a SIGKILLed one is started again, a refused run leaves no process or record
+// behind, StopAll stops every process. The chain is unreachable (nothing listens on port 1),
+// which a shard process without a run must survive.
+#include "sidecar/host/shard_processes.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "state/db.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+
+bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+// Exists and is not a zombie.
+bool Running(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// Whether a live process runs `ts_shard --shard-id <id> --shards-dir <dir>`.
+bool ShardProcessRunning(uint64_t shard_id, const std::string& shards_dir) {
+  const std::string want = "--shard-id" + std::string(1, '\0') + std::to_string(shard_id) +
+                           std::string(1, '\0') + "--shards-dir" + std::string(1, '\0') +
+                           shards_dir + std::string(1, '\0');
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(want) != std::string::npos && Running(std::stoi(name))) return true;
+  }
+  return false;
+}
+
+class ShardProcessesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir_template[] = "/tmp/ts-shardproc-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+    {
+      std::ofstream key(dir_ + "/host.key");
+      key << std::string(64, '2') << "\n";
+    }
+    chmod((dir_ + "/host.key").c_str(), 0600);
+    state::DbOptions db_options;
+    db_options.tables = {std::string(kTableShardProcesses)};
+    auto db = state::Db::Open(dir_ + "/state", db_options);
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+    options_.binary = TS_SHARD_BINARY;
+    options_.shards_dir = dir_ + "/shards";
+    options_.host_socket = dir_ + "/host.sock";
+    options_.key_file = dir_ + "/host.key";
+    options_.chain_endpoint = "127.0.0.1:1";
+    options_.worker_binary = "/bin/false";
+    options_.restart_backoff_min_ms = 200;
+    options_.stop_grace_ms = 5'000;
+  }
+  void TearDown() override {
+    processes_.reset();
+    db_.reset();
+    std::system(("rm -rf " + dir_).c_str());
+  }
+
+  void Record(uint64_t shard_id) {
+    state::WriteBatch batch;
+    batch.Put(kTableShardProcesses, state::EncodeU64Key(shard_id), "");
+    ASSERT_TRUE(db_->Write(batch).ok());
+  }
+  bool Recorded(uint64_t shard_id) {
+    return db_->Get(kTableShardProcesses, state::EncodeU64Key(shard_id)).ok();
+  }
+  bool Serving(uint64_t shard_id) {
+    auto info = processes_->Info(shard_id);
+    return info.has_value() && info->serving;
+  }
+
+  std::string dir_;
+  std::unique_ptr<state::Db> db_;
+  ShardProcessOptions options_;
+  std::unique_ptr<ShardProcesses> processes_;
+};
+
+TEST_F(ShardProcessesTest, StartsRecordedShardsForwardsAndRestartsAKilledProcess) {
+  Record(7);
+  processes_ = std::make_unique<ShardProcesses>(db_.get(), options_);
+  processes_->Activate("test-chain");
+  ASSERT_TRUE(WaitFor([&] { return Serving(7); }, 20'000));
+  const pid_t first = processes_->Info(7)->pid;
+  ASSERT_GT(first, 0);
+  EXPECT_TRUE(Running(first));
+
+  // Forwarded to the process, which has no run: its own answer, not the sidecar's.
+  grpc::ServerContext context;
+  pb::ShardRunStatusRequest request;
+  request.set_shard_id(7);
+  pb::ShardRunStatus status;
+  grpc::Status got;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        got = processes_->Status(&context, &request, &status);
+        return got.error_code() == grpc::StatusCode::NOT_FOUND;
+      },
+      10'000))
+      << got.error_message();
+  EXPECT_EQ(got.error_message(), "shard 7: no run on this host");
+
+  // A shard without a process here: the sidecar answers.
+  request.set_shard_id(8);
+  got = processes_->Status(&context, &request, &status);
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_FALSE(processes_->Info(8).has_value());
+
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto info = processes_->Info(7);
+        return info && info->serving && info->pid != first && info->restarts == 1;
+      },
+      20'000));
+  EXPECT_EQ(processes_->Info(7)->last_exit, "was killed by signal 9");
+  EXPECT_TRUE(Recorded(7));
+
+  const pid_t second = processes_->Info(7)->pid;
+  processes_->StopAll();
+  EXPECT_FALSE(Running(second));
+}
+
+TEST_F(ShardProcessesTest, ARefusedRunLeavesNoProcessAndNoRecord) {
+  processes_ = std::make_unique<ShardProcesses>(db_.get(), options_);
+  grpc::ServerContext context;
+  pb::StartShardRunRequest request;
+  request.set_shard_id(9);
+  request.set_run_spec("{\"version\": 1, \"rounds\": \"x\"}");
+  pb::StartShardRunResponse response;
+  // Before the chain id is known nothing starts.
+  grpc::Status got = processes_->Start(&context, &request, &response);
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_FALSE(Recorded(9));
+
+  processes_->Activate("test-chain");
+  got = processes_->Start(&context, &request, &response);
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << got.error_message();
+  EXPECT_NE(got.error_message().find("not a RunSpec document"), std::string::npos)
+      << got.error_message();
+  EXPECT_FALSE(Recorded(9));
+  EXPECT_FALSE(processes_->Info(9).has_value());
+  // Its process goes: the socket's owner exits (the supervisor reaps it).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  bool gone = WaitFor([&] { return !ShardProcessRunning(9, options_.shards_dir); }, 10'000);
+  EXPECT_TRUE(gone);
+
+  // Taken back at once, the shard gets a new process, which refuses the same way.
+  got = processes_->Start(&context, &request, &response);
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << got.error_message();
+}
+
+}  // namespace
+}  // namespace ts::sidecar

@@ -1,0 +1,204 @@
+// ts_shard: the shard process (docs/architecture.md, "Shard process"). One per host and shard,
+// started and supervised by the host sidecar (trainshardd). It runs the host's part in training
+// the shard (ShardRun: its worker process, the collective's traffic, the rounds) with a
+// database of its own under <shards-dir>/<id>/state (round certificates, the run spec), serves
+// ShardRunOperator and ShardRound on a Unix socket (the sidecar forwards operator and peer calls
+// to it), and reaches back to the sidecar through its Unix socket (HostLink) for the shard's
+// artifact store and the settlement. SIGTERM or SIGINT stops it; so does its sidecar's death
+// (PR_SET_PDEATHSIG, set by the sidecar). A crash leaves the sidecar and the other shards
+// running; the sidecar starts it again and the run resumes from its records.
+//
+// Exit codes: 0 after a clean shutdown, 2 for a bad flag or key file, 1 for any other failure to
+// start.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "chain-bridge/client/chain_client.h"
+#include "common/clock.h"
+#include "common/crypto/bech32.h"
+#include "common/key_file.h"
+#include "common/log.h"
+#include "common/process.h"
+#include "sidecar/peer/shard_directory.h"
+#include "sidecar/shard/host_link.h"
+#include "sidecar/shard/shard_run.h"
+#include "state/db.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+
+constexpr std::string_view kComponent = "ts_shard";
+constexpr char kVersion[] = "ts_shard 0.1.0";
+constexpr int kExitBadFlags = 2;
+constexpr int kExitFailure = 1;
+constexpr size_t kSocketPathMax = 107;  // sockaddr_un
+// Peer and operator calls forwarded by the sidecar: certificates (64 per call) and plans.
+constexpr int kMaxShardMessageBytes = 16 << 20;
+constexpr uint32_t kShardSchemaVersion = 1;
+
+void LogError(std::string_view message, const absl::Status& status) {
+  common::Log(common::LogLevel::kError, kComponent, message,
+              {{"code", absl::StatusCodeToString(status.code())},
+               {"error", std::string(status.message())}});
+}
+
+absl::Status CheckSocketPath(const char* field, const std::string& path) {
+  if (path.empty() || path.size() > kSocketPathMax || path.front() != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": \"", path, "\" must be an absolute ",
+                                                   "path of 1..", kSocketPathMax, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"ts_shard: a host's shard process (started by trainshardd)", "ts_shard"};
+  uint64_t shard_id = 0;
+  std::string shards_dir, socket, host_socket, key_file, chain, chain_id, worker_binary;
+  std::string collective_host = "127.0.0.1", log_level = "info";
+  int worker_threads = 2;
+  int64_t heartbeat_ms = 500;
+  app.add_option("--shard-id", shard_id, "the shard")->required();
+  app.add_option("--shards-dir", shards_dir, "absolute; this shard's folder is <dir>/<id>")
+      ->required();
+  app.add_option("--socket", socket, "Unix socket to serve on")->required();
+  app.add_option("--host-socket", host_socket, "the host sidecar's Unix socket")->required();
+  app.add_option("--key-file", key_file, "the host key")->required();
+  app.add_option("--chain", chain, "chain endpoint (host:port)")->required();
+  app.add_option("--chain-id", chain_id, "the chain id")->required();
+  app.add_option("--worker-binary", worker_binary, "the ts_worker executable")->required();
+  app.add_option("--worker-threads", worker_threads, "worker threads")->check(CLI::Range(1, 256));
+  app.add_option("--collective-host", collective_host, "host the collective listener binds");
+  app.add_option("--heartbeat-ms", heartbeat_ms, "collective heartbeat interval")
+      ->check(CLI::Range(int64_t{50}, int64_t{60'000}));
+  app.add_option("--log-level", log_level, "debug | info | warn | error");
+  app.set_version_flag("--version", kVersion);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 reports by exception; this is its one catch site. --help and --version exit 0.
+    int code = app.exit(e);
+    return code == 0 ? 0 : kExitBadFlags;
+  }
+  common::LogLevel level = common::LogLevel::kInfo;
+  common::ParseLogLevel(log_level, &level);
+  common::SetLogLevel(level);
+  absl::Status valid =
+      shard_id == 0 ? absl::InvalidArgumentError("--shard-id: 0 is no shard") : absl::OkStatus();
+  if (valid.ok() && (shards_dir.empty() || shards_dir.front() != '/')) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("--shards-dir: \"", shards_dir, "\" is not an absolute path"));
+  }
+  if (valid.ok()) valid = CheckSocketPath("--socket", socket);
+  if (valid.ok()) valid = CheckSocketPath("--host-socket", host_socket);
+  if (valid.ok() && chain_id.empty()) valid = absl::InvalidArgumentError("--chain-id: empty");
+  if (!valid.ok()) {
+    LogError("bad flags", valid);
+    return kExitBadFlags;
+  }
+  auto key = common::ReadKeyFile(key_file);
+  if (!key.ok()) {
+    LogError("bad key file", key.status());
+    return kExitBadFlags;
+  }
+
+  // Signals are taken by sigwait on this thread; every thread started later inherits the mask.
+  const sigset_t signals = common::BlockStopSignals();
+
+  const std::string dir = absl::StrCat(shards_dir, "/", shard_id);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    LogError("cannot create the shard folder", absl::InternalError(dir + ": " + ec.message()));
+    return kExitFailure;
+  }
+  state::DbOptions db_options;
+  db_options.tables = {std::string(kTableRounds), std::string(kTableRunSpecs)};
+  db_options.schema_version = kShardSchemaVersion;
+  auto db = state::Db::Open(dir + "/state", db_options);
+  if (!db.ok()) {
+    LogError("cannot open the shard's records", db.status());
+    return kExitFailure;
+  }
+
+  std::unique_ptr<bridge::ChainClient> directory_chain = bridge::NewGrpcChainClient(chain);
+  ChainShardDirectory directory(directory_chain.get(), &common::SystemClock());
+  std::unique_ptr<bridge::ChainClient> run_chain = bridge::NewGrpcChainClient(chain);
+  absl::Mutex run_chain_mu;
+  HostLink link(host_socket);
+
+  ShardRunHost run_host;
+  run_host.key = &*key;
+  run_host.address = common::AddressFromPublicKey(key->public_key());
+  run_host.chain_id = chain_id;
+  run_host.directory = &directory;
+  run_host.artifacts = &link;
+  run_host.db = db->get();
+  run_host.clock = &common::SystemClock();
+  run_host.chain_shard = [&](uint64_t id) {
+    absl::MutexLock lock(&run_chain_mu);
+    return run_chain->Shard(id);
+  };
+  run_host.sign_settlement = [&link](const pb::Settlement& draft) {
+    return link.SignSettlement(draft);
+  };
+  run_host.submit_settlement = [&link](const pb::Settlement& s,
+                                       const std::vector<pb::SettlementSignature>& sigs) {
+    return link.SubmitSettlement(s, sigs);
+  };
+  ShardRunOptions run_options;
+  run_options.worker_binary = worker_binary;
+  run_options.worker_threads = worker_threads;
+  run_options.work_root = shards_dir;
+  run_options.collective_host = collective_host;
+  run_options.heartbeat_interval_ms = heartbeat_ms;
+  ShardRunManager runs(run_host, run_options);
+
+  // The path belongs to this process: a socket left by a killed one is replaced.
+  ::unlink(socket.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", socket), grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(kMaxShardMessageBytes);
+  builder.RegisterService(static_cast<pb::ShardRunOperator::Service*>(&runs));
+  builder.RegisterService(static_cast<pb::ShardRound::Service*>(&runs));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    LogError("cannot serve", absl::UnavailableError(absl::StrCat("cannot bind unix:", socket)));
+    return kExitFailure;
+  }
+  ::chmod(socket.c_str(), 0600);
+  runs.Activate(chain_id);
+  common::Log(common::LogLevel::kInfo, kComponent, "started",
+              {{"version", kVersion},
+               {"shard", absl::StrCat(shard_id)},
+               {"pid", absl::StrCat(::getpid())},
+               {"address", run_host.address},
+               {"socket", socket}});
+
+  int sig = sigwaitinfo(&signals, nullptr);
+  common::Log(
+      common::LogLevel::kInfo, kComponent, "shutting down",
+      {{"shard", absl::StrCat(shard_id)}, {"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}});
+  runs.StopAll();
+  // The socket file stays: by now a new process of this shard may have bound the path (its
+  // sidecar restarted after a crash), and the next start replaces a stale one anyway.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return 0;
+}
+
+}  // namespace
+}  // namespace ts::sidecar
+
+int main(int argc, char** argv) { return ts::sidecar::Main(argc, argv); }
