@@ -166,6 +166,7 @@ void ShardProcesses::Supervise(uint64_t shard_id, Child& child, int64_t now_ms) 
   }
   if (now_ms < child.next_start_ms) return;
   common::SpawnOptions spawn;
+  spawn.death_signal = SIGKILL;
   spawn.args = {options_.binary,
                 "--shard-id",
                 absl::StrCat(shard_id),

@@ -13,7 +13,10 @@
 // processes themselves reach the sidecar through its Unix socket (sidecar/shard/host_link.h).
 //
 // Thread-safety: thread-safe. Processes are spawned on the supervisor's own thread, which lives
-// until StopAll, so their death signal (PR_SET_PDEATHSIG) is tied to the sidecar's life.
+// until StopAll, so their death signal (PR_SET_PDEATHSIG) is tied to the sidecar's life. That
+// signal is SIGKILL: a sidecar that dies takes its shard processes along at once, as the host's
+// own death would, and no run goes on without the sidecar that signs for it (a sidecar that
+// stops cleanly sends SIGTERM first).
 #ifndef TS_SIDECAR_HOST_SHARD_PROCESSES_H_
 #define TS_SIDECAR_HOST_SHARD_PROCESSES_H_
 

@@ -1,7 +1,7 @@
-// ShardProcesses with the real ts_shard executable: a recorded shard's process is started and
-// served through, a SIGKILLed one is started again, a refused run leaves no process or record
-// behind, StopAll stops every process. The chain is unreachable (nothing listens on port 1),
-// which a shard process without a run must survive.
+// ShardProcesses with the real ts_shard executable: recorded shards' processes are started and
+// served through, a SIGKILLed one is started again while the other shard's goes on untouched, a
+// refused run leaves no process or record behind, StopAll stops every process. The chain is
+// unreachable (nothing listens on port 1), which a shard process without a run must survive.
 #include "sidecar/host/shard_processes.h"
 
 #include <signal.h>
@@ -112,10 +112,13 @@ class ShardProcessesTest : public ::testing::Test {
 
 TEST_F(ShardProcessesTest, StartsRecordedShardsForwardsAndRestartsAKilledProcess) {
   Record(7);
+  Record(11);
   processes_ = std::make_unique<ShardProcesses>(db_.get(), options_);
   processes_->Activate("test-chain");
-  ASSERT_TRUE(WaitFor([&] { return Serving(7); }, 20'000));
+  ASSERT_TRUE(WaitFor([&] { return Serving(7) && Serving(11); }, 20'000));
   const pid_t first = processes_->Info(7)->pid;
+  const pid_t other = processes_->Info(11)->pid;
+  EXPECT_NE(first, other);
   ASSERT_GT(first, 0);
   EXPECT_TRUE(Running(first));
 
@@ -149,10 +152,15 @@ TEST_F(ShardProcessesTest, StartsRecordedShardsForwardsAndRestartsAKilledProcess
       20'000));
   EXPECT_EQ(processes_->Info(7)->last_exit, "was killed by signal 9");
   EXPECT_TRUE(Recorded(7));
+  // The other shard's process was not touched.
+  EXPECT_EQ(processes_->Info(11)->pid, other);
+  EXPECT_EQ(processes_->Info(11)->restarts, 0u);
+  EXPECT_TRUE(Running(other));
 
   const pid_t second = processes_->Info(7)->pid;
   processes_->StopAll();
   EXPECT_FALSE(Running(second));
+  EXPECT_FALSE(Running(other));
 }
 
 TEST_F(ShardProcessesTest, ARefusedRunLeavesNoProcessAndNoRecord) {

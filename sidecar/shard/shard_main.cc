@@ -4,8 +4,8 @@
 // database of its own under <shards-dir>/<id>/state (round certificates, the run spec), serves
 // ShardRunOperator and ShardRound on a Unix socket (the sidecar forwards operator and peer calls
 // to it), and reaches back to the sidecar through its Unix socket (HostLink) for the shard's
-// artifact store and the settlement. SIGTERM or SIGINT stops it; so does its sidecar's death
-// (PR_SET_PDEATHSIG, set by the sidecar). A crash leaves the sidecar and the other shards
+// artifact store and the settlement. SIGTERM or SIGINT stops it; its sidecar's death kills it
+// (PR_SET_PDEATHSIG SIGKILL, set by the sidecar). A crash leaves the sidecar and the other shards
 // running; the sidecar starts it again and the run resumes from its records.
 //
 // Exit codes: 0 after a clean shutdown, 2 for a bad flag or key file, 1 for any other failure to
