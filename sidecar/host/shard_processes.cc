@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "chain-bridge/client/grpc_status.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "sidecar/shard/shard_run.h"
 #include "state/db.h"
 
 namespace ts::sidecar {
@@ -55,7 +57,52 @@ std::string ShardProcesses::SocketPath(uint64_t shard_id) const {
   return path;
 }
 
+void ShardProcesses::MoveRunRecords() {
+  std::vector<std::pair<uint64_t, std::string>> specs;
+  (void)db_->Scan(kTableRunSpecs, "", [&](std::string_view key, std::string_view value) {
+    specs.emplace_back(state::DecodeU64Key(key), std::string(value));
+    return true;
+  });
+  for (const auto& [shard_id, spec] : specs) {
+    const std::string prefix = state::EncodeU64Key(shard_id);
+    state::WriteBatch moved;
+    state::WriteBatch removed;
+    moved.Put(kTableRunSpecs, prefix, spec);
+    removed.Delete(kTableRunSpecs, prefix);
+    size_t rounds = 0;
+    (void)db_->Scan(kTableRounds, prefix, [&](std::string_view key, std::string_view value) {
+      moved.Put(kTableRounds, key, value);
+      removed.Delete(kTableRounds, key);
+      ++rounds;
+      return true;
+    });
+    removed.Put(kTableShardProcesses, prefix, "");
+    // Into the shard's database first (durable), then out of the host's: a crash in between
+    // leaves both copies, and the next start writes the same rows again.
+    const std::string dir = absl::StrCat(options_.shards_dir, "/", shard_id);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    absl::Status status =
+        ec ? absl::InternalError(absl::StrCat(dir, ": ", ec.message())) : absl::OkStatus();
+    if (status.ok()) {
+      auto shard_db = state::Db::Open(dir + "/state", ShardDbOptions());
+      status = shard_db.ok() ? (*shard_db)->Write(moved) : shard_db.status();
+    }
+    if (status.ok()) status = db_->Write(removed);
+    common::Log(status.ok() ? common::LogLevel::kInfo : common::LogLevel::kError, kComponent,
+                "run records moved into the shard's database",
+                {{"shard", absl::StrCat(shard_id)},
+                 {"rounds", absl::StrCat(rounds)},
+                 {"error", std::string(status.message())}});
+  }
+}
+
 void ShardProcesses::Activate(const std::string& chain_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!chain_id_.empty() || stopping_) return;
+  }
+  MoveRunRecords();
   std::vector<uint64_t> recorded;
   (void)db_->Scan(kTableShardProcesses, "", [&](std::string_view key, std::string_view) {
     recorded.push_back(state::DecodeU64Key(key));

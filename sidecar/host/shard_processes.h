@@ -68,7 +68,10 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   ~ShardProcesses() override;  // StopAll()
 
   // Sets the chain id and starts the supervisor: a process for every recorded shard. Later calls
-  // are ignored.
+  // are ignored. First moves the records of runs kept in the host's database (tables `rounds`
+  // and `run_specs`, as before shard processes) into each shard's own database and records the
+  // shard, so such a run resumes in its process; a shard whose move fails keeps its rows there
+  // (logged) and is tried again at the next start.
   void Activate(const std::string& chain_id);
   // Stops every process (SIGTERM, then SIGKILL after stop_grace_ms) and the supervisor.
   // Idempotent.
@@ -126,6 +129,7 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   };
 
   void Loop();
+  void MoveRunRecords();
   void Supervise(uint64_t shard_id, Child& child, int64_t now_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stubs of the shard's serving process: NOT_FOUND for a shard without one on this host,

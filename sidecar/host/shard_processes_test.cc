@@ -21,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "sidecar/shard/shard_run.h"
 #include "state/db.h"
 
 namespace ts::sidecar {
@@ -72,7 +73,8 @@ class ShardProcessesTest : public ::testing::Test {
     }
     chmod((dir_ + "/host.key").c_str(), 0600);
     state::DbOptions db_options;
-    db_options.tables = {std::string(kTableShardProcesses)};
+    db_options.tables = {std::string(kTableShardProcesses), std::string(kTableRounds),
+                         std::string(kTableRunSpecs)};
     auto db = state::Db::Open(dir_ + "/state", db_options);
     ASSERT_TRUE(db.ok()) << db.status();
     db_ = *std::move(db);
@@ -190,6 +192,39 @@ TEST_F(ShardProcessesTest, ARefusedRunLeavesNoProcessAndNoRecord) {
   // Taken back at once, the shard gets a new process, which refuses the same way.
   got = processes_->Start(&context, &request, &response);
   EXPECT_EQ(got.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << got.error_message();
+}
+
+TEST_F(ShardProcessesTest, RunRecordsInTheHostsDatabaseMoveIntoTheShardsOwn) {
+  // As a host kept them before shard processes: shard 5's spec and two certificates, and a
+  // certificate of shard 6, whose spec is not there.
+  auto key = [](uint64_t shard, uint64_t round) {
+    return state::EncodeU64Key(shard) + state::EncodeU64Key(round);
+  };
+  state::WriteBatch old;
+  old.Put(kTableRunSpecs, state::EncodeU64Key(5), "spec of 5");
+  old.Put(kTableRounds, key(5, 1), "certificate 5/1");
+  old.Put(kTableRounds, key(5, 2), "certificate 5/2");
+  old.Put(kTableRounds, key(6, 1), "certificate 6/1");
+  ASSERT_TRUE(db_->Write(old).ok());
+
+  processes_ = std::make_unique<ShardProcesses>(db_.get(), options_);
+  processes_->Activate("test-chain");
+  ASSERT_TRUE(WaitFor([&] { return Serving(5); }, 20'000));
+  processes_->StopAll();
+
+  EXPECT_TRUE(Recorded(5));
+  EXPECT_FALSE(db_->Get(kTableRunSpecs, state::EncodeU64Key(5)).ok());
+  EXPECT_FALSE(db_->Get(kTableRounds, key(5, 1)).ok());
+  EXPECT_FALSE(db_->Get(kTableRounds, key(5, 2)).ok());
+  EXPECT_TRUE(db_->Get(kTableRounds, key(6, 1)).ok());
+  EXPECT_FALSE(Recorded(6));
+
+  auto shard_db = state::Db::Open(options_.shards_dir + "/5/state", ShardDbOptions());
+  ASSERT_TRUE(shard_db.ok()) << shard_db.status();
+  EXPECT_EQ(*(*shard_db)->Get(kTableRunSpecs, state::EncodeU64Key(5)), "spec of 5");
+  EXPECT_EQ(*(*shard_db)->Get(kTableRounds, key(5, 1)), "certificate 5/1");
+  EXPECT_EQ(*(*shard_db)->Get(kTableRounds, key(5, 2)), "certificate 5/2");
+  EXPECT_FALSE((*shard_db)->Get(kTableRounds, key(6, 1)).ok());
 }
 
 }  // namespace

@@ -47,7 +47,6 @@ constexpr int kExitFailure = 1;
 constexpr size_t kSocketPathMax = 107;  // sockaddr_un
 // Peer and operator calls forwarded by the sidecar: certificates (64 per call) and plans.
 constexpr int kMaxShardMessageBytes = 16 << 20;
-constexpr uint32_t kShardSchemaVersion = 1;
 
 void LogError(std::string_view message, const absl::Status& status) {
   common::Log(common::LogLevel::kError, kComponent, message,
@@ -124,10 +123,7 @@ int Main(int argc, char** argv) {
     LogError("cannot create the shard folder", absl::InternalError(dir + ": " + ec.message()));
     return kExitFailure;
   }
-  state::DbOptions db_options;
-  db_options.tables = {std::string(kTableRounds), std::string(kTableRunSpecs)};
-  db_options.schema_version = kShardSchemaVersion;
-  auto db = state::Db::Open(dir + "/state", db_options);
+  auto db = state::Db::Open(dir + "/state", ShardDbOptions());
   if (!db.ok()) {
     LogError("cannot open the shard's records", db.status());
     return kExitFailure;

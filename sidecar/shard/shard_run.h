@@ -46,9 +46,12 @@
 
 namespace ts::sidecar {
 
-// Tables in the host's database.
+// Tables in the shard process's database.
 inline constexpr std::string_view kTableRounds = "rounds";       // be64(shard) be64(round)
 inline constexpr std::string_view kTableRunSpecs = "run_specs";  // be64(shard) -> document
+
+// The shard process's database (<shards_dir>/<shard_id>/state): kTableRounds and kTableRunSpecs.
+state::DbOptions ShardDbOptions();
 
 inline constexpr std::string_view kAnnounceMethod = "/gonka.trainshard.v1.ShardRound/Announce";
 inline constexpr std::string_view kGetCertificatesMethod =
