@@ -136,12 +136,19 @@ Server StartServer(grpc::Service* service) {
 }
 
 // An endpoint where nothing listens (a server started and stopped).
+// A loopback endpoint that refuses connections: its port stays bound, not listening, until the
+// test process exits, so no server started later (port 0) is given it. (A port freed by a stopped
+// server was handed to the next one, which then answered at the "dead" endpoint.)
 std::string DeadEndpoint() {
-  pb::ArtifactTransfer::Service none;
-  Server s = StartServer(&none);
-  s.server->Shutdown();
-  s.server->Wait();
-  return s.endpoint;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  TS_CHECK(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  TS_CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  TS_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  return absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));  // fd held on purpose
 }
 
 // A shard host: its key, RocksDB, artifact store, and (when serving) the real transfer
