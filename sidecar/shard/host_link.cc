@@ -1,5 +1,6 @@
 #include "sidecar/shard/host_link.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -79,6 +80,27 @@ absl::StatusOr<pb::ArtifactProgress> ReadProgress(
   return last;
 }
 
+// The host runs a few publish and fetch calls at once (its operator's and every shard
+// process's together) and answers RESOURCE_EXHAUSTED to more: such a call is tried again, with
+// backoff, for up to kHostBusyWaitMs, unless `cancelled` says to stop.
+absl::StatusOr<pb::ArtifactProgress> WhileHostBusy(
+    const std::function<bool()>& cancelled,
+    const std::function<absl::StatusOr<pb::ArtifactProgress>()>& call) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kHostBusyWaitMs);
+  int64_t pause_ms = 50;
+  while (true) {
+    absl::StatusOr<pb::ArtifactProgress> result = call();
+    if (!absl::IsResourceExhausted(result.status()) ||
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(pause_ms) > deadline ||
+        (cancelled && cancelled())) {
+      return result;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    pause_ms = std::min<int64_t>(pause_ms * 2, 2'000);
+  }
+}
+
 }  // namespace
 
 HostLink::HostLink(const std::string& socket_path) : target_(absl::StrCat("unix:", socket_path)) {
@@ -98,10 +120,12 @@ absl::StatusOr<std::string> HostLink::Publish(uint64_t shard_id, const std::stri
   request.set_source_dir(source_dir);
   request.set_kind(std::string(kind));
   request.set_round(round);
-  grpc::ClientContext context;
-  SetDeadline(&context, kHostTransferTimeoutMs);
-  auto reader = artifacts_->Publish(&context, request);
-  auto last = ReadProgress("ArtifactOperator/Publish", &context, reader.get(), nullptr);
+  auto last = WhileHostBusy(nullptr, [&]() -> absl::StatusOr<pb::ArtifactProgress> {
+    grpc::ClientContext context;
+    SetDeadline(&context, kHostTransferTimeoutMs);
+    auto reader = artifacts_->Publish(&context, request);
+    return ReadProgress("ArtifactOperator/Publish", &context, reader.get(), nullptr);
+  });
   if (!last.ok()) return last.status();
   if (last->artifact_id().size() != 32) {
     return absl::InternalError(absl::StrCat("ArtifactOperator/Publish: the host answered an id of ",
@@ -118,10 +142,12 @@ absl::StatusOr<pb::ArtifactProgress> HostLink::Fetch(uint64_t shard_id,
   request.set_shard_id(shard_id);
   request.set_artifact_id(artifact_id);
   for (const std::string& peer : peers) request.add_peers(peer);
-  grpc::ClientContext context;
-  SetDeadline(&context, kHostTransferTimeoutMs);
-  auto reader = artifacts_->Fetch(&context, request);
-  return ReadProgress("ArtifactOperator/Fetch", &context, reader.get(), cancelled);
+  return WhileHostBusy(cancelled, [&]() -> absl::StatusOr<pb::ArtifactProgress> {
+    grpc::ClientContext context;
+    SetDeadline(&context, kHostTransferTimeoutMs);
+    auto reader = artifacts_->Fetch(&context, request);
+    return ReadProgress("ArtifactOperator/Fetch", &context, reader.get(), cancelled);
+  });
 }
 
 absl::Status HostLink::Export(uint64_t shard_id, const std::string& artifact_id,

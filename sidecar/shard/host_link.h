@@ -9,7 +9,9 @@
 // ShardArtifacts is the interface a run uses for the first; HostLink implements it over the
 // socket. Every call has a deadline; a fetch also stops (CANCELLED) once `cancelled` says so,
 // and when the host has sent nothing (its progress messages come at least every second) for
-// kHostSilenceMaxMs.
+// kHostSilenceMaxMs. A publish or fetch the host refuses as busy (RESOURCE_EXHAUSTED: it runs a
+// few at once, for its operator and all its shard processes together) is tried again with
+// backoff for up to kHostBusyWaitMs.
 //
 // Thread-safety: HostLink is thread-safe.
 #ifndef TS_SIDECAR_SHARD_HOST_LINK_H_
@@ -57,6 +59,7 @@ inline constexpr int64_t kHostCallTimeoutMs = 60'000;
 inline constexpr int64_t kHostSubmitTimeoutMs = 180'000;            // the host waits for inclusion
 inline constexpr int64_t kHostTransferTimeoutMs = 6 * 3600 * 1000;  // publish / fetch / export
 inline constexpr int64_t kHostSilenceMaxMs = 30'000;
+inline constexpr int64_t kHostBusyWaitMs = 60'000;  // RESOURCE_EXHAUSTED is tried again this long
 
 class HostLink final : public ShardArtifacts {
  public:
