@@ -210,6 +210,9 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
                           GetInteger(key, node, kMinPollIntervalMs, kMaxPollIntervalMs));
     } else if (key == "worker_binary") {
       TS_ASSIGN_OR_RETURN(config.worker_binary, GetString(key, node));
+    } else if (key == "shard_idle_stop_ms") {
+      TS_ASSIGN_OR_RETURN(config.shard_idle_stop_ms,
+                          GetInteger(key, node, 0, int64_t{7} * 24 * 3600 * 1000));
     } else if (key == "shard_binary") {
       TS_ASSIGN_OR_RETURN(config.shard_binary, GetString(key, node));
     } else if (key == "worker_threads") {

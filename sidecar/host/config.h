@@ -61,6 +61,8 @@ struct HostConfig {
   // The shard process executable (docs/architecture.md). Empty: `ts_shard` beside trainshardd,
   // else ../shard/ts_shard from it (the build tree).
   std::string shard_binary;
+  // A run done (its shard settled) this long has its shard process stopped; 0: never.
+  int64_t shard_idle_stop_ms = 60'000;
   int64_t worker_threads = 2;  // torch threads of each worker, 1..256
   std::string log_level = "info";
   ReservationPolicy policy;

@@ -42,6 +42,8 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.chain_endpoint, "127.0.0.1:9090");
   EXPECT_EQ(c.listen, "127.0.0.1:0");
   EXPECT_EQ(c.poll_interval_ms, 200);
+  EXPECT_EQ(c.shard_idle_stop_ms, 60'000);
+  EXPECT_TRUE(c.shard_binary.empty());
   EXPECT_TRUE(c.tls_cert_sha256.empty());
   EXPECT_TRUE(c.policy.auto_reserve);
   EXPECT_TRUE(c.policy.hardware_profiles.empty());
@@ -64,6 +66,8 @@ artifacts_dir = "/srv/artifacts"
 tls_cert_sha256 = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF"
 poll_interval_ms = 50
 log_level = "debug"
+shard_idle_stop_ms = 0
+shard_binary = "/opt/trainshard/ts_shard"
 [policy]
 auto_reserve = false
 hardware_profiles = ["cpu-small", "h100-80g"]
@@ -80,6 +84,8 @@ min_escrow_per_node = "123456789"
   EXPECT_EQ(static_cast<unsigned char>(c.tls_cert_sha256[31]), 0xffu);
   EXPECT_EQ(c.poll_interval_ms, 50);
   EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.shard_idle_stop_ms, 0);
+  EXPECT_EQ(c.shard_binary, "/opt/trainshard/ts_shard");
   EXPECT_FALSE(c.policy.auto_reserve);
   EXPECT_EQ(c.policy.hardware_profiles, (std::vector<std::string>{"cpu-small", "h100-80g"}));
   EXPECT_EQ(c.policy.max_shards, 7u);
@@ -89,6 +95,7 @@ min_escrow_per_node = "123456789"
 
 TEST(ConfigTest, BadValuesNameTheKeyAndValue) {
   ExpectBad("poll_interval_ms = 5\n", {"poll_interval_ms", "5", "out of range"});
+  ExpectBad("shard_idle_stop_ms = -1\n", {"shard_idle_stop_ms", "-1", "out of range"});
   ExpectBad("poll_interval_ms = \"fast\"\n", {"poll_interval_ms", "integer", "fast"});
   ExpectBad("listen = 9000\n", {"listen", "string", "9000"});
   ExpectBad("tls_cert_sha256 = \"abcd\"\n", {"tls_cert_sha256", "abcd"});

@@ -251,6 +251,7 @@ int Main(int argc, char** argv) {
     process_options.collective_host = EndpointHost(config.shard_endpoint);
   }
   process_options.log_level = config.log_level;
+  process_options.idle_stop_ms = config.shard_idle_stop_ms;
   ShardProcesses runs((*core)->shared_db(), process_options);
 
   auto shard_server = ShardServer::Start(

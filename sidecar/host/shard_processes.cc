@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "chain-bridge/client/grpc_status.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/status.h"
 #include "sidecar/shard/shard_run.h"
 #include "state/db.h"
 
@@ -103,15 +105,19 @@ void ShardProcesses::Activate(const std::string& chain_id) {
     if (!chain_id_.empty() || stopping_) return;
   }
   MoveRunRecords();
-  std::vector<uint64_t> recorded;
-  (void)db_->Scan(kTableShardProcesses, "", [&](std::string_view key, std::string_view) {
-    recorded.push_back(state::DecodeU64Key(key));
+  std::vector<std::pair<uint64_t, std::string>> recorded;
+  (void)db_->Scan(kTableShardProcesses, "", [&](std::string_view key, std::string_view value) {
+    recorded.emplace_back(state::DecodeU64Key(key), std::string(value));
     return true;
   });
   absl::MutexLock lock(&mu_);
   if (!chain_id_.empty() || stopping_) return;
   chain_id_ = chain_id;
-  for (uint64_t id : recorded) children_.try_emplace(id);
+  for (const auto& [id, final_status] : recorded) {
+    Child& child = children_[id];
+    child.finished = !final_status.empty();
+    child.final_status = final_status;
+  }
   supervisor_ = std::thread([this] { Loop(); });
 }
 
@@ -124,7 +130,12 @@ void ShardProcesses::StopAll() {
 }
 
 void ShardProcesses::Loop() {
+  int64_t last_poll_ms = NowMs();
   while (true) {
+    if (options_.idle_stop_ms > 0 && NowMs() - last_poll_ms >= options_.status_poll_ms) {
+      PollRuns();
+      last_poll_ms = NowMs();
+    }
     std::vector<std::pair<uint64_t, pid_t>> to_stop;
     {
       absl::MutexLock lock(&mu_);
@@ -133,7 +144,7 @@ void ShardProcesses::Loop() {
       const int64_t now = NowMs();
       for (auto& [id, child] : children_) {
         if (child.being_stopped) continue;
-        if (child.stop) {
+        if (child.stop || (child.finished && child.pid != 0)) {
           to_stop.emplace_back(id, child.pid);
           child.being_stopped = true;
           child.pid = 0;
@@ -175,7 +186,72 @@ void ShardProcesses::Loop() {
   }
 }
 
+void ShardProcesses::PollRuns() {
+  std::vector<std::pair<uint64_t, std::shared_ptr<pb::ShardRunOperator::Stub>>> serving;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, child] : children_) {
+      if (!child.stop && !child.finished && !child.being_stopped && child.operator_stub) {
+        serving.emplace_back(id, child.operator_stub);
+      }
+    }
+  }
+  for (const auto& [id, stub] : serving) {
+    grpc::ClientContext call;
+    call.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2'000));
+    pb::ShardRunStatusRequest request;
+    request.set_shard_id(id);
+    pb::ShardRunStatus status;
+    const bool done = stub->Status(&call, request, &status).ok() && status.state() == "done";
+    const int64_t now = NowMs();
+    absl::MutexLock lock(&mu_);
+    auto it = children_.find(id);
+    if (it == children_.end() || it->second.stop || it->second.finished) continue;
+    Child& child = it->second;
+    if (!done) {
+      child.done_since_ms = 0;
+      continue;
+    }
+    if (child.done_since_ms == 0) child.done_since_ms = now;
+    if (now - child.done_since_ms < options_.idle_stop_ms) continue;
+    status.set_shard_process_pid(0);
+    status.set_shard_process_restarts(child.starts > 0 ? child.starts - 1 : 0);
+    std::string bytes = status.SerializeAsString();
+    state::WriteBatch batch;
+    batch.Put(kTableShardProcesses, state::EncodeU64Key(id), bytes);
+    if (absl::Status written = db_->Write(batch); !written.ok()) continue;
+    child.finished = true;
+    child.final_status = std::move(bytes);
+    common::Log(common::LogLevel::kInfo, kComponent, "stopping the process of a finished run",
+                {{"shard", absl::StrCat(id)}, {"pid", absl::StrCat(child.pid)}});
+  }
+}
+
+absl::StatusOr<ShardProcesses::Stubs> ShardProcesses::Wake(uint64_t shard_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = children_.find(shard_id);
+    if (it != children_.end() && !it->second.stop && it->second.finished) {
+      state::WriteBatch batch;
+      batch.Put(kTableShardProcesses, state::EncodeU64Key(shard_id), "");
+      TS_RETURN_IF_ERROR(db_->Write(batch));
+      it->second.finished = false;
+      it->second.final_status.clear();
+      it->second.done_since_ms = 0;
+      common::Log(common::LogLevel::kInfo, kComponent, "starting the process of a finished run",
+                  {{"shard", absl::StrCat(shard_id)}});
+    }
+    auto serving = [this, shard_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = children_.find(shard_id);
+      return stopping_ || it == children_.end() || it->second.operator_stub != nullptr;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&serving), absl::Milliseconds(options_.start_timeout_ms));
+  }
+  return Find(shard_id);
+}
+
 void ShardProcesses::Supervise(uint64_t shard_id, Child& child, int64_t now_ms) {
+  if (child.finished) return;
   const std::string socket = SocketPath(shard_id);
   if (child.pid != 0) {
     std::string how;
@@ -267,6 +343,7 @@ std::optional<ShardProcesses::ProcessInfo> ShardProcesses::Info(uint64_t shard_i
   info.serving = child.operator_stub != nullptr;
   info.restarts = child.starts > 0 ? child.starts - 1 : 0;
   info.last_exit = child.last_exit;
+  info.finished = child.finished;
   return info;
 }
 
@@ -311,13 +388,8 @@ grpc::Status ShardProcesses::Start(grpc::ServerContext* context,
       // the old one is gone (they would share the shard's database and socket).
       children_[shard_id].stop = false;
     }
-    auto serving = [this, shard_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      auto it = children_.find(shard_id);
-      return stopping_ || it == children_.end() || it->second.operator_stub != nullptr;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&serving), absl::Milliseconds(options_.start_timeout_ms));
   }
-  auto stubs = Find(shard_id);
+  auto stubs = Wake(shard_id);
   if (!stubs.ok()) return Grpc(stubs.status());
   grpc::ClientContext call;
   SetForwardDeadline(*context, kStartCallTimeoutMs, &call);
@@ -337,6 +409,14 @@ grpc::Status ShardProcesses::Start(grpc::ServerContext* context,
 grpc::Status ShardProcesses::Status(grpc::ServerContext* context,
                                     const pb::ShardRunStatusRequest* request,
                                     pb::ShardRunStatus* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = children_.find(request->shard_id());
+    if (it != children_.end() && !it->second.stop && it->second.finished &&
+        response->ParseFromString(it->second.final_status)) {
+      return grpc::Status::OK;
+    }
+  }
   auto stubs = Find(request->shard_id());
   if (!stubs.ok()) return Grpc(stubs.status());
   grpc::ClientContext call;
@@ -352,20 +432,31 @@ grpc::Status ShardProcesses::Status(grpc::ServerContext* context,
 grpc::Status ShardProcesses::Evaluate(grpc::ServerContext* context,
                                       const pb::EvaluateCheckpointRequest* request,
                                       pb::EvaluateCheckpointResponse* response) {
-  auto stubs = Find(request->shard_id());
+  auto stubs = Wake(request->shard_id());
   if (!stubs.ok()) return Grpc(stubs.status());
-  grpc::ClientContext call;
-  SetForwardDeadline(*context, kEvaluateTimeoutMs, &call);
-  return stubs->operator_stub->Evaluate(&call, *request, response);
+  // A process just started answers UNAVAILABLE until its run has its worker and data again.
+  const auto deadline =
+      std::min(context->deadline(),
+               std::chrono::system_clock::now() + std::chrono::milliseconds(kEvaluateTimeoutMs));
+  while (true) {
+    grpc::ClientContext call;
+    call.set_deadline(deadline);
+    grpc::Status status = stubs->operator_stub->Evaluate(&call, *request, response);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::system_clock::now() + std::chrono::milliseconds(200) >= deadline) {
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 // A peer's call goes to the shard's process; a host without one (yet) answers as a run that
 // has not started would.
 template <typename Request, typename Response, typename Method>
 grpc::Status ShardProcesses::ForwardRound(const grpc::ServerContext& context,
-                                          const Request& request, Response* response,
-                                          Method method) {
-  auto stubs = Find(request.shard_id());
+                                          const Request& request, Response* response, Method method,
+                                          bool wake) {
+  auto stubs = wake ? Wake(request.shard_id()) : Find(request.shard_id());
   if (!stubs.ok()) {
     return Grpc(absl::UnavailableError(
         absl::StrCat("shard ", request.shard_id(), ": no run on this host yet")));
@@ -378,13 +469,16 @@ grpc::Status ShardProcesses::ForwardRound(const grpc::ServerContext& context,
 grpc::Status ShardProcesses::Announce(grpc::ServerContext* context,
                                       const pb::AnnounceRequest* request,
                                       pb::AnnounceResponse* response) {
-  return ForwardRound(*context, *request, response, &pb::ShardRound::Stub::Announce);
+  return ForwardRound(*context, *request, response, &pb::ShardRound::Stub::Announce,
+                      /*wake=*/false);
 }
 
 grpc::Status ShardProcesses::GetCertificates(grpc::ServerContext* context,
                                              const pb::GetCertificatesRequest* request,
                                              pb::GetCertificatesResponse* response) {
-  return ForwardRound(*context, *request, response, &pb::ShardRound::Stub::GetCertificates);
+  // A member catching up may ask a host whose run is done: the process is started for it.
+  return ForwardRound(*context, *request, response, &pb::ShardRound::Stub::GetCertificates,
+                      /*wake=*/true);
 }
 
 }  // namespace ts::sidecar

@@ -5,7 +5,8 @@
 //
 // This class starts a shard's process when the operator starts its run (and, after a restart of
 // the sidecar, for every shard whose process it recorded), watches it, starts it again with
-// exponential backoff when it dies (the run resumes from its records), and stops every process
+// exponential backoff when it dies (the run resumes from its records), stops it once its run has
+// been done for idle_stop_ms (and starts it again when it is needed), and stops every process
 // with SIGTERM when the sidecar stops. It serves ShardRunOperator to the operator and ShardRound
 // to peers by forwarding each call to the shard's process over its Unix socket, with a deadline
 // no later than the caller's and at most kForwardTimeoutMs (kEvaluateTimeoutMs for Evaluate);
@@ -37,7 +38,8 @@
 
 namespace ts::sidecar {
 
-// Table in the host's database: be64(shard) -> "" for every shard whose process the sidecar runs.
+// Table in the host's database: be64(shard) -> "" for every shard whose process the sidecar runs,
+// or the serialized final ShardRunStatus of a run that is done and whose process was stopped.
 inline constexpr std::string_view kTableShardProcesses = "shard_processes";
 
 inline constexpr int64_t kForwardTimeoutMs = 30'000;
@@ -58,6 +60,11 @@ struct ShardProcessOptions {
   int64_t restart_backoff_max_ms = 30'000;
   int64_t stable_after_ms = 60'000;  // up this long: the next restart starts at the minimum
   int64_t stop_grace_ms = 20'000;    // SIGTERM to SIGKILL
+  // A run "done" (its shard settled or ended on chain) this long has its process stopped; the
+  // sidecar answers its Status from the last one it saw, and an Evaluate or a peer's
+  // GetCertificates starts the process again. 0: never stopped.
+  int64_t idle_stop_ms = 60'000;
+  int64_t status_poll_ms = 2'000;  // how often each process's run state is read
 };
 
 class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::Service,
@@ -82,10 +89,13 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   grpc::Status Start(grpc::ServerContext* context,
                      const ::gonka::trainshard::v1::StartShardRunRequest* request,
                      ::gonka::trainshard::v1::StartShardRunResponse* response) override;
-  // Forwarded; the answer carries the process's pid and restart count.
+  // Forwarded; the answer carries the process's pid and restart count. For a finished run whose
+  // process was stopped, the status stored when it was stopped (pid 0).
   grpc::Status Status(grpc::ServerContext* context,
                       const ::gonka::trainshard::v1::ShardRunStatusRequest* request,
                       ::gonka::trainshard::v1::ShardRunStatus* response) override;
+  // Forwarded, the process of a finished run started first; while a new process prepares its
+  // worker and data (UNAVAILABLE) the call is made again, until the deadline.
   grpc::Status Evaluate(grpc::ServerContext* context,
                         const ::gonka::trainshard::v1::EvaluateCheckpointRequest* request,
                         ::gonka::trainshard::v1::EvaluateCheckpointResponse* response) override;
@@ -105,6 +115,7 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
     bool serving = false;   // its socket is connected to
     uint32_t restarts = 0;  // starts after the first
     std::string last_exit;  // how the previous process ended
+    bool finished = false;  // its run is done and its process stopped
   };
   std::optional<ProcessInfo> Info(uint64_t shard_id) const;
 
@@ -118,6 +129,9 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
     std::string last_exit;       // how the previous process ended
     bool stop = false;           // asked to stop; not started again
     bool being_stopped = false;  // the supervisor is stopping its process (outside the lock)
+    bool finished = false;       // its run is done and its process stopped (not restarted)
+    std::string final_status;    // then: its last ShardRunStatus, serialized
+    int64_t done_since_ms = 0;   // when its run was first seen done (0: not done)
     std::shared_ptr<::gonka::trainshard::v1::ShardRunOperator::Stub> operator_stub;
     std::shared_ptr<::gonka::trainshard::v1::ShardRound::Stub> round_stub;
   };
@@ -129,6 +143,11 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   };
 
   void Loop();
+  // Reads each serving process's run state; stops the processes of runs done for idle_stop_ms.
+  void PollRuns();
+  // A finished shard's process is started again; waits until it serves (up to
+  // start_timeout_ms). Then as Find.
+  absl::StatusOr<Stubs> Wake(uint64_t shard_id);
   void MoveRunRecords();
   void Supervise(uint64_t shard_id, Child& child, int64_t now_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -137,7 +156,7 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   absl::StatusOr<Stubs> Find(uint64_t shard_id) const;
   template <typename Request, typename Response, typename Method>
   grpc::Status ForwardRound(const grpc::ServerContext& context, const Request& request,
-                            Response* response, Method method);
+                            Response* response, Method method, bool wake);
 
   state::Db* const db_;
   const ShardProcessOptions options_;

@@ -25,6 +25,8 @@ import harness  # noqa: E402
 
 # The final eval loss must be at least this far (nats) below the round-0 checkpoint's.
 LOSS_MARGIN = 0.4
+# A shard process whose run is done is stopped after this long (trainshardd.toml).
+IDLE_STOP_MS = 3000
 
 
 def worker_pid_of(status):
@@ -33,6 +35,23 @@ def worker_pid_of(status):
             for t in status.get("transitions", [])
             if "worker started (pid " in t]
     return pids[-1] if pids else 0
+
+
+def shard_process_pids(host, sid):
+    """The live processes of `host`'s ts_shard for shard `sid`."""
+    want = f"--shard-id\0{sid}\0--shards-dir\0{os.path.abspath(host.data_dir)}/shards\0"
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if want in cmdline and process_running(int(name)):
+            pids.append(int(name))
+    return pids
 
 
 def process_running(pid):
@@ -72,7 +91,8 @@ class TrainTest(unittest.TestCase):
         self.net.init()
         self.net.start_devnet()
         for i, threads in enumerate((1, 2, 1), start=1):
-            self.net.add_host(f"host{i}", extra_config={"worker_threads": threads})
+            self.net.add_host(f"host{i}", extra_config={"worker_threads": threads,
+                                                        "shard_idle_stop_ms": IDLE_STOP_MS})
         for h in self.net.hosts:
             h.wait_shard_listen()
 
@@ -128,6 +148,23 @@ class TrainTest(unittest.TestCase):
         self.assertEqual(ev["evaluation"]["result"]["checkpoint_root"], s["root"])
         self.assertAlmostEqual(int(ev["evaluation"]["result"]["loss_micro"]) / 1e6, final,
                                delta=0.05)
+
+        # Once a run has been done for IDLE_STOP_MS its process is stopped: its status is still
+        # answered (as the sidecar saw it last), and `trainshard eval` starts it again.
+        for h in net.hosts:
+            harness.wait_for(lambda h=h: not shard_process_pids(h, sid), 60,
+                             f"{h.name}'s process of the finished shard to be stopped")
+            stopped = net.train_status(h, sid)
+            self.assertEqual(int(stopped.get("shard_process_pid", 0)), 0)
+            self.assertEqual(stopped["state"], "done")
+            self.assertEqual(stopped["root"], s["root"])
+        again_ev = net.cli("eval", "--shard", sid, "--artifact",
+                           harness.b64_to_hex(art), "--host", net.hosts[2].operator,
+                           "--windows-max", "64", timeout=300)
+        self.assertEqual(again_ev["evaluation"]["result"]["checkpoint_root"], s["root"])
+        self.assertEqual(again_ev["evaluation"]["result"]["loss_micro"],
+                         ev["evaluation"]["result"]["loss_micro"])
+        self.assertTrue(shard_process_pids(net.hosts[2], sid), "eval did not start the process")
 
         # Determinism: the same run spec and members again, in another shard.
         sid2 = self.run_shard("train-b", run_spec)
