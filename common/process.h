@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,15 @@
 #include "absl/status/statusor.h"
 
 namespace ts::common {
+
+// The longest path a Unix socket can be bound at (sizeof(sockaddr_un::sun_path) - 1). The
+// project's processes serve one another on such sockets.
+inline constexpr size_t kUnixSocketPathMax = 107;
+
+// `preferred` if it fits kUnixSocketPathMax, else `fallback` (a short path, e.g. under /tmp).
+inline std::string UnixSocketPathOr(std::string preferred, std::string fallback) {
+  return preferred.size() <= kUnixSocketPathMax ? preferred : fallback;
+}
 
 struct SpawnOptions {
   std::vector<std::string> args;  // args[0] is the executable's path

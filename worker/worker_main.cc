@@ -31,7 +31,6 @@ namespace {
 constexpr std::string_view kComponent = "ts_worker";
 constexpr int kExitBadFlag = 2;
 constexpr int kExitFailure = 1;
-constexpr size_t kSocketPathMax = 107;
 // How long calls in flight get after SIGTERM before the process leaves without them.
 constexpr auto kShutdownGrace = std::chrono::seconds(2);
 
@@ -63,9 +62,9 @@ int Main(int argc, char** argv) {
   if (threads < 1 || threads > 256) {
     return Fail(kExitBadFlag, absl::StrCat("threads: ", threads, " is out of range 1..256"));
   }
-  if (socket_path.empty() || socket_path.size() > kSocketPathMax) {
+  if (socket_path.empty() || socket_path.size() > common::kUnixSocketPathMax) {
     return Fail(kExitBadFlag, absl::StrCat("socket: \"", socket_path, "\" must hold 1..",
-                                           kSocketPathMax, " bytes"));
+                                           common::kUnixSocketPathMax, " bytes"));
   }
   if (file_bytes_max < 1024) {
     return Fail(kExitBadFlag, absl::StrCat("file-bytes-max: ", file_bytes_max, " is below 1024"));

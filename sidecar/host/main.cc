@@ -235,8 +235,8 @@ int Main(int argc, char** argv) {
   // through the operator API on a Unix socket in the data dir (settlement, artifact store).
   HostDaemon daemon(core->get(), config.poll_interval_ms);
   const std::string data_root = AbsolutePath(config.data_dir);
-  std::string host_socket = data_root + "/host.sock";
-  if (host_socket.size() > 107) host_socket = absl::StrCat("/tmp/ts-host-", ::getpid(), ".sock");
+  const std::string host_socket = common::UnixSocketPathOr(
+      data_root + "/host.sock", absl::StrCat("/tmp/ts-host-", ::getpid(), ".sock"));
   ShardProcessOptions process_options;
   process_options.binary = SiblingBinary(config.shard_binary, "ts_shard", "../shard/ts_shard");
   process_options.shards_dir = data_root + "/shards";

@@ -29,7 +29,6 @@ namespace {
 namespace pb = ::gonka::trainshard::v1;
 
 constexpr std::string_view kComponent = "trainshardd";
-constexpr size_t kSocketPathMax = 107;  // sockaddr_un
 constexpr int kMaxForwardMessageBytes = 16 << 20;
 constexpr int64_t kSupervisePeriodMs = 100;
 constexpr int64_t kStartCallTimeoutMs = 60'000;
@@ -52,11 +51,9 @@ ShardProcesses::ShardProcesses(state::Db* db, ShardProcessOptions options)
 ShardProcesses::~ShardProcesses() { StopAll(); }
 
 std::string ShardProcesses::SocketPath(uint64_t shard_id) const {
-  std::string path = absl::StrCat(options_.shards_dir, "/", shard_id, "/shard.sock");
-  if (path.size() > kSocketPathMax) {
-    path = absl::StrCat("/tmp/ts-shard-", ::getpid(), "-", shard_id, ".sock");
-  }
-  return path;
+  return common::UnixSocketPathOr(
+      absl::StrCat(options_.shards_dir, "/", shard_id, "/shard.sock"),
+      absl::StrCat("/tmp/ts-shard-", ::getpid(), "-", shard_id, ".sock"));
 }
 
 void ShardProcesses::MoveRunRecords() {
@@ -215,7 +212,7 @@ void ShardProcesses::PollRuns() {
     if (child.done_since_ms == 0) child.done_since_ms = now;
     if (now - child.done_since_ms < options_.idle_stop_ms) continue;
     status.set_shard_process_pid(0);
-    status.set_shard_process_restarts(child.starts > 0 ? child.starts - 1 : 0);
+    status.set_shard_process_restarts(child.restarts());
     std::string bytes = status.SerializeAsString();
     state::WriteBatch batch;
     batch.Put(kTableShardProcesses, state::EncodeU64Key(id), bytes);
@@ -341,7 +338,7 @@ std::optional<ShardProcesses::ProcessInfo> ShardProcesses::Info(uint64_t shard_i
   ProcessInfo info;
   info.pid = child.pid;
   info.serving = child.operator_stub != nullptr;
-  info.restarts = child.starts > 0 ? child.starts - 1 : 0;
+  info.restarts = child.restarts();
   info.last_exit = child.last_exit;
   info.finished = child.finished;
   return info;
@@ -363,7 +360,7 @@ absl::StatusOr<ShardProcesses::Stubs> ShardProcesses::Find(uint64_t shard_id) co
   stubs.operator_stub = child.operator_stub;
   stubs.round_stub = child.round_stub;
   stubs.pid = child.pid;
-  stubs.restarts = child.starts > 0 ? child.starts - 1 : 0;
+  stubs.restarts = child.restarts();
   return stubs;
 }
 

@@ -126,6 +126,7 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
     int64_t next_start_ms = 0;
     int64_t backoff_ms = 0;
     uint32_t starts = 0;
+    uint32_t restarts() const { return starts > 0 ? starts - 1 : 0; }
     std::string last_exit;       // how the previous process ended
     bool stop = false;           // asked to stop; not started again
     bool being_stopped = false;  // the supervisor is stopping its process (outside the lock)

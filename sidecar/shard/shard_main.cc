@@ -44,7 +44,6 @@ constexpr std::string_view kComponent = "ts_shard";
 constexpr char kVersion[] = "ts_shard 0.1.0";
 constexpr int kExitBadFlags = 2;
 constexpr int kExitFailure = 1;
-constexpr size_t kSocketPathMax = 107;  // sockaddr_un
 // Peer and operator calls forwarded by the sidecar: certificates (64 per call) and plans.
 constexpr int kMaxShardMessageBytes = 16 << 20;
 
@@ -55,9 +54,10 @@ void LogError(std::string_view message, const absl::Status& status) {
 }
 
 absl::Status CheckSocketPath(const char* field, const std::string& path) {
-  if (path.empty() || path.size() > kSocketPathMax || path.front() != '/') {
+  if (path.empty() || path.size() > common::kUnixSocketPathMax || path.front() != '/') {
     return absl::InvalidArgumentError(absl::StrCat(field, ": \"", path, "\" must be an absolute ",
-                                                   "path of 1..", kSocketPathMax, " bytes"));
+                                                   "path of 1..", common::kUnixSocketPathMax,
+                                                   " bytes"));
   }
   return absl::OkStatus();
 }

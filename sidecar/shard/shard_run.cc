@@ -32,7 +32,6 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
-#include "sidecar/artifacts/store.h"
 #include "sidecar/collective/collective.h"
 #include "sidecar/collective/tcp_transport.h"
 #include "sidecar/shard/ledger.h"

@@ -26,8 +26,6 @@
 namespace ts::worker {
 namespace {
 
-constexpr size_t kSocketPathMax = 107;  // sizeof(sockaddr_un::sun_path) - 1
-
 template <typename Response, typename Call>
 absl::StatusOr<Response> Invoke(const std::string& target, std::string_view method,
                                 int64_t timeout_ms, Call&& call, bool wait_for_ready = false) {
@@ -135,9 +133,10 @@ absl::StatusOr<pb::WorkerStatusResponse> WorkerClient::Status(int64_t timeout_ms
 
 absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(WorkerProcessOptions options) {
   if (options.binary.empty()) return absl::InvalidArgumentError("binary: missing");
-  if (options.socket_path.empty() || options.socket_path.size() > kSocketPathMax) {
+  if (options.socket_path.empty() || options.socket_path.size() > common::kUnixSocketPathMax) {
     return absl::InvalidArgumentError(absl::StrCat("socket_path: \"", options.socket_path,
-                                                   "\" must hold 1..", kSocketPathMax, " bytes"));
+                                                   "\" must hold 1..", common::kUnixSocketPathMax,
+                                                   " bytes"));
   }
   if (options.work_dir.empty()) return absl::InvalidArgumentError("work_dir: missing");
   if (options.threads < 1 || options.threads > 256) {
