@@ -1,12 +1,12 @@
-// Compression of fp32 vectors for the collective's wire: none (fp32), fp16, bf16, int8 with a
-// per-block scale, int8 followed by a lossless entropy stage (zstd), and top-k per block with
-// low-bit values (SparseLoCo-style) plus the error feedback that makes top-k converge. The byte
-// layouts are in docs/collective.md ("Codecs"); the decoders read bytes from peers and refuse
-// anything malformed with INVALID_ARGUMENT naming the field and the value, never reading out of
-// bounds.
+// Compression of fp32 vectors for the collective's wire: none (fp32), fp32 with its high bytes
+// entropy-coded (fp32-zstd, lossless), fp16, bf16, int8 with a per-block scale, int8 followed by a
+// lossless entropy stage (zstd), and top-k per block with low-bit values (SparseLoCo-style) plus
+// the error feedback that makes top-k converge. The byte layouts are in docs/collective.md
+// ("Codecs"); the decoders read bytes from peers and refuse anything malformed with
+// INVALID_ARGUMENT naming the field and the value, never reading out of bounds.
 //
 // Error bounds (|decoded − x| per element, for finite x; tested in codec_test.cc):
-//   kFp32   exact.
+//   kFp32, kFp32Zstd  exact (the same bits).
 //   kFp16   ≤ 2^-11 · |x| for 2^-14 ≤ |x| ≤ 65504 (round to nearest even); ≤ 2^-25 below
 //           (subnormals); |x| > 65504 saturates to ±65504 — the encoder refuses such input
 //           (OUT_OF_RANGE) instead of silently clipping.
@@ -26,15 +26,18 @@
 // Dense codecs (all but kTopK) are "ring-compatible": a partial sum can be decoded, added to and
 // re-encoded at every hop of a ring. kTopK is not: its contributions are all-gathered.
 //
-// Every codec but kInt8Zstd has one encoded size per element count (EncodedSize). kInt8Zstd's
-// size depends on the values: a mode byte, then either kInt8's bytes as they are (mode 0, when
-// zstd would not make them smaller) or one zstd frame that records kInt8's size as its content
-// size (mode 1); EncodedSize is its bound. Its decoder refuses a frame that would decompress to
-// any other size before decompressing anything, so a peer cannot make it allocate or work more
-// than a plain int8 payload would.
+// Every codec but the two zstd ones has one encoded size per element count (EncodedSize). Theirs
+// depends on the values: a mode byte, then either the bytes of the codec without its entropy
+// stage as they are (mode 0, when zstd would not make them smaller) or a compressed form (mode
+// 1) — kInt8Zstd: one zstd frame of kInt8's bytes; kFp32Zstd: the low three bytes of every value
+// as they are, then one zstd frame of the values' high bytes (sign and exponent), which is where
+// fp32 gradients and weights are redundant. EncodedSize is their bound. Their decoders refuse a
+// frame that would decompress to any other size than the one the element count gives before
+// decompressing anything, so a peer cannot make them allocate or work more than an uncompressed
+// payload would.
 //
-// Thread-safety: free functions are thread-safe (pure but for int8-zstd's zstd contexts and buffer,
-// which are per thread); ErrorFeedback has one owner.
+// Thread-safety: free functions are thread-safe (pure but for the zstd codecs' contexts and
+// buffer, which are per thread); ErrorFeedback has one owner.
 #ifndef TS_SIDECAR_COLLECTIVE_CODEC_H_
 #define TS_SIDECAR_COLLECTIVE_CODEC_H_
 
@@ -57,11 +60,13 @@ enum class Compression : uint8_t {
   kInt8 = 3,
   kTopK = 4,
   kInt8Zstd = 5,
+  kFp32Zstd = 6,
 };
 
-// "fp32", "fp16", "bf16", "int8", "topk", "int8-zstd".
+// "fp32", "fp16", "bf16", "int8", "topk", "int8-zstd", "fp32-zstd".
 std::string_view CompressionName(Compression c);
-// INVALID_ARGUMENT "compression: unknown value '<name>' (fp32|fp16|bf16|int8|topk|int8-zstd)".
+// INVALID_ARGUMENT "compression: unknown value '<name>' (fp32|fp16|bf16|int8|topk|int8-zstd|
+// fp32-zstd)".
 absl::StatusOr<Compression> ParseCompression(std::string_view name);
 
 struct CodecSpec {
@@ -78,15 +83,18 @@ struct CodecSpec {
 // INVALID_ARGUMENT naming the field and value when a spec is out of the ranges above.
 absl::Status ValidateCodecSpec(const CodecSpec& spec);
 
-// Whether every encoding of `elements` values has the same size (all kinds but kInt8Zstd).
+// Whether every encoding of `elements` values has the same size (all kinds but the two zstd
+// ones).
 bool HasFixedSize(Compression kind);
+// Whether decoding gives back exactly the encoded values (kFp32, kFp32Zstd).
+bool IsLossless(Compression kind);
 // Whether the codec reads CodecSpec::block_elements (kInt8, kInt8Zstd, kTopK).
 bool HasBlocks(Compression kind);
 // The size in bytes of Encode(spec, x) for x.size() == elements: exact for fixed-size codecs, the
-// largest possible for kInt8Zstd (the spec must be valid).
+// largest possible for the zstd codecs (the spec must be valid).
 size_t EncodedSize(const CodecSpec& spec, size_t elements);
 // Whether `bytes` is a possible encoded size of `elements` values: EncodedSize for fixed-size
-// codecs, 1 to EncodedSize for kInt8Zstd.
+// codecs, 1 to EncodedSize for the zstd codecs.
 bool IsEncodedSize(const CodecSpec& spec, size_t elements, size_t bytes);
 
 // Appends the encoding of `x` to `*out`. Errors: INVALID_ARGUMENT (bad spec, non-finite input
@@ -94,21 +102,21 @@ bool IsEncodedSize(const CodecSpec& spec, size_t elements, size_t bytes);
 absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string* out);
 // The same into `out`, which must hold at least EncodedSize(spec, x.size()) bytes
 // (INVALID_ARGUMENT naming both sizes otherwise); returns the bytes written (the whole bound but
-// for kInt8Zstd). On error the contents of `out` are unspecified.
+// for the zstd codecs). On error the contents of `out` are unspecified.
 absl::StatusOr<size_t> EncodeInto(const CodecSpec& spec, std::span<const float> x,
                                   std::span<char> out);
 // What Encode refuses for fp32: INVALID_ARGUMENT naming the first Inf or NaN. For a sender
 // that passes fp32 values on the wire as they are, without a copy.
 absl::Status CheckFinite(std::span<const float> x);
 
-// Decodes `bytes` (exactly EncodedSize(spec, out.size()) long; for kInt8Zstd at most that) into
-// `out`, overwriting it. INVALID_ARGUMENT when the size differs (naming both), a kInt8Zstd mode
-// is unknown or its zstd frame is damaged or records another content size, an fp32/fp16/bf16
-// element is Inf or NaN, a scale is negative or not finite (int8: or 127 · scale overflows), an
-// int8 value is −128, a top-k index is out of its block, indices within a block are not strictly
-// increasing, or top-k padding bits are not zero — anything an encoder never writes, so every
-// decoded value is finite and an encoding is canonical (for kInt8Zstd: its int8 bytes are; zstd
-// frames are not).
+// Decodes `bytes` (exactly EncodedSize(spec, out.size()) long; for the zstd codecs at most that)
+// into `out`, overwriting it. INVALID_ARGUMENT when the size differs (naming both), a zstd
+// codec's mode is unknown or its zstd frame is damaged or records another content size, an
+// fp32/fp16/bf16 element is Inf or NaN, a scale is negative or not finite (int8: or 127 · scale
+// overflows), an int8 value is −128, a top-k index is out of its block, indices within a block
+// are not strictly increasing, or top-k padding bits are not zero — anything an encoder never
+// writes, so every decoded value is finite and an encoding is canonical (for the zstd codecs:
+// what their frames decompress to is; zstd frames are not).
 absl::Status Decode(const CodecSpec& spec, std::string_view bytes, std::span<float> out);
 
 // Decodes and adds: out[i] += decoded[i]. Same errors as Decode; on error `out` may be partly

@@ -2,7 +2,8 @@
 // blocks not filled, all-zero blocks, large and small magnitudes), exact sizes, refusals of
 // malformed encodings and non-finite input, the top-k byte ratio, and error feedback keeping the
 // accumulated error bounded over 100 rounds (against no feedback, whose error grows linearly),
-// and int8-zstd: the same values as int8 in fewer bytes, and its frames held to their bounds.
+// and the zstd codecs: int8-zstd gives the same values as int8 and fp32-zstd the same bits as
+// fp32, each in fewer bytes, and their frames are held to their bounds.
 #include "sidecar/collective/codec.h"
 
 #include <algorithm>
@@ -24,9 +25,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr Compression kAllKinds[] = {Compression::kFp32, Compression::kFp16,
-                                     Compression::kBf16, Compression::kInt8,
-                                     Compression::kTopK, Compression::kInt8Zstd};
+constexpr Compression kAllKinds[] = {
+    Compression::kFp32, Compression::kFp16,     Compression::kBf16,    Compression::kInt8,
+    Compression::kTopK, Compression::kInt8Zstd, Compression::kFp32Zstd};
 
 CodecSpec Spec(Compression kind, uint32_t block = 4096, uint32_t topk = 64, uint32_t bits = 2) {
   CodecSpec spec;
@@ -116,8 +117,9 @@ size_t CheckBounds(const CodecSpec& spec, const std::vector<float>& x) {
       double bound = 0;
       switch (spec.kind) {
         case Compression::kFp32:
+        case Compression::kFp32Zstd:
           if (std::bit_cast<uint32_t>(x[base + i]) != std::bit_cast<uint32_t>(y[base + i])) {
-            ADD_FAILURE() << "fp32 element " << base + i << " changed";
+            ADD_FAILURE() << Name(spec) << " element " << base + i << " changed";
             return checked;
           }
           break;
@@ -228,6 +230,14 @@ TEST(CodecSize, ExactLayouts) {
   }
   EXPECT_FALSE(HasFixedSize(Compression::kInt8Zstd));
   EXPECT_TRUE(HasFixedSize(Compression::kInt8));
+  // fp32-zstd: at most the mode byte and fp32's bytes.
+  EXPECT_EQ(EncodedSize(Spec(Compression::kFp32Zstd), 5), 1 + 4 * 5u);
+  EXPECT_EQ(EncodedSize(Spec(Compression::kFp32Zstd), 0), 1u);
+  EXPECT_FALSE(HasFixedSize(Compression::kFp32Zstd));
+  for (Compression c : kAllKinds) {
+    EXPECT_EQ(IsLossless(c), c == Compression::kFp32 || c == Compression::kFp32Zstd)
+        << CompressionName(c);
+  }
 }
 
 TEST(CodecConversion, Fp16ExhaustiveAndRoundingAtEveryMidpoint) {
@@ -348,8 +358,8 @@ TEST(CodecRoundTrip, TopKAndInt8ShapesAndBits) {
 TEST(CodecRoundTrip, ExtremeFiniteValues) {
   const float max = std::numeric_limits<float>::max();
   const std::vector<float> x = {max, -max, 1.0f, -3e38f, 0.0f, 1e-45f};
-  for (Compression kind :
-       {Compression::kFp32, Compression::kInt8, Compression::kTopK, Compression::kInt8Zstd}) {
+  for (Compression kind : {Compression::kFp32, Compression::kInt8, Compression::kTopK,
+                           Compression::kInt8Zstd, Compression::kFp32Zstd}) {
     const CodecSpec spec = Spec(kind, 4, 2, 8);
     std::string bytes;
     ASSERT_TRUE(Encode(spec, x, &bytes).ok()) << Name(spec);
@@ -506,8 +516,8 @@ TEST(CodecEncode, RangeRefusals) {
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(std::string(s.message()), HasSubstr("element 42"));
   // The other codecs carry fp32's whole range.
-  for (Compression kind :
-       {Compression::kFp32, Compression::kInt8, Compression::kTopK, Compression::kInt8Zstd}) {
+  for (Compression kind : {Compression::kFp32, Compression::kInt8, Compression::kTopK,
+                           Compression::kInt8Zstd, Compression::kFp32Zstd}) {
     EXPECT_TRUE(Encode(Spec(kind), x, &out).ok()) << CompressionName(kind);
   }
 }
@@ -531,7 +541,7 @@ void PutFloat(std::string* bytes, size_t at, float v) { std::memcpy(bytes->data(
 
 TEST(CodecDecode, RefusesWrongSize) {
   for (Compression kind : kAllKinds) {
-    if (!HasFixedSize(kind)) continue;  // CodecInt8Zstd below
+    if (!HasFixedSize(kind)) continue;  // CodecInt8Zstd and CodecFp32Zstd below
     const CodecSpec spec = Spec(kind, 100, 10, 2);
     std::string bytes;
     ASSERT_TRUE(Encode(spec, Normal(250, 1.0f, 5), &bytes).ok());
@@ -718,6 +728,153 @@ TEST(CodecInt8Zstd, RefusesAFrameThatWouldDecompressToMoreThanItsElements) {
   const size_t n = 1000;  // int8: 1004 bytes, bound 1005
   ExpectRefused(spec, bomb, n,
                 absl::StrCat("frame content size ", (1u << 20) + 4 * 256, " bytes, expected 1004"));
+}
+
+// ---- fp32-zstd -----------------------------------------------------------------------------
+
+// Values with the spread of a pseudo-gradient: each "tensor" of 4096 elements Gaussian with its
+// own scale, the scales spread over 2^-16 .. 2^-4.
+std::vector<float> TensorLike(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> expo(-16, -4);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  float scale = 1.0f;
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 4096 == 0) scale = std::ldexp(1.0f, expo(rng));
+    x[i] = dist(rng) * scale;
+  }
+  return x;
+}
+
+// Lossless: the decoded bits are the input's. A Gaussian's high bytes (sign and the top of the
+// exponent) hold about 3.5 bits of information, so about (24 + 3.5) / 32 ≈ 0.86 of fp32's
+// bytes is what coding them alone can reach; stated: below 0.9.
+TEST(CodecFp32Zstd, SameBitsAsFp32InFewerBytes) {
+  const size_t n = 1u << 20;
+  for (const auto& [what, x] :
+       {std::pair{"Gaussian", Normal(n, 0.01f, 91)}, std::pair{"tensor-like", TensorLike(n, 92)}}) {
+    std::string fp32, zstd;
+    ASSERT_TRUE(Encode(Spec(Compression::kFp32), x, &fp32).ok());
+    ASSERT_TRUE(Encode(Spec(Compression::kFp32Zstd), x, &zstd).ok());
+    ASSERT_EQ(static_cast<uint8_t>(zstd[0]), 1) << what;  // low bytes and a zstd frame
+    // The low three bytes of every element, as they are, after the mode byte.
+    for (size_t i = 0; i < n; i += 4099) {
+      ASSERT_EQ(zstd.substr(1 + 3 * i, 3), fp32.substr(4 * i, 3)) << what << " element " << i;
+    }
+    const std::vector<float> y = DecodeOrDie(Spec(Compression::kFp32Zstd), zstd, n);
+    ASSERT_EQ(std::memcmp(x.data(), y.data(), n * sizeof(float)), 0) << what;
+    const double ratio = static_cast<double>(zstd.size()) / fp32.size();
+    std::printf("fp32-zstd: %zu of fp32's %zu bytes (%.4f) on %s values\n", zstd.size(),
+                fp32.size(), ratio, what);
+    EXPECT_LT(ratio, 0.9) << what;
+    EXPECT_GT(ratio, 0.75) << what;  // the low bytes are not compressed
+    std::vector<float> acc(n, 1.0f);
+    ASSERT_TRUE(DecodeAdd(Spec(Compression::kFp32Zstd), zstd, std::span<float>(acc)).ok());
+    for (size_t i = 0; i < n; i += 997) ASSERT_EQ(acc[i], 1.0f + x[i]) << i;
+  }
+}
+
+// High bytes with nothing to gain (random bit patterns) and a handful of values (the frame
+// header alone is larger) are stored as fp32's bytes behind mode 0.
+TEST(CodecFp32Zstd, StoresWhatDoesNotCompress) {
+  const CodecSpec spec = Spec(Compression::kFp32Zstd);
+  std::mt19937_64 rng(93);
+  std::vector<float> random_bits(5000);
+  for (float& v : random_bits) {
+    // Any finite bit pattern: an exponent field other than all ones.
+    uint32_t b = static_cast<uint32_t>(rng());
+    if ((b & 0x7f800000u) == 0x7f800000u) b &= 0xbfffffffu;
+    v = std::bit_cast<float>(b);
+  }
+  for (const std::vector<float>& x : {random_bits, std::vector<float>{0.5f, -1.0f, 0.25f}}) {
+    std::string bytes, fp32;
+    ASSERT_TRUE(Encode(spec, x, &bytes).ok());
+    ASSERT_TRUE(Encode(Spec(Compression::kFp32), x, &fp32).ok());
+    EXPECT_EQ(static_cast<uint8_t>(bytes[0]), 0) << x.size();
+    EXPECT_EQ(bytes.size(), EncodedSize(spec, x.size()));
+    EXPECT_EQ(bytes.substr(1), fp32);
+    const std::vector<float> y = DecodeOrDie(spec, bytes, x.size());
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
+  }
+  // No elements: the mode byte alone.
+  std::string empty;
+  ASSERT_TRUE(Encode(spec, std::vector<float>{}, &empty).ok());
+  EXPECT_EQ(empty, std::string(1, '\0'));
+}
+
+TEST(CodecFp32Zstd, RefusesBadModesSizesAndFrames) {
+  const CodecSpec spec = Spec(Compression::kFp32Zstd);
+  const size_t n = 3000;
+  std::string good;
+  ASSERT_TRUE(Encode(spec, Normal(n, 1.0f, 94), &good).ok());
+  ASSERT_EQ(static_cast<uint8_t>(good[0]), 1);
+  ASSERT_TRUE(DecodeBytes(spec, good, n).ok());
+  ExpectRefused(spec, "", n, "0 bytes for 3000 elements, expected 1 to 12001");
+  ExpectRefused(spec, std::string(12002, '\0'), n, "12002 bytes for 3000 elements");
+  std::string mode2 = good;
+  mode2[0] = 2;
+  ExpectRefused(spec, mode2, n, "mode 2 is unknown");
+  // The low bytes take 3n of the payload; a payload with no room after them holds no frame.
+  ExpectRefused(spec, good.substr(0, 1 + 3 * n), n, "no room for a frame after the 9000 low bytes");
+  // The same bytes read as 2990 elements: the frame starts 30 bytes early, inside the low bytes.
+  ExpectRefused(spec, good, 2990, "fp32-zstd");
+  // The frame truncated or followed by more bytes.
+  ExpectRefused(spec, good.substr(0, good.size() - 1), n, "not exactly one zstd frame");
+  ExpectRefused(spec, good + "x", n, "not exactly one zstd frame (the frame is");
+  std::string header = good;
+  header[1 + 3 * n] ^= 0x55;  // the frame's magic number
+  ExpectRefused(spec, header, n, "frame header is damaged");
+  // A frame of another count's high bytes: 3000 low bytes' worth shorter, the same frame.
+  std::string other;
+  ASSERT_TRUE(Encode(spec, Normal(n + 1000, 1.0f, 95), &other).ok());
+  ASSERT_EQ(static_cast<uint8_t>(other[0]), 1);
+  const std::string other_frame = other.substr(1 + 3 * (n + 1000));
+  ExpectRefused(spec, good.substr(0, 1 + 3 * n) + other_frame, n,
+                "frame content size 4000 bytes, expected 3000");
+  // Stored bytes of the wrong size, and a stored Inf.
+  std::string stored;
+  ASSERT_TRUE(Encode(spec, std::vector<float>{1.0f, 2.0f}, &stored).ok());
+  ASSERT_EQ(static_cast<uint8_t>(stored[0]), 0);
+  ExpectRefused(spec, stored.substr(0, stored.size() - 1), 2, "stored payload of 7 bytes");
+  std::string inf = stored;
+  PutFloat(&inf, 1 + 4, std::numeric_limits<float>::infinity());
+  ExpectRefused(spec, inf, 2, "element 1 is not finite");
+  // A frame is only ever written when it is smaller than the high bytes it carries: here the
+  // stored payload read as six low bytes and a two-byte frame of two high bytes.
+  std::string not_smaller = stored;
+  not_smaller[0] = 1;
+  ExpectRefused(spec, not_smaller, 2, "frame of 2 bytes is not smaller than the 2 bytes");
+}
+
+// Reassembled values that are not finite are refused, naming the element: here every high
+// byte is 0x7f (an exponent field of 254 or 255 depending on the low bytes' top bit) and
+// element 1234's low bytes carry the exponent's last bit.
+TEST(CodecFp32Zstd, RefusesReassembledNonFiniteValues) {
+  const CodecSpec spec = Spec(Compression::kFp32Zstd);
+  const size_t n = 4000;
+  std::vector<float> x(n, std::bit_cast<float>(0x7f000000u));  // 2^127: high byte 0x7f
+  std::string bytes;
+  ASSERT_TRUE(Encode(spec, x, &bytes).ok());
+  ASSERT_EQ(static_cast<uint8_t>(bytes[0]), 1);
+  ASSERT_TRUE(DecodeBytes(spec, bytes, n).ok());
+  bytes[1 + 3 * 1234 + 2] = static_cast<char>(0x80);  // exponent 255, mantissa 0: Inf
+  ExpectRefused(spec, bytes, n, "element 1234 is not finite (bits 0x7f800000)");
+}
+
+// A small frame that would decompress to far more high bytes than the element count has is
+// refused from its header, before anything is decompressed.
+TEST(CodecFp32Zstd, RefusesAFrameThatWouldDecompressToMoreThanItsElements) {
+  const CodecSpec spec = Spec(Compression::kFp32Zstd);
+  const size_t big = 1u << 20;
+  std::string bomb;
+  ASSERT_TRUE(Encode(spec, std::vector<float>(big, 0.0f), &bomb).ok());
+  ASSERT_EQ(static_cast<uint8_t>(bomb[0]), 1);
+  const std::string frame = bomb.substr(1 + 3 * big);
+  ASSERT_LT(frame.size(), 1000u);
+  const size_t n = 1000;
+  ExpectRefused(spec, std::string(1, '\1') + std::string(3 * n, '\0') + frame, n,
+                absl::StrCat("frame content size ", big, " bytes, expected 1000"));
 }
 
 // ---- error feedback ----------------------------------------------------------------------

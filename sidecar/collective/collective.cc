@@ -247,7 +247,7 @@ absl::StatusOr<OpStats> Collective::AllReduce(const OpOptions& options, std::spa
   Link* next = mesh_->link((r + 1) % n);
   Link* prev = mesh_->link((r + n - 1) % n);
   const size_t chunk = ChunkElements(options);
-  const bool lossy = codec.kind != Compression::kFp32;
+  const bool lossy = !IsLossless(codec.kind);
   const float count = static_cast<float>(n);
   const uint32_t steps = static_cast<uint32_t>(2 * (n - 1));
   auto segment_sent_at = [&](uint32_t g) {

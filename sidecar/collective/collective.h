@@ -2,9 +2,10 @@
 // buffers, all-gather of equal-sized byte blocks, and robust allreduce (commit, gather, verify,
 // aggregate) for untrusted shards. Algorithms and wire use are in docs/collective.md.
 //
-// - AllReduce with a dense codec (fp32, fp16, bf16, int8, int8-zstd) is a pipelined ring:
-//   reduce-scatter then all-gather over the group's member order, the buffer cut into n segments
-//   and each segment into chunks sent as they are ready, so every link streams continuously.
+// - AllReduce with a dense codec (fp32, fp32-zstd, fp16, bf16, int8, int8-zstd) is a pipelined
+//   ring: reduce-scatter then all-gather over the group's member order, the buffer cut into n
+//   segments and each segment into chunks sent as they are ready, so every link streams
+//   continuously.
 //   Segment j is summed in the fixed order x_j + x_{j+1} + … + x_{j+n−1} (member indices mod n) and
 //   its final value — after the owner's encoding, for lossy codecs — is what every member gets, so
 //   results are bit-identical on all participants.

@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
   app.add_option("--elements", f.elements, "fp32 elements per member");
   app.add_option("--dtype", f.dtype)->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--reduce", f.reduce)->check(CLI::IsMember({"sum", "mean"}));
-  app.add_option("--codec", f.codec, "fp32 | fp16 | bf16 | int8 | topk");
+  app.add_option("--codec", f.codec, "fp32 | fp32-zstd | fp16 | bf16 | int8 | int8-zstd | topk");
   app.add_option("--block", f.block);
   app.add_option("--topk", f.topk);
   app.add_option("--value-bits", f.value_bits);

@@ -83,7 +83,7 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
   TS_RETURN_IF_ERROR(CheckUnit("outer.momentum", spec.outer().momentum()));
   if (auto codec = ParseCompression(spec.codec()); !codec.ok() || *codec == Compression::kTopK) {
     return Invalid("codec", absl::StrCat("\"", spec.codec(), "\""),
-                   "is not one of fp32, fp16, bf16, int8, int8-zstd");
+                   "is not one of fp32, fp32-zstd, fp16, bf16, int8, int8-zstd");
   }
   if (!ParseAggregator(spec.aggregation()).ok()) {
     return Invalid("aggregation", absl::StrCat("\"", spec.aggregation(), "\""),

@@ -39,6 +39,9 @@ TEST(RunSpec, ParsesAppliesDefaultsAndHashesTheExactBytes) {
   auto zstd = ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("int8")", R"("int8-zstd")"}}));
   ASSERT_TRUE(zstd.ok()) << zstd.status();
   EXPECT_EQ(zstd->codec.kind, Compression::kInt8Zstd);
+  auto lossless = ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("int8")", R"("fp32-zstd")"}}));
+  ASSERT_TRUE(lossless.ok()) << lossless.status();
+  EXPECT_EQ(lossless->codec.kind, Compression::kFp32Zstd);
 }
 
 TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {

@@ -10,8 +10,11 @@ is missed.
              N/4 + 4 bytes per block (target <= 1.15)
   topk       top-k 64 of 4096 at 2 bits: bytes per contribution on the wire / fp32 size (target:
              >= 100x smaller), and its time
-  gloo       Gloo's ring allreduce, same hosts, same links, same buffer: our time / Gloo's
-             (target <= 1.0)
+  lossless   the fp32 allreduce with the fp32-zstd codec (fp32's bits, the high bytes entropy-
+             coded): time / the fp32 bound, bytes on the wire / fp32's, and the result checked
+             bit-identical to the fp32 figure's
+  gloo       Gloo's ring allreduce, same hosts, same links, same buffer: our time / Gloo's, for
+             fp32 and for fp32-zstd (target <= 1.0)
   unlimited  fp32 and Gloo over unshaped veths (in-kernel, like loopback): our time / Gloo's
              (target <= 1.3)
   loopback   the same with every member in the bench's namespace on 127.0.0.1 (target <= 1.3)
@@ -53,7 +56,7 @@ from artifact_bench import raw_tcp  # noqa: E402
 
 NODE = os.path.join(harness.BUILD_DIR, "sidecar", "collective", "ts_collective_node")
 MIB = 1 << 20
-FIGURES = ["fp32", "int8", "topk", "gloo", "unlimited", "loopback", "death"]
+FIGURES = ["fp32", "lossless", "int8", "topk", "gloo", "unlimited", "loopback", "death"]
 # Codec settings of the int8 and top-k figures (the codec's defaults).
 BLOCK = 4096
 TOPK = 64
@@ -306,11 +309,33 @@ class Bench:
             f"raw TCP rate; member 0 sent {stats['wire_bytes_sent']} bytes "
             f"({stats['wire_bytes_sent'] / (bound * self.rate):.4f} of the optimal amount); "
             f"results bit-identical on {same} of {self.n} members")
+        self.fp32_wire_bytes = stats["wire_bytes_sent"]
         self.results.update(fp32_seconds=round(best, 3), fp32_median_seconds=round(median, 3),
                             fp32_bound_seconds=round(bound, 3),
                             fp32_ratio=round(best / bound, 4),
                             fp32_ratio_median=round(median / bound, 4),
                             fp32_ratio_tcp_bound=round(best / tcp_bound, 4))
+
+    def lossless(self):
+        """fp32-zstd: the same result as fp32, bit for bit, in fewer bytes."""
+        best, median, times, run = self.timed("fp32-zstd", "ts", ["--codec", "fp32-zstd"],
+                                              output=True)
+        same = self.check_identical(run)
+        fp32_out = getattr(self, "fp32_output", None)
+        if fp32_out and file_sha256(fp32_out) != file_sha256(run.outputs[run.ok_members[0]]):
+            raise RuntimeError("fp32-zstd: the result differs from the fp32 figure's")
+        self.ts_lossless = best
+        bound = self.bound(self.size)
+        sent = run.last_ok[0]["wire_bytes_sent"]
+        fp32_sent = self.fp32_wire_bytes
+        say(f"fp32-zstd allreduce (mean): best {best:.2f}s, median {median:.2f}s; "
+            f"{best / bound:.3f} of the fp32 bound (median {median / bound:.3f}); member 0 sent "
+            f"{sent} bytes = {sent / fp32_sent:.4f} of fp32's {fp32_sent}; results bit-identical "
+            f"on {same} of {self.n} members and to the fp32 figure's")
+        self.results.update(lossless_seconds=round(best, 3),
+                            lossless_median_seconds=round(median, 3),
+                            lossless_ratio=round(best / bound, 4),
+                            lossless_bytes_over_fp32=round(sent / fp32_sent, 4))
 
     def int8(self):
         best, median, times, run = self.timed("int8", "ts", ["--codec", "int8", "--block",
@@ -360,10 +385,16 @@ class Bench:
             self.compare_gloo(run)
         target = 1.0 if label == "limited" else 1.3  # unlimited veths and loopback
         say(f"Gloo ring allreduce, {label} links: best {best:.2f}s, median {median:.2f}s; ours "
-            f"{ours:.2f}s; ours / Gloo {ours / best:.3f} (best of each; target <= {target})")
+            f"(fp32) {ours:.2f}s; ours / Gloo {ours / best:.3f} (best of each; target <= "
+            f"{target})")
         self.results.update({f"gloo_{label}_seconds": round(best, 3),
                              f"gloo_{label}_median_seconds": round(median, 3),
                              f"ours_over_gloo_{label}": round(ours / best, 4)})
+        lossless = getattr(self, "ts_lossless", None)
+        if label == "limited" and lossless:
+            say(f"  ours with fp32-zstd (the same bits) {lossless:.2f}s; ours / Gloo "
+                f"{lossless / best:.3f} (target <= {target})")
+            self.results["ours_lossless_over_gloo_limited"] = round(lossless / best, 4)
 
     def compare_gloo(self, gloo_run):
         """Gloo's mean and ours (the fp32 run's member 0) agree to float rounding."""
@@ -462,9 +493,11 @@ class Bench:
             if limited:
                 self.shape_all()
                 self.raw_tcp_figure()
-            if "fp32" in want or "gloo" in want:
+            if "fp32" in want or "gloo" in want or "lossless" in want:
                 self.fp32()
                 self.fp32_output = self.last_run.outputs[self.last_run.ok_members[0]]
+            if "lossless" in want or "gloo" in want:
+                self.lossless()
             if "int8" in want:
                 self.int8()
             if "topk" in want:

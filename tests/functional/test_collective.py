@@ -3,8 +3,8 @@ ts_collective_node processes (real keys, real TCP, real signals), on loopback an
 member in its own network namespace. References are computed here with numpy, independently of
 the project's code. Must run as root (namespaces): it fails, never skips, otherwise.
 
-  1. allreduce (sum, mean; fp32 and bf16) and all-gather, 2–5 members, 1 element to 64 MiB:
-     equal to the reference and bit-identical on every member.
+  1. allreduce (sum, mean; fp32, fp32-zstd and bf16) and all-gather, 2–5 members, 1 element to
+     64 MiB: equal to the reference and bit-identical on every member.
   2. SIGKILL and SIGSTOP of one member mid-operation: the others fail naming it within the
      deadline (SIGSTOP: within 2 heartbeat intervals plus scheduling slack), then succeed with
      the survivors, whose result equals the survivors' reference.
@@ -141,12 +141,12 @@ class CollectiveTest(unittest.TestCase):
             self.assertEqual(results[i], results[0], f"member {i} differs from member 0")
         return [reports(r) for r in reps], results
 
-    def check_allreduce(self, group, count, mean=True, seed=0):
+    def check_allreduce(self, group, count, mean=True, seed=0, codec="fp32"):
         rng = np.random.default_rng(seed + count)
         n = len(group.keys)
         inputs = [rng.uniform(-1, 1, count).astype(np.float32) for _ in range(n)]
         _, results = self.run_group(group, inputs, "--reduce", "mean" if mean else "sum",
-                                    "--chunk-elements", 65536)
+                                    "--chunk-elements", 65536, "--codec", codec)
         got = np.frombuffer(results[0], dtype="<f4")
         expected = ring_reference(inputs, mean)
         self.assertTrue(np.array_equal(got.view(np.uint32), expected.view(np.uint32)),
@@ -168,6 +168,10 @@ class CollectiveTest(unittest.TestCase):
         for n in (2, 5):
             with self.subTest(n=n, count="64 MiB"):
                 self.check_allreduce(Group(self.root, self.keys, n), 16 * MIB)
+        # fp32-zstd is lossless: the same bits as the reference.
+        for n, count in ((3, 1), (4, 65537), (4, 4 * MIB)):
+            with self.subTest(n=n, count=count, codec="fp32-zstd"):
+                self.check_allreduce(Group(self.root, self.keys, n), count, codec="fp32-zstd")
 
     def test_1_allgather_and_bf16_loopback(self):
         group = Group(self.root, self.keys, 3)

@@ -81,11 +81,14 @@ inline const std::string& CollectiveMeshId() {
   return *id;
 }
 
+// Codec kinds the inputs choose among (a kind byte is taken modulo this).
+inline constexpr uint32_t kCodecKinds = static_cast<uint32_t>(sidecar::Compression::kFp32Zstd) + 1;
+
 // A data frame's codec: step = u8 kind || u8 value_bits || u16 elements; chunk = u16
 // block_elements − 1 || u16 topk − 1.
 inline sidecar::CodecSpec CodecSpecOfFrame(uint32_t step, uint32_t chunk, size_t* elements) {
   sidecar::CodecSpec spec;
-  spec.kind = static_cast<sidecar::Compression>((step & 0xff) % 6);
+  spec.kind = static_cast<sidecar::Compression>((step & 0xff) % kCodecKinds);
   spec.value_bits = (step >> 8) & 0xff;
   *elements = step >> 16;
   spec.block_elements = (chunk & 0xffff) + 1;
@@ -112,7 +115,7 @@ inline CodecInput ParseCodecInput(std::string_view in) {
   CodecInput out;
   uint8_t head[7] = {};
   for (size_t i = 0; i < sizeof(head) && i < in.size(); ++i) head[i] = static_cast<uint8_t>(in[i]);
-  out.spec.kind = static_cast<sidecar::Compression>(head[0] % 6);
+  out.spec.kind = static_cast<sidecar::Compression>(head[0] % kCodecKinds);
   out.spec.block_elements = (head[1] | (uint32_t{head[2]} << 8)) + 1;
   out.spec.topk_per_block = uint32_t{head[3]} + 1;
   out.spec.value_bits = head[4];

@@ -3,7 +3,7 @@
 // and dialer check them) and codec payloads. Input layout in collective_frame_input.h.
 // Properties beyond "no crash, no out-of-bounds read": an accepted header re-encodes to the same
 // bytes, an accepted abort re-encodes to the same payload, EncodeAbort's output always decodes,
-// and a decoded codec payload has exactly EncodedSize bytes (int8-zstd: 1 to EncodedSize).
+// and a decoded codec payload has exactly EncodedSize bytes (zstd codecs: 1 to EncodedSize).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

@@ -291,6 +291,7 @@ void WriteCollectiveFrameSeeds(const fs::path& dir) {
       {"topk", {Compression::kTopK, 128, 8, 2}},
       {"topk_4bit", {Compression::kTopK, 64, 16, 4}},
       {"int8_zstd", {Compression::kInt8Zstd, 128, 64, 2}},
+      {"fp32_zstd", {Compression::kFp32Zstd, 4096, 64, 2}},
   };
   for (const Codec& c : codecs) {
     std::string bytes;
