@@ -42,7 +42,8 @@ absl::string_view KindName(Compression c) { return common::AsAbsl(CompressionNam
 // (its "very cheap" cost model), so the hot loops run over fixed groups of kLanes elements and
 // finish the rest one at a time. Inside a group, choices are mask selects rather than branches,
 // and narrow inputs are widened to 32 bits in a step of their own: both keep the loops in the
-// shapes GCC vectorizes at -O2. Clang vectorizes either way.
+// shapes GCC vectorizes at -O2. The optimized builds compile this library at -O3 (CMakeLists.txt),
+// where GCC also unrolls and keeps accumulators in registers; Clang vectorizes either way.
 constexpr size_t kLanes = 16;
 
 inline uint32_t Select(bool c, uint32_t if_true, uint32_t if_false) {
@@ -71,18 +72,42 @@ void Map(const In* __restrict in, size_t n, Out* __restrict out, F f) {
   for (; i < n; ++i) Store<kAdd, Out>(out[i], f(static_cast<W>(in[i])));
 }
 
-// The largest key(in[i]) (0 for none), the key being unsigned.
+// The largest key(in[i]) (0 for none), the key being below 2^31 (so that the lane maxima compare
+// as signed integers, which baseline x86-64 vector code can). Each lane keeps its own maximum
+// across the groups and the lanes are combined once at the end: a horizontal step per group
+// cost more than the maxima themselves.
 template <typename W, typename In, typename F>
 uint32_t MaxOf(const In* __restrict in, size_t n, F key) {
-  uint32_t m = 0;
+  int32_t lane[kLanes] = {};
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    uint32_t group = 0;
-    for (size_t j = 0; j < kLanes; ++j) group = std::max(group, key(static_cast<W>(in[i + j])));
-    m = std::max(m, group);
+    for (size_t j = 0; j < kLanes; ++j) {
+      lane[j] = std::max(lane[j], static_cast<int32_t>(key(static_cast<W>(in[i + j]))));
+    }
   }
-  for (; i < n; ++i) m = std::max(m, key(static_cast<W>(in[i])));
-  return m;
+  int32_t m = 0;
+  for (int32_t v : lane) m = std::max(m, v);
+  for (; i < n; ++i) m = std::max(m, static_cast<int32_t>(key(static_cast<W>(in[i]))));
+  return static_cast<uint32_t>(m);
+}
+
+// Whether any of the n values (as float bits) is Inf or NaN: their abs bits are ≥ 0x7f800000
+// exactly when adding 2^23 carries into bit 31, so one OR over the lanes answers it — cheaper
+// than a maximum, and the check every fp32 frame sent and received goes through.
+template <typename W, typename In>
+bool AnyNonFinite(const In* __restrict in, size_t n) {
+  uint32_t lane[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      lane[j] |= (std::bit_cast<uint32_t>(static_cast<W>(in[i + j])) & kAbsMask) + 0x00800000u;
+    }
+  }
+  uint32_t any = 0;
+  for (uint32_t v : lane) any |= v;
+  for (; i < n; ++i)
+    any |= (std::bit_cast<uint32_t>(static_cast<W>(in[i])) & kAbsMask) + 0x00800000u;
+  return (any & 0x80000000u) != 0;
 }
 
 // The largest |x| as float bits (for non-negative floats the bit patterns order like the values),
@@ -90,10 +115,6 @@ uint32_t MaxOf(const In* __restrict in, size_t n, F key) {
 // integer max reduction vectorizes without -ffast-math; a float one would not.
 uint32_t MaxAbsBits(const float* x, size_t n) {
   return MaxOf<float>(x, n, [](float v) { return Bits(v) & kAbsMask; });
-}
-
-uint32_t MaxAbsBits(const uint32_t* bits, size_t n) {
-  return MaxOf<uint32_t>(bits, n, [](uint32_t v) { return v & kAbsMask; });
 }
 
 uint32_t MaxAbsBits16(const uint16_t* h, size_t n) {
@@ -194,7 +215,7 @@ absl::Status EncodeFp32(std::span<const float> x, char* dst) {
 template <bool kAdd>
 absl::Status StoreFp32Bits(Compression kind, const uint32_t* bits, size_t n, std::span<float> out,
                            size_t base) {
-  if (MaxAbsBits(bits, n) >= kFloatExpBits) {
+  if (AnyNonFinite<uint32_t>(bits, n)) {
     for (size_t i = 0; i < n; ++i) {
       if ((bits[i] & kAbsMask) >= kFloatExpBits) return DecodedNotFinite(kind, base + i, bits[i]);
     }
@@ -930,7 +951,7 @@ absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string
 absl::Status CheckFinite(std::span<const float> x) {
   for (size_t base = 0; base < x.size(); base += kChunk) {
     const size_t n = std::min(kChunk, x.size() - base);
-    if (MaxAbsBits(x.data() + base, n) >= kFloatExpBits) {
+    if (AnyNonFinite<float>(x.data() + base, n)) {
       return NonFiniteInput(Compression::kFp32, x.data() + base, n, base);
     }
   }
