@@ -4,7 +4,8 @@ their ts_worker processes, the CLI.
 - 3 hosts (workers with different thread counts) train a small GPT for a few DiLoCo rounds: the
   eval loss at the end is below the round-0 checkpoint's by a stated margin, every host holds the
   same final root, and the settlement the hosts draft, sign and submit themselves lands.
-- Determinism: a second shard with the same run spec and members ends on the same root.
+- Determinism: a second shard with the same run and members ends on the same root, its
+  pseudo-gradients exchanged as fp32-zstd (lossless: fp32's bits).
 - Elastic: 4 hosts; one joins mid-run; an ordinary host and then a round's planner are SIGKILLed
   mid-run and the rounds go on without them; restarted, each rejoins from the certified
   checkpoint and contributes again; the same again with overlap.
@@ -166,10 +167,14 @@ class TrainTest(unittest.TestCase):
                          ev["evaluation"]["result"]["loss_micro"])
         self.assertTrue(shard_process_pids(net.hosts[2], sid), "eval did not start the process")
 
-        # Determinism: the same run spec and members again, in another shard.
-        sid2 = self.run_shard("train-b", run_spec)
+        # Determinism: the same run and members again, in another shard, with the pseudo-gradients
+        # exchanged as fp32-zstd — lossless, so every round's mean and the final root are fp32's.
+        lossless = net.write_run_spec("train-lossless", rounds=4, innerSteps=30,
+                                      codec="fp32-zstd")
+        sid2 = self.run_shard("train-b", lossless)
         again = net.train_status(net.hosts[0], sid2)
-        self.assertEqual(again["root"], s["root"], "the same seed gave another final root")
+        self.assertEqual(again["root"], s["root"],
+                         "the same seed with the lossless codec gave another final root")
 
     def test_overlap_trains_and_settles(self):
         """The one-step-delayed outer update (docs/training.md "Overlap"): each round's
