@@ -89,10 +89,21 @@ def minor_faults(pid):
         return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
+def run_writers(writer, threads):
+    """Seconds for writer(0) .. writer(threads - 1) run at once, each on a thread of its own."""
+    import threading
+    t0 = time.monotonic()
+    workers = [threading.Thread(target=writer, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.monotonic() - t0
+
+
 def durable_write_rate(directory, threads, chunks=64):
     """Bytes/s of the store's write pattern without the network or hashing: 1 MiB written to a
     temporary, fsync, rename, fsync of the directory; `threads` writers at once."""
-    import threading
     os.makedirs(os.path.join(directory, "tmp"))
     os.makedirs(os.path.join(directory, "chunks"))
     buf = os.urandom(MIB)
@@ -108,13 +119,7 @@ def durable_write_rate(directory, threads, chunks=64):
             dfd = os.open(os.path.join(directory, "chunks"), os.O_RDONLY)
             os.fsync(dfd)
             os.close(dfd)
-    t0 = time.monotonic()
-    workers = [threading.Thread(target=writer, args=(t,)) for t in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    seconds = time.monotonic() - t0
+    seconds = run_writers(writer, threads)
     shutil.rmtree(directory)
     return chunks * MIB / seconds
 
@@ -125,7 +130,6 @@ def raw_write_rate(directory, size, threads=4):
     sequential, no page cache, no per-chunk durability — the most a durable store on this disk
     could take, whatever its layout."""
     import mmap
-    import threading
     os.makedirs(directory)
     buf = mmap.mmap(-1, MIB)  # page-aligned, as O_DIRECT wants
     buf.write(os.urandom(MIB))
@@ -140,13 +144,7 @@ def raw_write_rate(directory, size, threads=4):
             os.fdatasync(fd)
         finally:
             os.close(fd)
-    t0 = time.monotonic()
-    workers = [threading.Thread(target=writer, args=(t,)) for t in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    seconds = time.monotonic() - t0
+    seconds = run_writers(writer, threads)
     shutil.rmtree(directory)
     return threads * share * MIB / seconds
 
