@@ -94,19 +94,20 @@ uint32_t MaxOf(const In* __restrict in, size_t n, F key) {
 // Whether any of the n values (as float bits) is Inf or NaN: their abs bits are ≥ 0x7f800000
 // exactly when adding 2^23 carries into bit 31, so one OR over the lanes answers it — cheaper
 // than a maximum, and the check every fp32 frame sent and received goes through.
-template <typename W, typename In>
-bool AnyNonFinite(const In* __restrict in, size_t n) {
+// T is float or its bits (uint32_t).
+template <typename T>
+bool AnyNonFinite(const T* __restrict in, size_t n) {
+  static_assert(sizeof(T) == sizeof(uint32_t));
   uint32_t lane[kLanes] = {};
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (size_t j = 0; j < kLanes; ++j) {
-      lane[j] |= (std::bit_cast<uint32_t>(static_cast<W>(in[i + j])) & kAbsMask) + 0x00800000u;
+      lane[j] |= (std::bit_cast<uint32_t>(in[i + j]) & kAbsMask) + 0x00800000u;
     }
   }
   uint32_t any = 0;
   for (uint32_t v : lane) any |= v;
-  for (; i < n; ++i)
-    any |= (std::bit_cast<uint32_t>(static_cast<W>(in[i])) & kAbsMask) + 0x00800000u;
+  for (; i < n; ++i) any |= (std::bit_cast<uint32_t>(in[i]) & kAbsMask) + 0x00800000u;
   return (any & 0x80000000u) != 0;
 }
 
@@ -215,7 +216,7 @@ absl::Status EncodeFp32(std::span<const float> x, char* dst) {
 template <bool kAdd>
 absl::Status StoreFp32Bits(Compression kind, const uint32_t* bits, size_t n, std::span<float> out,
                            size_t base) {
-  if (AnyNonFinite<uint32_t>(bits, n)) {
+  if (AnyNonFinite(bits, n)) {
     for (size_t i = 0; i < n; ++i) {
       if ((bits[i] & kAbsMask) >= kFloatExpBits) return DecodedNotFinite(kind, base + i, bits[i]);
     }
@@ -224,13 +225,14 @@ absl::Status StoreFp32Bits(Compression kind, const uint32_t* bits, size_t n, std
   return absl::OkStatus();
 }
 
+// fp32's bytes into `out`; errors name `kind` (kFp32, or kFp32Zstd for its stored mode).
 template <bool kAdd>
-absl::Status DecodeFp32(std::string_view bytes, std::span<float> out) {
+absl::Status DecodeFp32(Compression kind, std::string_view bytes, std::span<float> out) {
   uint32_t buf[kChunk];
   for (size_t base = 0; base < out.size(); base += kChunk) {
     const size_t n = std::min(kChunk, out.size() - base);
     std::memcpy(buf, bytes.data() + 4 * base, 4 * n);
-    TS_RETURN_IF_ERROR(StoreFp32Bits<kAdd>(Compression::kFp32, buf, n, out, base));
+    TS_RETURN_IF_ERROR(StoreFp32Bits<kAdd>(kind, buf, n, out, base));
   }
   return absl::OkStatus();
 }
@@ -353,7 +355,7 @@ absl::Status DecodeInt8(const CodecSpec& spec, std::string_view bytes, std::span
   return absl::OkStatus();
 }
 
-// ---- int8 + zstd ---------------------------------------------------------------------------
+// ---- the zstd stage (int8-zstd, fp32-zstd) ------------------------------------------------
 
 // Mode bytes of the zstd codecs.
 constexpr uint8_t kZstdStored = 0;  // the bytes without the entropy stage follow as they are
@@ -370,11 +372,6 @@ constexpr int kPlaneHashLog = 12;
 // A frame that asks for a window above 2^27 bytes is refused (zstd's own default limit); the
 // content is at most one chunk anyway.
 constexpr int kZstdWindowLogMax = 27;
-
-size_t Int8Size(const CodecSpec& spec, size_t elements) {
-  const size_t blocks = (elements + spec.block_elements - 1) / spec.block_elements;
-  return 4 * blocks + elements;
-}
 
 // Per-thread zstd contexts (a compression context per codec, for their settings) and the bytes
 // between the two stages (int8-zstd: the int8 encoding; fp32-zstd: the high bytes), reused call
@@ -461,6 +458,13 @@ absl::Status Unzstd(Compression kind, std::string_view frame, size_t raw) {
         ZSTD_isError(n) ? absl::StrCat(" (", ZSTD_getErrorName(n), ")") : std::string()));
   }
   return absl::OkStatus();
+}
+
+// ---- int8 + zstd ---------------------------------------------------------------------------
+
+size_t Int8Size(const CodecSpec& spec, size_t elements) {
+  const size_t blocks = (elements + spec.block_elements - 1) / spec.block_elements;
+  return 4 * blocks + elements;
 }
 
 // Encodes kInt8 into the thread's buffer, then compresses it into dst (at most 1 + Int8Size
@@ -576,7 +580,7 @@ absl::Status DecodeFp32Zstd(std::string_view bytes, std::span<float> out) {
       return absl::InvalidArgumentError(absl::StrCat("codec fp32-zstd: stored payload of ",
                                                      body.size(), " bytes, expected ", 4 * n));
     }
-    return DecodeFp32<kAdd>(body, out);
+    return DecodeFp32<kAdd>(Compression::kFp32Zstd, body, out);
   }
   if (mode != kZstdFrame) {
     return absl::InvalidArgumentError(
@@ -780,7 +784,7 @@ absl::Status DecodeImpl(const CodecSpec& spec, std::string_view bytes, std::span
   }
   switch (spec.kind) {
     case Compression::kFp32:
-      return DecodeFp32<kAdd>(bytes, out);
+      return DecodeFp32<kAdd>(Compression::kFp32, bytes, out);
     case Compression::kFp16:
     case Compression::kBf16:
       return DecodeHalf<kAdd>(spec.kind, bytes, out);
@@ -951,7 +955,7 @@ absl::Status Encode(const CodecSpec& spec, std::span<const float> x, std::string
 absl::Status CheckFinite(std::span<const float> x) {
   for (size_t base = 0; base < x.size(); base += kChunk) {
     const size_t n = std::min(kChunk, x.size() - base);
-    if (AnyNonFinite<float>(x.data() + base, n)) {
+    if (AnyNonFinite(x.data() + base, n)) {
       return NonFiniteInput(Compression::kFp32, x.data() + base, n, base);
     }
   }
