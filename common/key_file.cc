@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hex.h"
+#include "common/regular_file.h"
 
 namespace ts::common {
 namespace {
@@ -62,14 +63,11 @@ std::string DirectoryOf(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<PrivateKey> ReadKeyFile(const std::string& path) {
-  // Open first and check the open file, so the checks and the read see the same file.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-  if (fd.get() < 0) return IoError("open key file", path, errno);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return IoError("stat key file", path, errno);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat("key file ", path, ": not a regular file"));
-  }
+  // Opened without blocking and checked on the open descriptor, so the checks and the read see
+  // the same file, and a FIFO under the name is refused instead of waited on.
+  absl::StatusOr<RegularFile> file = OpenRegularFile("key file", path);
+  if (!file.ok()) return file.status();
+  const struct stat& st = file->stat();
   if ((st.st_mode & 077) != 0) {
     return absl::PermissionDeniedError(
         absl::StrFormat("key file %s: mode %04o lets group or others access it; run chmod 600 %s",
@@ -79,20 +77,9 @@ absl::StatusOr<PrivateKey> ReadKeyFile(const std::string& path) {
     return absl::FailedPreconditionError(absl::StrCat("key file ", path, ": ", st.st_size,
                                                       " bytes is larger than ", kKeyFileBytesMax));
   }
-  std::string content(kKeyFileBytesMax + 1, '\0');
-  size_t used = 0;
-  while (used < content.size()) {
-    ssize_t n = ::read(fd.get(), content.data() + used, content.size() - used);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return IoError("read key file", path, errno);
-    if (n == 0) break;
-    used += static_cast<size_t>(n);
-  }
-  if (used > kKeyFileBytesMax) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("key file ", path, ": larger than ", kKeyFileBytesMax, " bytes"));
-  }
-  content.resize(used);
+  absl::StatusOr<std::string> read = file->ReadAll("key file", path, kKeyFileBytesMax);
+  if (!read.ok()) return read.status();
+  std::string content = *std::move(read);
   size_t begin = 0;
   size_t end = content.size();
   while (begin < end && IsSpace(content[begin])) ++begin;

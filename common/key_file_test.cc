@@ -1,11 +1,16 @@
 #include "common/key_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -71,6 +76,26 @@ TEST_F(KeyFileTest, RefusesMalformedContent) {
     ASSERT_FALSE(key.ok()) << content;
     EXPECT_EQ(key.status().code(), absl::StatusCode::kInvalidArgument) << content;
   }
+}
+
+TEST_F(KeyFileTest, AFifoIsRefusedAtOnce) {
+  // Opening a FIFO for reading would wait for a writer forever; the key reader must not.
+  const std::string fifo = dir_ + "/key.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto promise = std::make_shared<std::promise<absl::StatusOr<PrivateKey>>>();
+  auto future = promise->get_future();
+  std::thread reader([promise, fifo] { promise->set_value(ReadKeyFile(fifo)); });
+  if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "ReadKeyFile blocked on a FIFO";
+    int unblock = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // lets the reader end
+    if (unblock >= 0) close(unblock);
+  }
+  reader.join();
+  auto key = future.get();
+  ASSERT_FALSE(key.ok());
+  EXPECT_EQ(key.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(key.status().message().find("not a regular file"), absl::string_view::npos)
+      << key.status();
 }
 
 TEST_F(KeyFileTest, MissingAndDirectory) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crypto/hash.h"
+#include "common/regular_file.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
 
@@ -141,33 +142,14 @@ absl::Status WriteFileAtomic(const std::string& path, std::string_view content) 
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-    return Errno("opening", path);
-  }
-  std::string out;
-  char buf[1 << 16];
   // genesis.json with tens of thousands of accounts stays well below this.
   constexpr size_t kFileBytesMax = 256 << 20;
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = Errno("reading", path);
-      ::close(fd);
-      return s;
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (out.size() > kFileBytesMax) {
-      ::close(fd);
-      return absl::ResourceExhaustedError(
-          absl::StrCat(path, " is larger than ", kFileBytesMax, " bytes"));
-    }
+  // A FIFO or device under the name is refused at once (common/regular_file.h).
+  absl::StatusOr<std::string> read = common::ReadRegularFile("file", path, kFileBytesMax);
+  if (absl::IsNotFound(read.status())) {
+    return absl::NotFoundError(absl::StrCat(path, " does not exist"));
   }
-  ::close(fd);
-  return out;
+  return read;
 }
 
 }  // namespace ts::bridge::devnet

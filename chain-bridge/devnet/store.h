@@ -78,7 +78,8 @@ std::string DataHash(const std::vector<std::string>& txs);
 // Atomic file replacement: writes `path`.tmp, fsyncs it, renames it over `path`, fsyncs the
 // directory. INTERNAL naming the path on failure.
 absl::Status WriteFileAtomic(const std::string& path, std::string_view content);
-// NOT_FOUND if absent, INTERNAL on other errors.
+// NOT_FOUND if absent; FAILED_PRECONDITION if not a regular file (a FIFO is refused, not waited
+// on) or larger than 256 MiB; INTERNAL on other errors.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 }  // namespace ts::bridge::devnet

@@ -278,6 +278,9 @@ grpc::Status ArtifactOperatorService::Publish(grpc::ServerContext* context,
                                               grpc::ServerWriter<pb::ArtifactProgress>* writer) {
   absl::Status valid = CheckShardId(request->shard_id());
   if (valid.ok()) valid = CheckAbsolutePath("source_dir", request->source_dir());
+  if (valid.ok()) {
+    valid = CheckPathAllowed("source_dir", request->source_dir(), request->shard_id());
+  }
   if (valid.ok()) valid = CheckId("parent", request->parent(), /*allow_empty=*/true);
   if (valid.ok() && !request->kind().empty()) valid = CheckKind(request->kind());
   if (valid.ok()) valid = CheckChunkSize(request->chunk_size());
@@ -351,6 +354,7 @@ grpc::Status ArtifactOperatorService::Fetch(grpc::ServerContext* context,
   }
   if (valid.ok() && !request->out_dir().empty()) {
     valid = CheckAbsolutePath("out_dir", request->out_dir());
+    if (valid.ok()) valid = CheckPathAllowed("out_dir", request->out_dir(), request->shard_id());
   }
   FetcherOptions fetcher_options = options_.fetcher;
   if (valid.ok()) {
@@ -504,12 +508,20 @@ grpc::Status ArtifactOperatorService::Gc(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+absl::Status ArtifactOperatorService::CheckPathAllowed(std::string_view field,
+                                                       const std::string& path,
+                                                       uint64_t shard_id) const {
+  if (!options_.file_policy.has_value()) return absl::OkStatus();
+  return CheckOperatorPath(*options_.file_policy, field, path, shard_id);
+}
+
 grpc::Status ArtifactOperatorService::Export(grpc::ServerContext*,
                                              const pb::ExportArtifactRequest* request,
                                              pb::ArtifactProgress* response) {
   absl::Status valid = CheckShardId(request->shard_id());
   if (valid.ok()) valid = CheckId("artifact_id", request->artifact_id(), /*allow_empty=*/false);
   if (valid.ok()) valid = CheckAbsolutePath("out_dir", request->out_dir());
+  if (valid.ok()) valid = CheckPathAllowed("out_dir", request->out_dir(), request->shard_id());
   if (valid.ok()) valid = CheckOutDirUsable(request->out_dir());
   if (!valid.ok()) return ToGrpc(valid);
   auto store = stores_->StoreFor(request->shard_id());

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -28,6 +29,7 @@
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
 #include "gonka/trainshard/v1/shard.grpc.pb.h"
+#include "sidecar/artifacts/file_policy.h"
 #include "sidecar/artifacts/store.h"
 #include "sidecar/artifacts/transfer.h"
 #include "sidecar/peer/shard_directory.h"
@@ -86,6 +88,9 @@ struct ArtifactOperatorOptions {
   FetcherOptions fetcher;
   // Publish and Fetch calls running at once; more are RESOURCE_EXHAUSTED.
   size_t max_concurrent_operations = 4;
+  // Where Publish may read and Fetch and Export may write (file_policy.h). Unset: anywhere the
+  // process may (the library alone, in tests); trainshardd always sets it.
+  std::optional<OperatorFilePolicy> file_policy;
 };
 
 class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
@@ -96,6 +101,8 @@ class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
                           common::Clock* clock, ArtifactOperatorOptions options = {});
 
   // Chunks, stores and signs the regular files under source_dir (ArtifactStore::Publish).
+  // PERMISSION_DENIED: source_dir not allowed by the file policy (outside files_root and the
+  // shard's own folder, or the data dir, the key file or a folder holding either).
   // INVALID_ARGUMENT: shard_id 0, source_dir not absolute, parent neither empty nor 32 bytes,
   // kind not [a-z0-9-]{1,32}, chunk_size outside [kMinChunkSize, kMaxChunkSize] (0 = default);
   // errors of StoreFor and Publish otherwise (FAILED_PRECONDITION for unsafe entries,
@@ -105,7 +112,8 @@ class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
   // Fetches from `peers` (member addresses, resolved to endpoints through the directory; empty:
   // every other member with an endpoint), then exports to out_dir if set. INVALID_ARGUMENT: bad
   // shard_id, artifact_id, peers (not an address, given twice, this host, more than
-  // kMaxFetchPeers), out_dir not absolute; FAILED_PRECONDITION: a peer not a member, no peer to
+  // kMaxFetchPeers), out_dir not absolute; PERMISSION_DENIED: out_dir not allowed by the file
+  // policy (as Publish's source_dir); FAILED_PRECONDITION: a peer not a member, no peer to
   // fetch from, out_dir existing and not empty; ABORTED when every peer was dropped (the message
   // names each and why; the fetch is resumable); CANCELLED when the client went away; other
   // errors of FetchArtifact and Export.
@@ -120,12 +128,17 @@ class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
                   pb::GcArtifactsResponse* response) override;
   // Writes a complete artifact's files under out_dir (ArtifactStore::Export, every chunk
   // re-hashed). INVALID_ARGUMENT: bad shard_id or artifact_id, out_dir not absolute;
+  // PERMISSION_DENIED: out_dir not allowed by the file policy (as Publish's source_dir);
   // FAILED_PRECONDITION: out_dir existing and not empty; errors of StoreFor and Export
   // (NOT_FOUND: no such complete artifact here).
   grpc::Status Export(grpc::ServerContext* context, const pb::ExportArtifactRequest* request,
                       pb::ArtifactProgress* response) override;
 
  private:
+  // OK without a file policy; else CheckOperatorPath.
+  absl::Status CheckPathAllowed(std::string_view field, const std::string& path,
+                                uint64_t shard_id) const;
+
   StoreRegistry* const stores_;
   ShardDirectory* const directory_;
   const common::PrivateKey key_;

@@ -138,7 +138,7 @@ struct PublishArgs {
 };
 
 int RunPublish(Context& ctx, const PublishArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   auto shard = ParseShard(args.shard);
   if (!shard.ok()) return ctx.BadInput(shard.status());
@@ -209,7 +209,7 @@ struct FetchArgs {
 };
 
 int RunFetch(Context& ctx, const FetchArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   auto shard = ParseShard(args.shard);
   if (!shard.ok()) return ctx.BadInput(shard.status());
@@ -287,7 +287,7 @@ struct ListArgs {
 };
 
 int RunList(Context& ctx, const ListArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   auto shard = ParseShard(args.shard);
   if (!shard.ok()) return ctx.BadInput(shard.status());
@@ -314,7 +314,7 @@ int RunList(Context& ctx, const ListArgs& args) {
 }
 
 int RunVerify(Context& ctx, const std::string& host, uint64_t shard_flag) {
-  auto endpoint = ParseEndpoint("--host", host);
+  auto endpoint = ParseHostTarget("--host", host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   auto shard = ParseShard(shard_flag);
   if (!shard.ok()) return ctx.BadInput(shard.status());
@@ -353,7 +353,7 @@ struct GcArgs {
 };
 
 int RunGc(Context& ctx, const GcArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   auto shard = ParseShard(args.shard);
   if (!shard.ok()) return ctx.BadInput(shard.status());
@@ -388,8 +388,7 @@ void AddArtifactCommands(CLI::App& root, CommandTable& table) {
   CLI::App* artifact =
       root.add_subcommand("artifact", "a shard's artifacts, through a host sidecar");
   artifact->require_subcommand(1);
-  const std::string host_help =
-      "the sidecar's operator address HOST:PORT (<data_dir>/operator.addr)";
+  const std::string host_help = kHostFlagHelp;
   const std::string shard_help = "shard id";
 
   auto publish_args = std::make_shared<PublishArgs>();
@@ -397,22 +396,24 @@ void AddArtifactCommands(CLI::App& root, CommandTable& table) {
       artifact->add_subcommand("publish", "chunk, store and sign a directory as an artifact");
   publish->add_option("--host", publish_args->host, host_help)->required();
   publish->add_option("--shard", publish_args->shard, shard_help)
-      ->check(UnsignedInteger())
+      ->transform(UnsignedInteger())
       ->required();
   publish->add_option("--dir", publish_args->dir, "directory whose regular files make the artifact")
       ->required();
   publish->add_option("--round", publish_args->round, "training round (default 0)")
-      ->check(UnsignedInteger());
+      ->transform(UnsignedInteger());
   publish->add_option("--parent", publish_args->parent, "parent artifact id (64 hex)");
   publish->add_option("--kind", publish_args->kind, "checkpoint (default), data, eval, ...");
   publish->add_option("--chunk-size", publish_args->chunk_size, "bytes per chunk (default 1 MiB)")
-      ->check(UnsignedInteger());
+      ->transform(UnsignedInteger());
   table.Add(publish, [publish_args](Context& ctx) { return RunPublish(ctx, *publish_args); });
 
   auto list_args = std::make_shared<ListArgs>();
   CLI::App* list = artifact->add_subcommand("list", "the artifacts the sidecar stores");
   list->add_option("--host", list_args->host, host_help)->required();
-  list->add_option("--shard", list_args->shard, shard_help)->check(UnsignedInteger())->required();
+  list->add_option("--shard", list_args->shard, shard_help)
+      ->transform(UnsignedInteger())
+      ->required();
   list->add_flag("--all", list_args->all, "also incomplete (interrupted) fetches");
   table.Add(list, [list_args](Context& ctx) { return RunList(ctx, *list_args); });
 
@@ -420,7 +421,9 @@ void AddArtifactCommands(CLI::App& root, CommandTable& table) {
   CLI::App* fetch =
       artifact->add_subcommand("fetch", "fetch an artifact from the shard's other members");
   fetch->add_option("--host", fetch_args->host, host_help)->required();
-  fetch->add_option("--shard", fetch_args->shard, shard_help)->check(UnsignedInteger())->required();
+  fetch->add_option("--shard", fetch_args->shard, shard_help)
+      ->transform(UnsignedInteger())
+      ->required();
   fetch->add_option("--id", fetch_args->id, "artifact id (64 hex)")->required();
   fetch->add_option("--peer", fetch_args->peers,
                     "member address to fetch from, repeatable (default: every other member)");
@@ -435,7 +438,9 @@ void AddArtifactCommands(CLI::App& root, CommandTable& table) {
   CLI::App* verify =
       artifact->add_subcommand("verify", "re-hash every stored chunk and check the manifests");
   verify->add_option("--host", *verify_host, host_help)->required();
-  verify->add_option("--shard", *verify_shard, shard_help)->check(UnsignedInteger())->required();
+  verify->add_option("--shard", *verify_shard, shard_help)
+      ->transform(UnsignedInteger())
+      ->required();
   table.Add(verify, [verify_host, verify_shard](Context& ctx) {
     return RunVerify(ctx, *verify_host, *verify_shard);
   });
@@ -443,7 +448,7 @@ void AddArtifactCommands(CLI::App& root, CommandTable& table) {
   auto gc_args = std::make_shared<GcArgs>();
   CLI::App* gc = artifact->add_subcommand("gc", "drop artifacts and remove unreferenced chunks");
   gc->add_option("--host", gc_args->host, host_help)->required();
-  gc->add_option("--shard", gc_args->shard, shard_help)->check(UnsignedInteger())->required();
+  gc->add_option("--shard", gc_args->shard, shard_help)->transform(UnsignedInteger())->required();
   gc->add_flag("--drop-incomplete", gc_args->drop_incomplete, "also drop incomplete fetches");
   gc->add_option("--drop", gc_args->drop, "artifact id to drop (64 hex), repeatable");
   table.Add(gc, [gc_args](Context& ctx) { return RunGc(ctx, *gc_args); });

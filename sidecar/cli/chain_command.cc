@@ -166,18 +166,18 @@ void AddChainCommands(CLI::App& root, CommandTable& table) {
   auto events_args = std::make_shared<EventsArgs>();
   CLI::App* events = chain->add_subcommand("events", "the chain's events per height");
   events->add_option("--from", events_args->from, "first height")
-      ->check(UnsignedInteger())
+      ->transform(UnsignedInteger())
       ->required();
   events_args->to_option =
       events->add_option("--to", events_args->to, "last height (default: the latest)")
-          ->check(UnsignedInteger());
+          ->transform(UnsignedInteger());
   table.Add(events, [events_args](Context& ctx) { return RunEvents(ctx, *events_args); });
 
   auto block_height = std::make_shared<int64_t>(0);
   CLI::App* block =
       chain->add_subcommand("block", "a block's header, tx and event counts and app hashes");
   block->add_option("--height", *block_height, "block height")
-      ->check(UnsignedInteger())
+      ->transform(UnsignedInteger())
       ->required();
   table.Add(block, [block_height](Context& ctx) { return RunBlock(ctx, *block_height); });
 

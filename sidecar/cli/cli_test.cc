@@ -1,11 +1,15 @@
 // Unit tests of the trainshard CLI run in-process: flag errors (exit 2 naming the flag), key
 // files, ADDR=AMOUNT parsing, JSON shapes, and the host and artifact commands against real gRPC
 // servers on 127.0.0.1 that play a host sidecar.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -143,7 +147,14 @@ INSTANTIATE_TEST_SUITE_P(
                   {"--listen", "nowhere"}},
         UsageCase{{"proposal", "vote", "--id", "1", "--option", "maybe"}, {"--option", "maybe"}},
         UsageCase{{"proposal", "submit", "--spec", "/nonexistent-ts/spec.json", "--deposit", "5"},
-                  {"--spec", "/nonexistent-ts/spec.json"}}),
+                  {"--spec", "/nonexistent-ts/spec.json"}},
+        // One past 2^64-1 is refused, not clamped to 2^64-1.
+        UsageCase{{"shard", "status", "--id", "18446744073709551616"},
+                  {"--id", "18446744073709551616", "larger than 18446744073709551615"}},
+        UsageCase{{"proposal", "vote", "--id", "99999999999999999999", "--option", "yes"},
+                  {"--id", "99999999999999999999"}},
+        UsageCase{{"chain", "events", "--from", "1", "--to", "18446744073709551616"},
+                  {"--to", "18446744073709551616"}}),
     // Stable names (the index), so test discovery and runs agree whatever the addresses.
     [](const ::testing::TestParamInfo<UsageCase>& info) {
       return "case" + std::to_string(info.index);
@@ -199,6 +210,39 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<UsageCase>& info) {
       return "artifact_case" + std::to_string(info.index);
     });
+
+TEST(UsageTest, LeadingZerosAreDecimalNotOctal) {
+  // CLI11 alone reads "010" as octal 8; the flag means ten. --to below --from names the value
+  // read, so the refusal shows which.
+  CliResult r = Cli({"chain", "events", "--from", "11", "--to", "010"});
+  EXPECT_EQ(r.code, kExitUsage) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("--to 10: below --from 11")) << Describe(r);
+}
+
+TEST(UsageTest, AFifoAsSpecOrKeyIsRefusedAtOnce) {
+  TempDir dir;
+  const std::string fifo = dir.File("spec.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"proposal", "submit", "--spec", fifo, "--deposit", "5"},
+        std::vector<std::string>{"keys", "show", "--key", fifo}}) {
+    // Run on a thread of its own: an open() that waits for a writer fails the test instead of
+    // hanging it (a writer is then opened so the thread can end).
+    auto promise = std::make_shared<std::promise<CliResult>>();
+    auto future = promise->get_future();
+    std::thread run([promise, args] { promise->set_value(Cli(args)); });
+    if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ADD_FAILURE() << args[0] << " " << args[1] << " blocked on a FIFO";
+      int unblock = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (unblock >= 0) ::close(unblock);
+    }
+    run.join();
+    CliResult r = future.get();
+    EXPECT_EQ(r.code, kExitUsage) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr(fifo)) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr("not a regular file")) << Describe(r);
+  }
+}
 
 TEST(UsageTest, SignedCommandsNeedAKey) {
   CliResult r = Cli({"bank", "send", "--to", kGoodAddress, "--amount", "5"});
@@ -468,6 +512,31 @@ TEST(ParseTest, EndpointsHexAndEnums) {
   EXPECT_EQ(ParseShardStatus("--status", "running").value(), pb::SHARD_STATUS_RUNNING);
   EXPECT_FALSE(ParseShardStatus("--status", "RUNNING").ok());
   EXPECT_EQ(ParseVoteOption("--option", "veto").value(), cosmos::gov::v1::VOTE_OPTION_NO_WITH_VETO);
+}
+
+TEST(ParseTest, HostTargetsAreTheOperatorSocketByDataDirPathOrUnixUri) {
+  TempDir dir;
+  // A data dir: its operator.addr names the socket.
+  WriteFile(dir.File("operator.addr"), "unix:/srv/h1/data/host.sock\n", 0600);
+  EXPECT_EQ(ParseHostTarget("--host", dir.path()).value(), "unix:/srv/h1/data/host.sock");
+  EXPECT_EQ(ParseHostTarget("--host", "unix:/run/ts/host.sock").value(), "unix:/run/ts/host.sock");
+  EXPECT_EQ(ParseHostTarget("--host", "/run/ts/host.sock").value(), "unix:/run/ts/host.sock");
+  EXPECT_EQ(ParseHostTarget("--host", "127.0.0.1:9000").value(), "127.0.0.1:9000");
+  // A folder without operator.addr says what is missing; a relative unix: path is refused.
+  TempDir empty;
+  auto missing = ParseHostTarget("--host", empty.path());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("--host"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("operator.addr"));
+  EXPECT_FALSE(ParseHostTarget("--host", "unix:relative.sock").ok());
+  EXPECT_FALSE(ParseHostTarget("--host", "localhost").ok());
+  EXPECT_FALSE(ParseHostTarget("--host", "/" + std::string(200, 'x')).ok());
+  auto list = ParseHostTargetList("--hosts", dir.path() + ",unix:/run/ts/b.sock");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(*list,
+            (std::vector<std::string>{"unix:/srv/h1/data/host.sock", "unix:/run/ts/b.sock"}));
+  // The same socket named two ways is one host.
+  EXPECT_FALSE(ParseHostTargetList("--hosts", dir.path() + ",unix:/srv/h1/data/host.sock").ok());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #define TS_SIDECAR_CLI_COMMANDS_H_
 
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "CLI/CLI.hpp"
@@ -29,15 +30,32 @@ class CommandTable {
   std::map<const CLI::App*, CommandAction> actions_;
 };
 
-// Accepts only a base-10 integer without sign: CLI11 alone would read "-3" into a uint64_t as
-// 2^64-3. The error names the value; CLI11 prefixes the flag.
+// The help of every --host flag (ParseHostTarget).
+inline constexpr char kHostFlagHelp[] =
+    "the sidecar's operator socket: its data dir, unix:PATH (what <data_dir>/operator.addr "
+    "holds) or the socket's path";
+
+// Accepts only a base-10 integer without sign that fits 64 bits: CLI11 alone would read "-3" into
+// a uint64_t as 2^64-3, clamp 18446744073709551616 to 2^64-1, and read "010" as octal. The value
+// is rewritten in canonical form (no leading zeros) before CLI11 converts it; a value too large
+// for a narrower option is CLI11's conversion error. The error names the value; CLI11 prefixes
+// the flag.
 inline CLI::Validator UnsignedInteger() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        if (text.empty() || text.size() > 20 ||
-            text.find_first_not_of("0123456789") != std::string::npos) {
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
           return "expected a non-negative base-10 integer, got \"" + text.substr(0, 40) + "\"";
         }
+        uint64_t value = 0;
+        for (char c : text) {
+          const uint64_t digit = static_cast<uint64_t>(c - '0');
+          if (value > (std::numeric_limits<uint64_t>::max() - digit) / 10) {
+            return "\"" + text.substr(0, 40) + "\" is larger than " +
+                   std::to_string(std::numeric_limits<uint64_t>::max());
+          }
+          value = value * 10 + digit;
+        }
+        text = std::to_string(value);
         return "";
       },
       "UINT");

@@ -237,20 +237,20 @@ void AddDevnetCommands(CLI::App& root, CommandTable& table) {
       init->add_option("--poc-authority", init_args->poc_authority,
                        "account allowed to submit PoC weights (default: the gov module)"),
       init->add_option("--epoch-length", init_args->epoch_length, "blocks per epoch")
-          ->check(UnsignedInteger())
+          ->transform(UnsignedInteger())
           ->capture_default_str(),
       init->add_option("--voting-period", init_args->voting_period, "voting period, blocks")
-          ->check(UnsignedInteger())
+          ->transform(UnsignedInteger())
           ->capture_default_str(),
       init->add_option("--min-deposit", init_args->min_deposit, "minimum deposit, ngonka")
           ->capture_default_str(),
       init->add_option("--max-nodes-limit", init_args->max_nodes_limit,
                        "largest max_nodes a spec may ask")
-          ->check(UnsignedInteger())
+          ->transform(UnsignedInteger())
           ->capture_default_str(),
       init->add_option("--max-duration-limit", init_args->max_duration_limit,
                        "largest max_duration_blocks a spec may ask")
-          ->check(UnsignedInteger())
+          ->transform(UnsignedInteger())
           ->capture_default_str(),
   };
   for (CLI::Option* flag : flags) genesis->excludes(flag);
@@ -265,7 +265,7 @@ void AddDevnetCommands(CLI::App& root, CommandTable& table) {
   start
       ->add_option("--block-interval-ms", start_args->block_interval_ms,
                    "one block every this many milliseconds")
-      ->check(UnsignedInteger())
+      ->transform(UnsignedInteger())
       ->capture_default_str();
   table.Add(start, [start_args](Context& ctx) { return RunStart(ctx, *start_args); });
 

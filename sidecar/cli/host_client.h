@@ -1,6 +1,7 @@
 // Calls from the CLI to a host sidecar (trainshardd): its operator API (HostOperator) and its
-// settlement query service (SettlementQuery), both served on the operator address the sidecar
-// writes to <data_dir>/operator.addr. Every call carries a deadline.
+// settlement query service (SettlementQuery), both served on the operator socket the sidecar
+// names in <data_dir>/operator.addr (the query also on its public `listen` address). Every call
+// carries a deadline.
 //
 // Errors are the sidecar's gRPC status mapped to the same absl code; UNAVAILABLE or
 // DEADLINE_EXCEEDED when the sidecar cannot be reached in time.
@@ -19,7 +20,8 @@ namespace ts::sidecar {
 
 class HostClient {
  public:
-  // Connects lazily to `target` ("host:port"); never fails here.
+  // Connects lazily to `target` (a gRPC target: "unix:/path" or "host:port", ParseHostTarget);
+  // never fails here.
   HostClient(std::string target, int64_t timeout_ms);
 
   const std::string& target() const { return target_; }

@@ -20,7 +20,7 @@ constexpr size_t kEventsMax = 1000000;
 std::string Peer(const std::string& endpoint) { return "host " + endpoint; }
 
 int RunStatus(Context& ctx, const std::string& host_text) {
-  auto endpoint = ParseEndpoint("--host", host_text);
+  auto endpoint = ParseHostTarget("--host", host_text);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   HostClient host(*endpoint, ctx.options().timeout_ms);
   auto status = host.Status();
@@ -41,7 +41,7 @@ int RunStatus(Context& ctx, const std::string& host_text) {
 }
 
 int RunShards(Context& ctx, const std::string& host_text) {
-  auto endpoint = ParseEndpoint("--host", host_text);
+  auto endpoint = ParseHostTarget("--host", host_text);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   HostClient host(*endpoint, ctx.options().timeout_ms);
   auto shards = host.ListShards();
@@ -71,7 +71,7 @@ struct EventsArgs {
 };
 
 int RunEvents(Context& ctx, const EventsArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   if (args.from < 0) {
     return ctx.BadInput(absl::InvalidArgumentError(
@@ -139,7 +139,7 @@ struct SettlementArgs {
 };
 
 int RunSettlement(Context& ctx, const SettlementArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   HostClient host(*endpoint, ctx.options().timeout_ms);
   auto response = host.GetSettlement(args.id);
@@ -160,8 +160,7 @@ int RunSettlement(Context& ctx, const SettlementArgs& args) {
 void AddHostCommands(CLI::App& root, CommandTable& table) {
   CLI::App* host = root.add_subcommand("host", "a host sidecar's operator API");
   host->require_subcommand(1);
-  const std::string host_help =
-      "the sidecar's operator address HOST:PORT (<data_dir>/operator.addr)";
+  const std::string host_help = kHostFlagHelp;
 
   auto status_host = std::make_shared<std::string>();
   CLI::App* status = host->add_subcommand("status", "the sidecar's address, cursor and queue");
@@ -177,7 +176,7 @@ void AddHostCommands(CLI::App& root, CommandTable& table) {
   CLI::App* events = host->add_subcommand("events", "chain events the sidecar followed");
   events->add_option("--host", events_args->host, host_help)->required();
   events->add_option("--from", events_args->from, "first height (default: all)")
-      ->check(UnsignedInteger());
+      ->transform(UnsignedInteger());
   table.Add(events, [events_args](Context& ctx) { return RunEvents(ctx, *events_args); });
 
   auto settlement_args = std::make_shared<SettlementArgs>();
@@ -185,7 +184,7 @@ void AddHostCommands(CLI::App& root, CommandTable& table) {
       host->add_subcommand("settlement", "the settlement draft the sidecar signed for a shard");
   settlement->add_option("--host", settlement_args->host, host_help)->required();
   settlement->add_option("--id", settlement_args->id, "shard id")
-      ->check(UnsignedInteger())
+      ->transform(UnsignedInteger())
       ->required();
   table.Add(settlement,
             [settlement_args](Context& ctx) { return RunSettlement(ctx, *settlement_args); });

@@ -8,11 +8,14 @@
 #include <cstring>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/hex.h"
+#include "common/regular_file.h"
+#include "common/status.h"
 
 namespace ts::sidecar {
 namespace pb = ::gonka::trainshard::v1;
@@ -145,6 +148,65 @@ absl::StatusOr<std::string> ParseListenAddress(const std::string& flag, const st
   return ParseHostPort(flag, text, /*allow_port_zero=*/true);
 }
 
+absl::StatusOr<std::string> ParseHostTarget(const std::string& flag, const std::string& text) {
+  const std::string kUnix = "unix:";
+  std::string path;
+  if (text.rfind(kUnix, 0) == 0) {
+    path = text.substr(kUnix.size());
+    if (path.empty() || path.front() != '/') {
+      return Bad(flag, text, "expected unix:/ABSOLUTE/PATH of the sidecar's socket");
+    }
+  } else if (!text.empty() && (text.front() == '/' || text.front() == '.')) {
+    path = text;
+  } else {
+    return ParseEndpoint(flag, text);
+  }
+  if (path.find('\0') != std::string::npos || path.size() > 4096) {
+    return Bad(flag, text, "is not a usable path");
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    // A data dir: the sidecar writes the operator socket's address there.
+    const std::string addr_file = path + "/operator.addr";
+    auto addr = common::ReadRegularFile("operator.addr", addr_file, 4096);
+    if (!addr.ok()) {
+      return Bad(flag, text,
+                 absl::StrCat("a folder without a readable operator.addr (is the sidecar running "
+                              "with this data dir?): ",
+                              addr.status().message()));
+    }
+    std::string target(absl::StripAsciiWhitespace(*addr));
+    if (target.empty()) return Bad(flag, text, absl::StrCat(addr_file, " is empty"));
+    return target;
+  }
+  if (path.front() != '/') {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof(cwd)) == nullptr) return Bad(flag, text, "cannot resolve the path");
+    path = absl::StrCat(cwd, "/", path);
+  }
+  if (path.size() > 107) {
+    return Bad(flag, text, "is longer than a Unix socket path may be (107 bytes)");
+  }
+  return absl::StrCat(kUnix, path);
+}
+
+absl::StatusOr<std::vector<std::string>> ParseHostTargetList(const std::string& flag,
+                                                             const std::string& text) {
+  std::vector<std::string> items = absl::StrSplit(text, ',');
+  if (items.size() > kFlagValuesMax) {
+    return Bad(flag, text, absl::StrCat(items.size(), " entries is more than ", kFlagValuesMax));
+  }
+  std::vector<std::string> result;
+  std::set<std::string> seen;
+  for (const auto& item : items) {
+    if (item.empty()) return Bad(flag, text, "empty entry");
+    TS_ASSIGN_OR_RETURN(std::string target, ParseHostTarget(flag, item));
+    if (!seen.insert(target).second) return Bad(flag, text, absl::StrCat(item, " is given twice"));
+    result.push_back(std::move(target));
+  }
+  return result;
+}
+
 absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& flag,
                                                            const std::string& text) {
   std::vector<std::string> items = absl::StrSplit(text, ',');
@@ -185,41 +247,9 @@ absl::StatusOr<cosmos::gov::v1::VoteOption> ParseVoteOption(const std::string& f
 }
 
 absl::StatusOr<std::string> ReadInputFile(const std::string& flag, const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    int err = errno;
-    std::string message = absl::StrCat(flag, " ", Quote(path), ": ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(message);
-    if (err == EACCES) return absl::PermissionDeniedError(message);
-    return absl::FailedPreconditionError(message);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(flag, " ", Quote(path), ": not a regular file"));
-  }
-  std::string content;
-  char buffer[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return absl::FailedPreconditionError(
-          absl::StrCat(flag, " ", Quote(path), ": ", std::strerror(err)));
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-    if (content.size() > kInputFileBytesMax) {
-      ::close(fd);
-      return absl::FailedPreconditionError(
-          absl::StrCat(flag, " ", Quote(path), ": larger than ", kInputFileBytesMax, " bytes"));
-    }
-  }
-  ::close(fd);
-  return content;
+  // Opened without blocking and type-checked on the open descriptor: a FIFO or a device under
+  // the name is refused at once instead of waited on.
+  return common::ReadRegularFile(flag, path, kInputFileBytesMax);
 }
 
 }  // namespace ts::sidecar

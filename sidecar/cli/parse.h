@@ -52,6 +52,17 @@ absl::StatusOr<std::string> ParseListenAddress(const std::string& flag, const st
 absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& flag,
                                                            const std::string& text);
 
+// A host sidecar's operator API as a gRPC target. The sidecar serves it on a Unix socket only
+// (docs/host-sidecar.md), named here as "unix:PATH" (what <data_dir>/operator.addr holds), as
+// the sidecar's data dir (its operator.addr is read), or as the socket's path; "HOST:PORT" is
+// also taken, for an operator API reached through a tunnel. INVALID_ARGUMENT naming the flag and
+// the value when it is none of these (a data dir without operator.addr: "is the sidecar
+// running?").
+absl::StatusOr<std::string> ParseHostTarget(const std::string& flag, const std::string& text);
+// "A,B,C" of host targets, as ParseEndpointList.
+absl::StatusOr<std::vector<std::string>> ParseHostTargetList(const std::string& flag,
+                                                             const std::string& text);
+
 // proposed|open|running|settled|expired|rejected.
 absl::StatusOr<gonka::trainshard::v1::ShardStatus> ParseShardStatus(const std::string& flag,
                                                                     const std::string& text);

@@ -190,14 +190,14 @@ void AddProposalCommands(CLI::App& root, CommandTable& table) {
 
   auto vote_args = std::make_shared<VoteArgs>();
   CLI::App* vote = proposal->add_subcommand("vote", "vote with the --key account's PoC weight");
-  vote->add_option("--id", vote_args->id, "proposal id")->check(UnsignedInteger())->required();
+  vote->add_option("--id", vote_args->id, "proposal id")->transform(UnsignedInteger())->required();
   vote->add_option("--option", vote_args->option, "yes|no|abstain|veto")->required();
   vote->add_flag("--wait", vote_args->wait, "wait until the tx is in a block");
   table.Add(vote, [vote_args](Context& ctx) { return RunVote(ctx, *vote_args); });
 
   auto show_id = std::make_shared<uint64_t>(0);
   CLI::App* show = proposal->add_subcommand("show", "a proposal and its tally");
-  show->add_option("--id", *show_id, "proposal id")->check(UnsignedInteger())->required();
+  show->add_option("--id", *show_id, "proposal id")->transform(UnsignedInteger())->required();
   table.Add(show, [show_id](Context& ctx) { return RunShow(ctx, *show_id); });
 }
 

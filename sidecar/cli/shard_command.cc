@@ -106,7 +106,7 @@ struct ReserveArgs {
 };
 
 int RunReserve(Context& ctx, const ReserveArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   HostClient host(*endpoint, ctx.options().timeout_ms);
   auto response = host.Reserve(args.id);
@@ -165,7 +165,7 @@ struct SettlePlan {
 
 absl::StatusOr<SettlePlan> PlanSettle(const SettleArgs& args) {
   SettlePlan plan;
-  auto hosts = ParseEndpointList("--hosts", args.hosts);
+  auto hosts = ParseHostTargetList("--hosts", args.hosts);
   if (!hosts.ok()) return hosts.status();
   plan.hosts = *std::move(hosts);
   auto root = ParseHex32("--final-root", args.final_root);
@@ -189,7 +189,7 @@ absl::StatusOr<SettlePlan> PlanSettle(const SettleArgs& args) {
         absl::StrCat("--eval-metric \"", args.eval_metric, "\": needs --eval-value-micro"));
   }
   if (!args.submit_via.empty()) {
-    auto via = ParseEndpoint("--submit-via", args.submit_via);
+    auto via = ParseHostTarget("--submit-via", args.submit_via);
     if (!via.ok()) return via.status();
     plan.submit_via = *std::move(via);
   }
@@ -374,29 +374,34 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
 
   auto status_id = std::make_shared<uint64_t>(0);
   CLI::App* status = shard->add_subcommand("status", "one shard, its reservations and escrow");
-  status->add_option("--id", *status_id, "shard id")->check(UnsignedInteger())->required();
+  status->add_option("--id", *status_id, "shard id")->transform(UnsignedInteger())->required();
   table.Add(status, [status_id](Context& ctx) { return RunStatus(ctx, *status_id); });
 
   auto reserve_args = std::make_shared<ReserveArgs>();
   CLI::App* reserve =
       shard->add_subcommand("reserve", "ask a host sidecar to reserve a place in a shard now");
-  reserve->add_option("--id", reserve_args->id, "shard id")->check(UnsignedInteger())->required();
-  reserve->add_option("--host", reserve_args->host, "the sidecar's operator address HOST:PORT")
+  reserve->add_option("--id", reserve_args->id, "shard id")
+      ->transform(UnsignedInteger())
       ->required();
+  reserve->add_option("--host", reserve_args->host, kHostFlagHelp)->required();
   table.Add(reserve, [reserve_args](Context& ctx) { return RunReserve(ctx, *reserve_args); });
 
   auto assemble_args = std::make_shared<AssembleArgs>();
   CLI::App* assemble =
       shard->add_subcommand("assemble", "close reservations of an OPEN shard with min_nodes");
-  assemble->add_option("--id", assemble_args->id, "shard id")->check(UnsignedInteger())->required();
+  assemble->add_option("--id", assemble_args->id, "shard id")
+      ->transform(UnsignedInteger())
+      ->required();
   assemble->add_flag("--wait", assemble_args->wait, "wait until the tx is in a block");
   table.Add(assemble, [assemble_args](Context& ctx) { return RunAssemble(ctx, *assemble_args); });
 
   auto settle_args = std::make_shared<SettleArgs>();
   CLI::App* settle = shard->add_subcommand(
       "settle", "have member sidecars sign a settlement draft, then submit it");
-  settle->add_option("--id", settle_args->id, "shard id")->check(UnsignedInteger())->required();
-  settle->add_option("--hosts", settle_args->hosts, "operator addresses, comma-separated")
+  settle->add_option("--id", settle_args->id, "shard id")->transform(UnsignedInteger())->required();
+  settle
+      ->add_option("--hosts", settle_args->hosts,
+                   "the sidecars' operator sockets (as --host), comma-separated")
       ->required();
   settle
       ->add_option("--final-root", settle_args->final_root,
@@ -409,14 +414,17 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
                      "evaluation metric, e.g. eval_loss");
   settle_args->eval_value_option = settle->add_option(
       "--eval-value-micro", settle_args->eval_value_micro, "metric value times 1e6");
-  settle->add_option("--rounds", settle_args->rounds, "rounds completed")->check(UnsignedInteger());
+  settle->add_option("--rounds", settle_args->rounds, "rounds completed")
+      ->transform(UnsignedInteger());
   settle->add_option("--submit-via", settle_args->submit_via,
                      "submit through this sidecar (default: submit with --key)");
   table.Add(settle, [settle_args](Context& ctx) { return RunSettle(ctx, *settle_args); });
 
   auto settlement_id = std::make_shared<uint64_t>(0);
   CLI::App* settlement = shard->add_subcommand("settlement", "a settled shard's record");
-  settlement->add_option("--id", *settlement_id, "shard id")->check(UnsignedInteger())->required();
+  settlement->add_option("--id", *settlement_id, "shard id")
+      ->transform(UnsignedInteger())
+      ->required();
   table.Add(settlement,
             [settlement_id](Context& ctx) { return RunSettlement(ctx, *settlement_id); });
   AddTrainCommands(root, *shard, table);

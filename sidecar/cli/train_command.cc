@@ -1,5 +1,5 @@
 // `trainshard shard run|train-status` and `trainshard eval`: a host sidecar's training runs
-// (docs/training.md) through its ShardRunOperator service on the operator address.
+// (docs/training.md) through its ShardRunOperator service on the operator socket.
 #include <memory>
 #include <string>
 
@@ -39,7 +39,7 @@ std::unique_ptr<pb::ShardRunOperator::Stub> Stub(const std::string& endpoint) {
 }
 
 int RunRun(Context& ctx, const RunArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   auto doc = ReadInputFile("--run-spec", args.run_spec);
   if (!doc.ok()) return ctx.BadInput(doc.status());
@@ -61,7 +61,7 @@ int RunRun(Context& ctx, const RunArgs& args) {
 }
 
 int RunTrainStatus(Context& ctx, const StatusArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   pb::ShardRunStatusRequest request;
   request.set_shard_id(args.id);
@@ -113,7 +113,7 @@ int RunTrainStatus(Context& ctx, const StatusArgs& args) {
 }
 
 int RunEval(Context& ctx, const EvalArgs& args) {
-  auto endpoint = ParseEndpoint("--host", args.host);
+  auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
   auto id = common::HexDecode(args.artifact);
   if (!id.ok() || id->size() != 32) {
@@ -149,31 +149,31 @@ void AddTrainCommands(CLI::App& root, CLI::App& shard, CommandTable& table) {
   auto run_args = std::make_shared<RunArgs>();
   CLI::App* run = shard.add_subcommand(
       "run", "start (or resume) a host's training run of a RUNNING shard with its run spec");
-  run->add_option("--id", run_args->id, "shard id")->check(UnsignedInteger())->required();
+  run->add_option("--id", run_args->id, "shard id")->transform(UnsignedInteger())->required();
   run->add_option("--run-spec", run_args->run_spec,
                   "the run spec document (JSON) whose SHA-256 the shard pins")
       ->required();
-  run->add_option("--host", run_args->host, "the sidecar's operator address HOST:PORT")->required();
+  run->add_option("--host", run_args->host, kHostFlagHelp)->required();
   table.Add(run, [run_args](Context& ctx) { return RunRun(ctx, *run_args); });
 
   auto status_args = std::make_shared<StatusArgs>();
   CLI::App* status = shard.add_subcommand(
       "train-status", "a host's training run: rounds, losses, membership changes");
-  status->add_option("--id", status_args->id, "shard id")->check(UnsignedInteger())->required();
-  status->add_option("--host", status_args->host, "the sidecar's operator address HOST:PORT")
-      ->required();
+  status->add_option("--id", status_args->id, "shard id")->transform(UnsignedInteger())->required();
+  status->add_option("--host", status_args->host, kHostFlagHelp)->required();
   table.Add(status, [status_args](Context& ctx) { return RunTrainStatus(ctx, *status_args); });
 
   auto eval_args = std::make_shared<EvalArgs>();
   CLI::App* eval = root.add_subcommand(
       "eval", "evaluate a checkpoint artifact on a shard's held-out set, signed by the host");
-  eval->add_option("--shard", eval_args->shard, "shard id")->check(UnsignedInteger())->required();
+  eval->add_option("--shard", eval_args->shard, "shard id")
+      ->transform(UnsignedInteger())
+      ->required();
   eval->add_option("--artifact", eval_args->artifact, "checkpoint artifact id, 64 hex digits")
       ->required();
-  eval->add_option("--host", eval_args->host, "the sidecar's operator address HOST:PORT")
-      ->required();
+  eval->add_option("--host", eval_args->host, kHostFlagHelp)->required();
   eval->add_option("--windows-max", eval_args->windows_max, "evaluate at most this many windows")
-      ->check(UnsignedInteger());
+      ->transform(UnsignedInteger());
   table.Add(eval, [eval_args](Context& ctx) { return RunEval(ctx, *eval_args); });
 }
 

@@ -72,14 +72,14 @@ void AddWeightsCommands(CLI::App& root, CommandTable& table) {
   CLI::App* show = weights->add_subcommand("show", "the weights of an epoch");
   show_args->epoch_option =
       show->add_option("--epoch", show_args->epoch, "epoch (default: the epoch in force)")
-          ->check(UnsignedInteger());
+          ->transform(UnsignedInteger());
   table.Add(show, [show_args](Context& ctx) { return RunShow(ctx, *show_args); });
 
   auto submit_args = std::make_shared<SubmitArgs>();
   CLI::App* submit =
       weights->add_subcommand("submit", "record an epoch's weights (--key: the PoC authority)");
   submit->add_option("--epoch", submit_args->epoch, "epoch the weights are for")
-      ->check(UnsignedInteger())
+      ->transform(UnsignedInteger())
       ->required();
   submit->add_option("--weight", submit_args->weights, "ADDR=WEIGHT, repeated")
       ->required()

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <toml++/toml.h>
 
@@ -16,6 +16,7 @@
 #include "common/amount.h"
 #include "common/hex.h"
 #include "common/log.h"
+#include "common/regular_file.h"
 #include "common/status.h"
 
 namespace ts::sidecar {
@@ -197,6 +198,8 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
       TS_ASSIGN_OR_RETURN(config.chunk_stream, GetBool(key, node));
     } else if (key == "artifacts_dir") {
       TS_ASSIGN_OR_RETURN(config.artifacts_dir, GetString(key, node));
+    } else if (key == "files_root") {
+      TS_ASSIGN_OR_RETURN(config.files_root, GetString(key, node));
     } else if (key == "tls_cert_sha256") {
       TS_ASSIGN_OR_RETURN(std::string hex, GetString(key, node));
       auto bytes = common::HexDecode(hex);
@@ -232,33 +235,14 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
 }
 
 absl::StatusOr<HostConfig> LoadHostConfigFile(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    int err = errno;
-    if (err == ENOENT)
-      return absl::NotFoundError(absl::StrCat("config file ", path, ": not found"));
-    if (err == EACCES) {
-      return absl::PermissionDeniedError(absl::StrCat("config file ", path, ": ", strerror(err)));
-    }
-    return absl::InternalError(absl::StrCat("config file ", path, ": ", strerror(err)));
+  // A FIFO or device under the name is refused at once (common/regular_file.h).
+  absl::StatusOr<std::string> text =
+      common::ReadRegularFile("config file", path, kMaxConfigFileBytes);
+  if (absl::IsFailedPrecondition(text.status())) {
+    return absl::InvalidArgumentError(text.status().message());
   }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("config file ", path, ": not a regular file"));
-  }
-  if (static_cast<uint64_t>(st.st_size) > kMaxConfigFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("config file ", path, ": ", st.st_size,
-                                                   " bytes, more than ", kMaxConfigFileBytes));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(absl::StrCat("config file ", path, ": cannot be opened"));
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.gcount() != static_cast<std::streamsize>(text.size())) {
-    return absl::InternalError(absl::StrCat("config file ", path, ": short read"));
-  }
-  return ParseHostConfig(text, path);
+  if (!text.ok()) return text.status();
+  return ParseHostConfig(*text, path);
 }
 
 void ApplyOverrides(const HostConfigOverrides& overrides, HostConfig* config) {
@@ -278,7 +262,7 @@ absl::Status ValidateHostConfig(const HostConfig& config) {
   };
   TS_RETURN_IF_ERROR(required("chain_endpoint", config.chain_endpoint));
   TS_RETURN_IF_ERROR(CheckHostPort("chain_endpoint", config.chain_endpoint, 1));
-  TS_RETURN_IF_ERROR(CheckHostPort("listen", config.listen, 0));
+  if (!config.listen.empty()) TS_RETURN_IF_ERROR(CheckHostPort("listen", config.listen, 0));
   TS_RETURN_IF_ERROR(required("key_file", config.key_file));
   TS_RETURN_IF_ERROR(required("data_dir", config.data_dir));
   TS_RETURN_IF_ERROR(required("shard_endpoint", config.shard_endpoint));
@@ -286,15 +270,17 @@ absl::Status ValidateHostConfig(const HostConfig& config) {
   if (!config.shard_listen.empty()) {
     TS_RETURN_IF_ERROR(CheckHostPort("shard_listen", config.shard_listen, 0));
   }
-  if (!config.artifacts_dir.empty()) {
-    const std::string& dir = config.artifacts_dir;
+  for (const auto& [key, dir] :
+       {std::pair<std::string_view, const std::string&>{"artifacts_dir", config.artifacts_dir},
+        {"files_root", config.files_root}}) {
+    if (dir.empty()) continue;
     if (dir.front() != '/') {
       return absl::InvalidArgumentError(
-          absl::StrCat("artifacts_dir: \"", dir.substr(0, 200), "\" is not absolute"));
+          absl::StrCat(common::AsAbsl(key), ": \"", dir.substr(0, 200), "\" is not absolute"));
     }
     if (dir.size() > 4000 || dir.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("artifacts_dir: \"", dir.substr(0, 200), "...\" is not a usable path"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          common::AsAbsl(key), ": \"", dir.substr(0, 200), "...\" is not a usable path"));
     }
   }
   common::LogLevel level;

@@ -37,8 +37,10 @@ struct ReservationPolicy {
 };
 
 struct HostConfig {
-  std::string chain_endpoint;                        // host:port of the chain's gRPC
-  std::string listen = std::string(kDefaultListen);  // operator + settlement query gRPC
+  std::string chain_endpoint;  // host:port of the chain's gRPC
+  // host:port of the public settlement query (SettlementQuery alone); empty: not served. The
+  // operator API is on the Unix socket <data_dir>/host.sock only.
+  std::string listen = std::string(kDefaultListen);
   std::string key_file;
   std::string data_dir;
   std::string shard_endpoint;  // host:port advertised in reservations
@@ -51,6 +53,10 @@ struct HostConfig {
   // Absolute directory of the shards' artifact stores. Empty: the default, <data_dir>/artifacts
   // (ArtifactsDir).
   std::string artifacts_dir;
+  // Absolute folder under which the operator's `artifact publish` may read and `artifact fetch`
+  // / export may write (sidecar/artifacts/file_policy.h). Empty: none (a shard process's own
+  // folder is always allowed for its shard).
+  std::string files_root;
   // 32 raw bytes when set in the file; empty means "use the placeholder" (SHA-256 of the host
   // address) until the shard sidecar serves TLS.
   std::string tls_cert_sha256;

@@ -1,7 +1,8 @@
 // trainshardd: the host sidecar daemon. Reads its TOML config (flags override it), loads the
-// host key, opens its records, follows the chain and serves the operator, settlement query and
-// artifact operator APIs on `listen` and the peer-facing artifact transfer service on
-// `shard_listen`, until SIGTERM or SIGINT. Exit codes: 0 after a clean shutdown, 2 for a bad
+// host key, opens its records, follows the chain and serves the operator APIs (host, artifact and
+// shard run operator) on its owner-only Unix socket <data_dir>/host.sock, the public settlement
+// query on `listen`, and the peer-facing artifact transfer service on `shard_listen`, until
+// SIGTERM or SIGINT. Exit codes: 0 after a clean shutdown, 2 for a bad
 // config, flag or key file (nothing is written then), 1 for any other failure to start.
 #include <fcntl.h>
 #include <malloc.h>
@@ -144,8 +145,28 @@ std::string SiblingBinary(const std::string& configured, const std::string& name
   return dir + "/" + name;
 }
 
+// A private folder (mode 0700) for Unix sockets whose paths under the data dir would be too long
+// for a socket address: made under /tmp, owned by this process's user, so no other user can
+// plant or reach a socket there. Empty if none is needed; `error` set if one cannot be made.
+std::string PrivateSocketDir(const std::string& data_root, absl::Status* error) {
+  // The longest socket path under the data dir: a shard process's, with a 20-digit shard id.
+  const std::string longest = absl::StrCat(data_root, "/shards/18446744073709551615/shard.sock");
+  if (longest.size() <= common::kUnixSocketPathMax) return "";
+  std::string dir = "/tmp/trainshardd-XXXXXX";
+  if (::mkdtemp(dir.data()) == nullptr) {
+    *error = absl::InternalError(
+        absl::StrCat("cannot make a socket folder under /tmp: ", strerror(errno)));
+    return "";
+  }
+  return dir;
+}
+
 int Main(int argc, char** argv) {
   TuneMalloc();
+  // Everything this process and its children create (records, sockets, artifact stores, the
+  // address files) is its owner's alone; the operator socket in particular is 0600 from the
+  // moment it exists.
+  ::umask(077);
   CLI::App app{"trainshardd: the trainshard host sidecar", "trainshardd"};
   std::string config_path;
   HostConfigOverrides overrides;
@@ -228,16 +249,35 @@ int Main(int argc, char** argv) {
   registry_options.chain_id = chain_id;
   ShardStoreRegistry registry((*core)->shared_db(), &directory, &common::SystemClock(),
                               registry_options);
-  ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock());
+  // The operator's publishes read, and its fetches and exports write, only under files_root or
+  // a shard's own work folder, never the data dir, the stores or the key file
+  // (sidecar/artifacts/file_policy.h).
+  ArtifactOperatorOptions artifact_operator_options;
+  OperatorFilePolicy file_policy;
+  file_policy.files_root = config.files_root;
+  file_policy.shards_dir = AbsolutePath(config.data_dir) + "/shards";
+  file_policy.protected_paths = {{"the data dir", AbsolutePath(config.data_dir)},
+                                 {"the artifact stores", artifacts_dir},
+                                 {"the host key file", AbsolutePath(config.key_file)}};
+  artifact_operator_options.file_policy = std::move(file_policy);
+  ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock(),
+                                            artifact_operator_options);
 
   // Training runs (docs/training.md): one shard process (ts_shard) per shard this host trains
   // in, each driving its own worker process and keeping its own records; they reach this daemon
   // through the operator API on a Unix socket in the data dir (settlement, artifact store).
   HostDaemon daemon(core->get(), config.poll_interval_ms);
   const std::string data_root = AbsolutePath(config.data_dir);
-  const std::string host_socket = common::UnixSocketPathOr(
-      data_root + "/host.sock", absl::StrCat("/tmp/ts-host-", ::getpid(), ".sock"));
+  absl::Status socket_dir_error;
+  const std::string socket_dir = PrivateSocketDir(data_root, &socket_dir_error);
+  if (!socket_dir_error.ok()) {
+    LogError("cannot serve the operator API", socket_dir_error);
+    return kExitFailure;
+  }
+  const std::string host_socket =
+      common::UnixSocketPathOr(data_root + "/host.sock", socket_dir + "/host.sock");
   ShardProcessOptions process_options;
+  if (!socket_dir.empty()) process_options.fallback_socket_dir = socket_dir;
   process_options.binary = SiblingBinary(config.shard_binary, "ts_shard", "../shard/ts_shard");
   process_options.shards_dir = data_root + "/shards";
   process_options.host_socket = host_socket;
@@ -264,24 +304,29 @@ int Main(int argc, char** argv) {
   }
   if (!chain_id.empty()) (*shard_server)->Activate(chain_id);
 
-  auto server = StartOperatorServer(
-      config.listen, core->get(), &daemon, kVersion,
-      {&artifact_operator,
-       static_cast<grpc::Service*>(static_cast<pb::ShardRunOperator::Service*>(&runs))},
-      host_socket);
+  OperatorServerOptions operator_options;
+  operator_options.socket_path = host_socket;
+  operator_options.query_listen = config.listen;
+  operator_options.version = kVersion;
+  operator_options.extra_services = {
+      &artifact_operator,
+      static_cast<grpc::Service*>(static_cast<pb::ShardRunOperator::Service*>(&runs))};
+  operator_options.records = &runs;
+  auto server = StartOperatorServer(core->get(), &daemon, operator_options);
   if (!server.ok()) {
     LogError("cannot serve the operator API", server.status());
     return kExitFailure;
   }
   daemon.Start();
   if (!chain_id.empty()) runs.Activate(chain_id);
-  const std::vector<std::pair<std::string, std::string>> addr_files = {
+  std::vector<std::pair<std::string, std::string>> addr_files = {
       {"operator.addr", server->address}, {"shard.addr", (*shard_server)->address()}};
+  if (!server->query_address.empty()) addr_files.emplace_back("query.addr", server->query_address);
   for (const auto& [name, bound] : addr_files) {
     if (absl::Status written = WriteFileAtomically(config.data_dir, name, bound + "\n");
         !written.ok()) {
       LogError("cannot write " + name, written);
-      server->server->Shutdown();
+      server->Shutdown(std::chrono::system_clock::now());
       daemon.Stop();
       return kExitFailure;
     }
@@ -290,6 +335,7 @@ int Main(int argc, char** argv) {
               {{"version", kVersion},
                {"address", address},
                {"operator", server->address},
+               {"query", server->query_address},
                {"shard_listen", (*shard_server)->address()},
                {"chunk_stream_port", std::to_string((*shard_server)->chunk_stream_port())},
                {"artifacts_dir", artifacts_dir},
@@ -324,8 +370,12 @@ int Main(int argc, char** argv) {
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(1);
   runs.StopAll();
   (*shard_server)->Shutdown(grace);
-  server->server->Shutdown(grace);
+  server->Shutdown(grace);
   daemon.Stop();
+  if (!socket_dir.empty()) {
+    ::unlink(host_socket.c_str());
+    ::rmdir(socket_dir.c_str());
+  }
   common::Log(common::LogLevel::kInfo, kComponent, "stopped");
   return 0;
 }

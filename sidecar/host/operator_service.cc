@@ -9,12 +9,30 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "chain-bridge/client/grpc_status.h"
+#include "common/process.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace ts::sidecar {
 namespace {
 
 grpc::Status ToGrpc(const absl::Status& status) { return bridge::ToGrpcStatus(status); }
+
+// What differs between the settlement the records imply and a draft, in protobuf's words (the
+// first differences, cut); empty if they are equal.
+std::string SettlementDifference(const pb::Settlement& expected, const pb::Settlement& draft) {
+  constexpr size_t kShownMax = 400;
+  std::string report;
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&report);
+  if (differencer.Compare(expected, draft)) return "";
+  // Bytes are shown escaped by protobuf; one line per difference.
+  absl::StrReplaceAll({{"\n", "; "}}, &report);
+  while (!report.empty() && (report.back() == ' ' || report.back() == ';')) report.pop_back();
+  if (report.size() > kShownMax) report = report.substr(0, kShownMax) + "...";
+  return report.empty() ? "they differ" : report;
+}
 
 }  // namespace
 
@@ -25,8 +43,9 @@ absl::Time HandlerDeadline(const grpc::ServerContext& context) {
   return std::min(cap, absl::FromChrono(deadline));
 }
 
-HostOperatorService::HostOperatorService(HostCore* core, HostDaemon* daemon, std::string version)
-    : core_(core), daemon_(daemon), version_(std::move(version)) {}
+HostOperatorService::HostOperatorService(HostCore* core, HostDaemon* daemon, std::string version,
+                                         SettlementRecords* records)
+    : core_(core), daemon_(daemon), version_(std::move(version)), records_(records) {}
 
 grpc::Status HostOperatorService::Status(grpc::ServerContext*, const pb::HostStatusRequest*,
                                          pb::HostStatusResponse* response) {
@@ -97,6 +116,23 @@ grpc::Status HostOperatorService::SignSettlement(grpc::ServerContext* context,
   if (!request->has_draft()) {
     return ToGrpc(absl::InvalidArgumentError("draft: missing"));
   }
+  // Only the draft this host's own certified records imply is signed: a signature is a host's
+  // word that the result is what it trained, and one signature per shard is all it gives
+  // (HostCore::SignSettlement), so a draft from anyone else must not be able to take it. Asked
+  // here, on the gRPC thread, so a slow shard process never holds up the owner thread.
+  if (records_ == nullptr) {
+    return ToGrpc(absl::FailedPreconditionError(
+        absl::StrCat("shard ", request->draft().shard_id(),
+                     ": this host keeps no training records, so it signs no settlement")));
+  }
+  auto expected = records_->CertifiedDraft(request->draft().shard_id(), HandlerDeadline(*context));
+  if (!expected.ok()) return ToGrpc(expected.status());
+  if (std::string difference = SettlementDifference(*expected, request->draft());
+      !difference.empty()) {
+    return ToGrpc(absl::FailedPreconditionError(
+        absl::StrCat("draft: differs from the settlement this host's certified records imply (",
+                     difference, "); it signs only that one")));
+  }
   // As in Reserve, the command owns its copies.
   auto draft = std::make_shared<pb::Settlement>(request->draft());
   auto result =
@@ -143,33 +179,62 @@ grpc::Status SettlementQueryService::GetSettlement(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-absl::StatusOr<OperatorServer> StartOperatorServer(
-    const std::string& listen, HostCore* core, HostDaemon* daemon, std::string version,
-    const std::vector<grpc::Service*>& extra_services, const std::string& local_socket) {
-  OperatorServer out;
-  out.operator_service = std::make_unique<HostOperatorService>(core, daemon, std::move(version));
-  out.settlement_service = std::make_unique<SettlementQueryService>(core);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  if (!local_socket.empty()) {
-    ::unlink(local_socket.c_str());
-    builder.AddListeningPort(absl::StrCat("unix:", local_socket),
-                             grpc::InsecureServerCredentials());
+void OperatorServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  if (query_server != nullptr) query_server->Shutdown(deadline);
+  if (server != nullptr) server->Shutdown(deadline);
+}
+
+absl::StatusOr<OperatorServer> StartOperatorServer(HostCore* core, HostDaemon* daemon,
+                                                   OperatorServerOptions options) {
+  const std::string& socket_path = options.socket_path;
+  if (socket_path.empty() || socket_path.front() != '/' ||
+      socket_path.size() > common::kUnixSocketPathMax) {
+    return absl::InvalidArgumentError(absl::StrCat("operator socket: \"", socket_path,
+                                                   "\" must be an absolute path of 1..",
+                                                   common::kUnixSocketPathMax, " bytes"));
   }
+  OperatorServer out;
+  out.operator_service = std::make_unique<HostOperatorService>(
+      core, daemon, std::move(options.version), options.records);
+  out.settlement_service = std::make_unique<SettlementQueryService>(core);
+
+  // The operator API: the Unix socket alone. Created under the process's umask (trainshardd
+  // runs with 077, so the socket is 0600 from the moment it exists) and set to 0600 after,
+  // whatever the umask was.
+  ::unlink(socket_path.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(kMaxOperatorMessageBytes);
   builder.RegisterService(out.operator_service.get());
   builder.RegisterService(out.settlement_service.get());
-  for (grpc::Service* service : extra_services) builder.RegisterService(service);
+  for (grpc::Service* service : options.extra_services) builder.RegisterService(service);
   out.server = builder.BuildAndStart();
-  if (out.server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("listen: cannot bind ", listen));
+  if (out.server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("operator socket: cannot serve on ", socket_path));
   }
-  if (!local_socket.empty() && ::chmod(local_socket.c_str(), 0600) != 0) {
+  struct stat st = {};
+  if (::chmod(socket_path.c_str(), 0600) != 0 || ::lstat(socket_path.c_str(), &st) != 0 ||
+      !S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
     out.server->Shutdown();
-    return absl::UnavailableError(absl::StrCat("local socket: cannot serve on ", local_socket));
+    return absl::UnavailableError(
+        absl::StrCat("operator socket: cannot make ", socket_path, " owner-only (mode 0600)"));
   }
-  out.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  out.address = absl::StrCat("unix:", socket_path);
+
+  if (!options.query_listen.empty()) {
+    grpc::ServerBuilder query;
+    int port = 0;
+    query.AddListeningPort(options.query_listen, grpc::InsecureServerCredentials(), &port);
+    query.SetMaxReceiveMessageSize(kMaxQueryMessageBytes);
+    query.RegisterService(out.settlement_service.get());
+    out.query_server = query.BuildAndStart();
+    if (out.query_server == nullptr || port == 0) {
+      out.server->Shutdown();
+      return absl::UnavailableError(absl::StrCat("listen: cannot bind ", options.query_listen));
+    }
+    out.query_address =
+        absl::StrCat(options.query_listen.substr(0, options.query_listen.rfind(':')), ":", port);
+  }
   return out;
 }
 

@@ -1,5 +1,6 @@
 #include "sidecar/host/operator_service.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 
+#include "absl/synchronization/mutex.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/signing.h"
 #include "common/status.h"
@@ -52,6 +54,31 @@ tendermint::abci::Event Added(uint64_t id, const std::string& host, uint32_t mem
                                                     {"members", std::to_string(members)}});
 }
 
+// The host's certified records as a test sets them: the draft they imply, or an error.
+class FakeRecords final : public SettlementRecords {
+ public:
+  absl::StatusOr<pb::Settlement> CertifiedDraft(uint64_t shard_id, absl::Time) override {
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    if (!draft_.ok() || draft_->shard_id() == shard_id) return draft_;
+    return absl::FailedPreconditionError("no training records for this shard");
+  }
+  void Set(absl::StatusOr<pb::Settlement> draft) {
+    absl::MutexLock lock(&mu_);
+    draft_ = std::move(draft);
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::StatusOr<pb::Settlement> draft_ ABSL_GUARDED_BY(mu_) =
+      absl::FailedPreconditionError("no training records for this shard");
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class OperatorServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -70,15 +97,22 @@ class OperatorServiceTest : public ::testing::Test {
     core_ = *std::move(core);
     daemon_ = std::make_unique<HostDaemon>(core_.get(), /*poll_interval_ms=*/10);
     daemon_->Start();
-    auto server = StartOperatorServer("127.0.0.1:0", core_.get(), daemon_.get(), "test-version");
+    OperatorServerOptions server_options;
+    server_options.socket_path = dir_ + "/host.sock";
+    server_options.query_listen = "127.0.0.1:0";
+    server_options.version = "test-version";
+    server_options.records = &records_;
+    auto server = StartOperatorServer(core_.get(), daemon_.get(), server_options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     auto channel = grpc::CreateChannel(server_.address, grpc::InsecureChannelCredentials());
     operator_ = pb::HostOperator::NewStub(channel);
     query_ = pb::SettlementQuery::NewStub(channel);
+    public_channel_ =
+        grpc::CreateChannel(server_.query_address, grpc::InsecureChannelCredentials());
   }
   void TearDown() override {
-    server_.server->Shutdown();
+    server_.Shutdown(std::chrono::system_clock::now());
     daemon_->Stop();
     daemon_.reset();
     core_.reset();
@@ -133,6 +167,8 @@ class OperatorServiceTest : public ::testing::Test {
   std::string address_;
   std::string other_;
   FakeChainClient chain_{kChainId};
+  FakeRecords records_;
+  std::shared_ptr<grpc::Channel> public_channel_;
   std::unique_ptr<HostCore> core_;
   std::unique_ptr<HostDaemon> daemon_;
   OperatorServer server_;
@@ -212,6 +248,7 @@ TEST_F(OperatorServiceTest, SignSettlementThenGetSettlement) {
   pb::SignSettlementResponse response;
   EXPECT_EQ(operator_->SignSettlement(Context().get(), request, &response).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+  records_.Set(Draft());
   *request.mutable_draft() = Draft();
   grpc::Status s = operator_->SignSettlement(Context().get(), request, &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -224,11 +261,79 @@ TEST_F(OperatorServiceTest, SignSettlementThenGetSettlement) {
   EXPECT_EQ(DeterministicBytes(got.settlement()), DeterministicBytes(Draft()));
   EXPECT_EQ(got.signature().signature(), response.signature().signature());
 
+  // Even if the records came to imply another draft, a host signs one settlement per shard.
   request.mutable_draft()->set_refund("1");
   request.mutable_draft()->mutable_payouts(0)->set_amount("599");
+  records_.Set(request.draft());
   grpc::Status refused = operator_->SignSettlement(Context().get(), request, &response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(refused.error_message(), HasSubstr("different settlement"));
+}
+
+TEST_F(OperatorServiceTest, OnlyTheDraftTheCertifiedRecordsImplyIsSigned) {
+  RunningShard();
+  pb::SignSettlementRequest request;
+  pb::SignSettlementResponse response;
+  *request.mutable_draft() = Draft();
+  // No records for the shard: nothing is signed, nothing is stored.
+  grpc::Status none = operator_->SignSettlement(Context().get(), request, &response);
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(none.error_message(), HasSubstr("no training records"));
+
+  // Records that imply another root: the bogus draft is refused naming the difference, and
+  // the host can still sign the honest one afterwards (the refusal took nothing).
+  pb::Settlement honest = Draft();
+  honest.set_final_checkpoint_root(std::string(32, '\x07'));
+  records_.Set(honest);
+  grpc::Status bogus = operator_->SignSettlement(Context().get(), request, &response);
+  EXPECT_EQ(bogus.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(bogus.error_message(), HasSubstr("certified records"));
+  EXPECT_THAT(bogus.error_message(), HasSubstr("final_checkpoint_root"));
+  // Payouts moved between members are just as different.
+  pb::Settlement shifted = honest;
+  shifted.mutable_payouts(0)->set_amount("700");
+  shifted.mutable_payouts(1)->set_amount("300");
+  *request.mutable_draft() = shifted;
+  grpc::Status moved = operator_->SignSettlement(Context().get(), request, &response);
+  EXPECT_EQ(moved.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(moved.error_message(), HasSubstr("payouts"));
+
+  *request.mutable_draft() = honest;
+  grpc::Status ok = operator_->SignSettlement(Context().get(), request, &response);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(*common::RecoverStatementSigner("settlement", kChainId, 1, DeterministicBytes(honest),
+                                            response.signature().signature()),
+            address_);
+
+  // Records that cannot be read now: refused with their error, not signed.
+  records_.Set(absl::UnavailableError("the shard process is starting"));
+  EXPECT_EQ(operator_->SignSettlement(Context().get(), request, &response).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(OperatorServiceTest, TheOperatorApiIsOnAnOwnerOnlySocketAndTheTcpListenerOnlyQueries) {
+  struct stat st = {};
+  ASSERT_EQ(::lstat((dir_ + "/host.sock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(server_.address, "unix:" + dir_ + "/host.sock");
+  // On TCP: SettlementQuery answers, the operator API does not exist.
+  auto public_operator = pb::HostOperator::NewStub(public_channel_);
+  pb::HostStatusResponse status;
+  grpc::Status refused = public_operator->Status(Context().get(), pb::HostStatusRequest(), &status);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNIMPLEMENTED) << refused.error_message();
+  pb::SignSettlementRequest sign;
+  *sign.mutable_draft() = Draft();
+  pb::SignSettlementResponse signed_draft;
+  EXPECT_EQ(public_operator->SignSettlement(Context().get(), sign, &signed_draft).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(records_.calls(), 0);
+  auto public_query = pb::SettlementQuery::NewStub(public_channel_);
+  pb::GetSettlementRequest get;
+  get.set_shard_id(1);
+  pb::GetSettlementResponse got;
+  EXPECT_EQ(public_query->GetSettlement(Context().get(), get, &got).error_code(),
+            grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(OperatorServiceTest, SubmitSettlementSignsAsThisHost) {

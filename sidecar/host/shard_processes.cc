@@ -53,7 +53,7 @@ ShardProcesses::~ShardProcesses() { StopAll(); }
 std::string ShardProcesses::SocketPath(uint64_t shard_id) const {
   return common::UnixSocketPathOr(
       absl::StrCat(options_.shards_dir, "/", shard_id, "/shard.sock"),
-      absl::StrCat("/tmp/ts-shard-", ::getpid(), "-", shard_id, ".sock"));
+      absl::StrCat(options_.fallback_socket_dir, "/ts-shard-", ::getpid(), "-", shard_id, ".sock"));
 }
 
 void ShardProcesses::MoveRunRecords() {
@@ -442,6 +442,44 @@ grpc::Status ShardProcesses::Evaluate(grpc::ServerContext* context,
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
         std::chrono::system_clock::now() + std::chrono::milliseconds(200) >= deadline) {
       return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+grpc::Status ShardProcesses::DraftSettlement(grpc::ServerContext* context,
+                                             const pb::DraftSettlementRequest* request,
+                                             pb::DraftSettlementResponse* response) {
+  const absl::Time cap = absl::Now() + absl::Milliseconds(kForwardTimeoutMs);
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? cap
+                                  : std::min(cap, absl::FromChrono(context->deadline()));
+  auto draft = CertifiedDraft(request->shard_id(), deadline);
+  if (!draft.ok()) return Grpc(draft.status());
+  *response->mutable_draft() = *std::move(draft);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<pb::Settlement> ShardProcesses::CertifiedDraft(uint64_t shard_id,
+                                                              absl::Time deadline) {
+  auto stubs = Wake(shard_id);
+  if (absl::IsNotFound(stubs.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, ": this host keeps no training records for it"));
+  }
+  if (!stubs.ok()) return stubs.status();
+  pb::DraftSettlementRequest request;
+  request.set_shard_id(shard_id);
+  // A process just started answers UNAVAILABLE until it has its chain id.
+  while (true) {
+    grpc::ClientContext call;
+    call.set_deadline(absl::ToChronoTime(deadline));
+    pb::DraftSettlementResponse response;
+    grpc::Status status = stubs->operator_stub->DraftSettlement(&call, request, &response);
+    if (status.ok()) return std::move(*response.mutable_draft());
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + absl::Milliseconds(200) >= deadline) {
+      return bridge::FromGrpcStatus(status);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }

@@ -33,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gonka/trainshard/v1/training.grpc.pb.h"
 #include "state/db.h"
 
@@ -49,6 +50,9 @@ struct ShardProcessOptions {
   std::string binary;       // the ts_shard executable
   std::string shards_dir;   // absolute: <data_dir>/shards; a shard's folder is <shards_dir>/<id>
   std::string host_socket;  // the sidecar's Unix socket, passed to the processes
+  // A private folder (mode 0700) for a shard process's socket when <shards_dir>/<id>/shard.sock
+  // would be longer than a Unix socket path may be.
+  std::string fallback_socket_dir = "/tmp";
   std::string key_file;
   std::string chain_endpoint;
   std::string worker_binary;
@@ -67,8 +71,22 @@ struct ShardProcessOptions {
   int64_t status_poll_ms = 2'000;  // how often each process's run state is read
 };
 
+// What this host's own records say a shard's settlement must be: the host signs a settlement
+// draft only if it is byte for byte the one its certified records imply (docs/host-sidecar.md,
+// "Signing settlements").
+class SettlementRecords {
+ public:
+  virtual ~SettlementRecords() = default;
+  // The draft the host's records imply. FAILED_PRECONDITION when the host keeps no training
+  // records for the shard or has not certified every round; UNAVAILABLE or DEADLINE_EXCEEDED
+  // when the records cannot be read before `deadline`.
+  virtual absl::StatusOr<::gonka::trainshard::v1::Settlement> CertifiedDraft(
+      uint64_t shard_id, absl::Time deadline) = 0;
+};
+
 class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::Service,
-                             public ::gonka::trainshard::v1::ShardRound::Service {
+                             public ::gonka::trainshard::v1::ShardRound::Service,
+                             public SettlementRecords {
  public:
   // `db` is not owned, outlives this, and was opened with kTableShardProcesses.
   ShardProcesses(state::Db* db, ShardProcessOptions options);
@@ -99,12 +117,22 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   grpc::Status Evaluate(grpc::ServerContext* context,
                         const ::gonka::trainshard::v1::EvaluateCheckpointRequest* request,
                         ::gonka::trainshard::v1::EvaluateCheckpointResponse* response) override;
+  // Forwarded to the shard's process (started first if its run is done), as CertifiedDraft.
+  grpc::Status DraftSettlement(grpc::ServerContext* context,
+                               const ::gonka::trainshard::v1::DraftSettlementRequest* request,
+                               ::gonka::trainshard::v1::DraftSettlementResponse* response) override;
   grpc::Status Announce(grpc::ServerContext* context,
                         const ::gonka::trainshard::v1::AnnounceRequest* request,
                         ::gonka::trainshard::v1::AnnounceResponse* response) override;
   grpc::Status GetCertificates(grpc::ServerContext* context,
                                const ::gonka::trainshard::v1::GetCertificatesRequest* request,
                                ::gonka::trainshard::v1::GetCertificatesResponse* response) override;
+
+  // SettlementRecords: asks the shard's process (started again if its run is done and it was
+  // stopped) for the draft its records imply; while a new process starts (UNAVAILABLE) it asks
+  // again until the deadline. FAILED_PRECONDITION for a shard without a process on this host.
+  absl::StatusOr<::gonka::trainshard::v1::Settlement> CertifiedDraft(uint64_t shard_id,
+                                                                     absl::Time deadline) override;
 
   // The socket a shard's process serves on.
   std::string SocketPath(uint64_t shard_id) const;

@@ -194,6 +194,54 @@ TEST_F(ShardProcessesTest, ARefusedRunLeavesNoProcessAndNoRecord) {
   EXPECT_EQ(got.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << got.error_message();
 }
 
+TEST_F(ShardProcessesTest, TheCertifiedDraftComesFromTheShardProcesssOwnRecords) {
+  // Shard 7's process keeps a run spec of 4 rounds and no certificate yet; shard 8 has none.
+  {
+    std::filesystem::create_directories(options_.shards_dir + "/7");
+    auto shard_db = state::Db::Open(options_.shards_dir + "/7/state", ShardDbOptions());
+    ASSERT_TRUE(shard_db.ok()) << shard_db.status();
+    state::WriteBatch batch;
+    batch.Put(kTableRunSpecs, state::EncodeU64Key(7),
+              R"({"version": 1, "model": {"kind": "gpt", "seed": "7", "config": {"layers": 1,
+                  "dModel": 16, "heads": 2, "context": 8, "vocab": 64, "mlpRatio": 2}},
+                  "data": {"corpus": "fortunes", "files": 1, "vocab": 64, "shardTokens": 1024,
+                  "evalEvery": 20}, "rounds": 4, "innerSteps": 2, "batchSize": 2,
+                  "inner": {"lr": 0.001, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                  "weightDecay": 0.0, "gradClipNorm": 1.0},
+                  "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": true},
+                  "codec": "fp32", "aggregation": "mean", "evalEvery": 2, "evalBatchSize": 2,
+                  "evalWindowsMax": "4", "seed": "11"})");
+    ASSERT_TRUE((*shard_db)->Write(batch).ok());
+  }
+  Record(7);
+  processes_ = std::make_unique<ShardProcesses>(db_.get(), options_);
+  processes_->Activate("test-chain");
+  ASSERT_TRUE(WaitFor([&] { return Serving(7); }, 20'000));
+
+  // Asked of the process itself, over its socket: its records certify no round of four, so
+  // there is nothing the host would sign yet.
+  auto draft = processes_->CertifiedDraft(7, absl::Now() + absl::Seconds(10));
+  ASSERT_FALSE(draft.ok());
+  EXPECT_EQ(draft.status().code(), absl::StatusCode::kFailedPrecondition) << draft.status();
+  EXPECT_NE(draft.status().message().find("certify 0 of 4 rounds"), std::string::npos)
+      << draft.status();
+
+  // A shard this host runs no process for: it keeps no training records.
+  auto none = processes_->CertifiedDraft(8, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("no training records"), std::string::npos)
+      << none.status();
+
+  // Forwarded the same way for the operator's DraftSettlement.
+  grpc::ServerContext context;
+  pb::DraftSettlementRequest request;
+  request.set_shard_id(7);
+  pb::DraftSettlementResponse response;
+  EXPECT_EQ(processes_->DraftSettlement(&context, &request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  processes_->StopAll();
+}
+
 TEST_F(ShardProcessesTest, RunRecordsInTheHostsDatabaseMoveIntoTheShardsOwn) {
   // As a host kept them before shard processes: shard 5's spec and two certificates, and a
   // certificate of shard 6, whose spec is not there.

@@ -166,6 +166,23 @@ TEST_F(TrainsharddTest, KeyFileReadableByOthersIsRefused) {
   EXPECT_FALSE(DataDirExists());
 }
 
+TEST_F(TrainsharddTest, AFifoAsKeyFileOrConfigExitsTwoAtOnce) {
+  // Opening a FIFO for reading waits for a writer; the daemon must refuse it instead (Wait
+  // gives up after 20 s, which fails the test rather than hanging it).
+  const std::string fifo = dir_ + "/key.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::string config = Config();
+  std::string text = ReadFile(config);
+  text.replace(text.find(key_file_), key_file_.size(), fifo);
+  WriteFile(config, text, 0644);
+  EXPECT_EQ(Run({"--config", config}), 2);
+  EXPECT_THAT(ReadFile(log_), HasSubstr(fifo));
+  EXPECT_THAT(ReadFile(log_), HasSubstr("not a regular file"));
+  EXPECT_EQ(Run({"--config", fifo}), 2);
+  EXPECT_THAT(ReadFile(log_), HasSubstr("not a regular file"));
+  EXPECT_FALSE(DataDirExists());
+}
+
 TEST_F(TrainsharddTest, ServesStatusAndStopsOnSigterm) {
   Start({"--config", Config(), "--log-level", "debug"});
   std::string addr_file = data_dir_ + "/operator.addr";
@@ -177,8 +194,27 @@ TEST_F(TrainsharddTest, ServesStatusAndStopsOnSigterm) {
   ASSERT_FALSE(addr.empty()) << ReadFile(log_);
   ASSERT_EQ(addr.back(), '\n');
   addr.pop_back();
-  EXPECT_THAT(addr, ::testing::StartsWith("127.0.0.1:"));
-  EXPECT_NE(addr, "127.0.0.1:0");
+  // The operator API is on the owner-only socket in the data dir; `listen` serves the query.
+  EXPECT_EQ(addr, "unix:" + data_dir_ + "/host.sock");
+  struct stat socket_stat {};
+  ASSERT_EQ(lstat((data_dir_ + "/host.sock").c_str(), &socket_stat), 0);
+  EXPECT_TRUE(S_ISSOCK(socket_stat.st_mode));
+  EXPECT_EQ(socket_stat.st_mode & 0777, 0600u);
+  struct stat dir_stat {};
+  ASSERT_EQ(stat(data_dir_.c_str(), &dir_stat), 0);
+  EXPECT_EQ(dir_stat.st_mode & 0777, 0700u);
+  std::string query = WaitAddr("query.addr");
+  ASSERT_THAT(query, ::testing::StartsWith("127.0.0.1:"));
+  EXPECT_NE(query, "127.0.0.1:0");
+  {
+    auto public_stub =
+        pb::HostOperator::NewStub(grpc::CreateChannel(query, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::HostStatusResponse status;
+    EXPECT_EQ(public_stub->Status(&context, pb::HostStatusRequest(), &status).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
 
   auto stub =
       pb::HostOperator::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));

@@ -72,6 +72,50 @@ std::string CheckpointName(uint64_t round) {
   return absl::StrCat(CheckpointDir(round), "/", kCheckpointFile);
 }
 
+// Certificates of rounds from..from+max-1 kept in the shard process's records, in round order.
+absl::StatusOr<std::vector<pb::RoundCertificate>> LoadStoredCertificates(const state::Db& db,
+                                                                         uint64_t shard_id,
+                                                                         uint64_t from,
+                                                                         uint32_t max) {
+  std::vector<pb::RoundCertificate> out;
+  absl::Status parse = absl::OkStatus();
+  TS_RETURN_IF_ERROR(
+      db.ScanFrom(kTableRounds, state::EncodeU64Key(shard_id), RoundKey(shard_id, from),
+                  [&](std::string_view, std::string_view value) {
+                    pb::RoundCertificate c;
+                    if (!c.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+                      parse = absl::DataLossError("a stored round certificate does not parse");
+                      return false;
+                    }
+                    out.push_back(std::move(c));
+                    return out.size() < max;
+                  }));
+  TS_RETURN_IF_ERROR(parse);
+  return out;
+}
+
+// The settlement this host's records imply: its certificates of rounds 1..rounds_total, and the
+// shard's escrow and reward policy as the chain has them. FAILED_PRECONDITION while a round's
+// certificate is missing (the run has not finished here).
+absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64_t shard_id,
+                                                uint64_t rounds_total) {
+  TS_ASSIGN_OR_RETURN(
+      std::vector<pb::RoundCertificate> certs,
+      // rounds_total is a validated run spec's (at most 100,000).
+      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds_total + 1)));
+  if (certs.size() != rounds_total ||
+      (!certs.empty() && certs.back().result().round() != rounds_total)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, ": this host's records certify ", certs.size(), " of ",
+                     rounds_total, " rounds; the run has not finished here"));
+  }
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
+  TS_ASSIGN_OR_RETURN(uint64_t escrow,
+                      common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
+  return DraftSettlement(host.chain_id, shard_id, escrow, shard.spec().reward_policy(), certs,
+                         rounds_total);
+}
+
 // A block of an all-gather: u32 length (big-endian) then the message, zero-padded.
 absl::StatusOr<std::string> PackBlock(const google::protobuf::MessageLite& m, size_t size) {
   std::string body = DeterministicBytes(m);
@@ -243,21 +287,7 @@ struct ShardRun::Impl {
 
   absl::StatusOr<std::vector<pb::RoundCertificate>> LoadCertificates(uint64_t from,
                                                                      uint32_t max) const {
-    std::vector<pb::RoundCertificate> out;
-    absl::Status parse = absl::OkStatus();
-    TS_RETURN_IF_ERROR(host.db->ScanFrom(
-        kTableRounds, state::EncodeU64Key(shard_id), RoundKey(shard_id, from),
-        [&](std::string_view, std::string_view value) {
-          pb::RoundCertificate c;
-          if (!c.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
-            parse = absl::DataLossError("a stored round certificate does not parse");
-            return false;
-          }
-          out.push_back(std::move(c));
-          return out.size() < max;
-        }));
-    TS_RETURN_IF_ERROR(parse);
-    return out;
+    return LoadStoredCertificates(*host.db, shard_id, from, max);
   }
 
   void RecordRound(const pb::RoundCertificate& c, double round_seconds) {
@@ -1031,13 +1061,7 @@ struct ShardRun::Impl {
   }
 
   absl::StatusOr<pb::Settlement> Draft() {
-    TS_ASSIGN_OR_RETURN(std::vector<pb::RoundCertificate> certs,
-                        LoadCertificates(1, spec.spec.rounds() + 1));
-    TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
-    TS_ASSIGN_OR_RETURN(uint64_t escrow,
-                        common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
-    return DraftSettlement(host.chain_id, shard_id, escrow, shard.spec().reward_policy(), certs,
-                           spec.spec.rounds());
+    return DraftFromRecords(host, shard_id, spec.spec.rounds());
   }
 
   void ExchangeSettlement(Collective* collective, const GroupSpec& group, int64_t deadline) {
@@ -1803,6 +1827,33 @@ grpc::Status ShardRunManager::GetCertificates(grpc::ServerContext*,
   if (!got.ok()) return bridge::ToGrpcStatus(got.status());
   *response = *std::move(got);
   return grpc::Status::OK;
+}
+
+grpc::Status ShardRunManager::DraftSettlement(grpc::ServerContext*,
+                                              const pb::DraftSettlementRequest* request,
+                                              pb::DraftSettlementResponse* response) {
+  auto draft = DraftFromStoredRun(request->shard_id());
+  if (!draft.ok()) return bridge::ToGrpcStatus(draft.status());
+  *response->mutable_draft() = *std::move(draft);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<pb::Settlement> ShardRunManager::DraftFromStoredRun(uint64_t shard_id) {
+  ShardRunHost host;
+  {
+    absl::MutexLock lock(&mu_);
+    if (verifier_ == nullptr)
+      return absl::UnavailableError("the host has not reached the chain yet");
+    host = host_;
+  }
+  auto doc = host.db->Get(kTableRunSpecs, state::EncodeU64Key(shard_id));
+  if (absl::IsNotFound(doc.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, ": this host keeps no training records for it"));
+  }
+  if (!doc.ok()) return doc.status();
+  TS_ASSIGN_OR_RETURN(ParsedRunSpec spec, ParseRunSpec(*doc));
+  return DraftFromRecords(host, shard_id, spec.spec.rounds());
 }
 
 }  // namespace ts::sidecar

@@ -149,6 +149,12 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
   grpc::Status Evaluate(grpc::ServerContext* context,
                         const ::gonka::trainshard::v1::EvaluateCheckpointRequest* request,
                         ::gonka::trainshard::v1::EvaluateCheckpointResponse* response) override;
+  // The settlement the stored run spec and certificates imply (whether or not the run is
+  // running now). FAILED_PRECONDITION: no run spec stored for the shard, or a round without its
+  // certificate; UNAVAILABLE before Activate.
+  grpc::Status DraftSettlement(grpc::ServerContext* context,
+                               const ::gonka::trainshard::v1::DraftSettlementRequest* request,
+                               ::gonka::trainshard::v1::DraftSettlementResponse* response) override;
   grpc::Status Announce(grpc::ServerContext* context,
                         const ::gonka::trainshard::v1::AnnounceRequest* request,
                         ::gonka::trainshard::v1::AnnounceResponse* response) override;
@@ -158,6 +164,7 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
 
  private:
   ShardRun* Find(uint64_t shard_id) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromStoredRun(uint64_t shard_id);
   absl::StatusOr<std::string> VerifyPeer(const ::gonka::trainshard::v1::PeerRequestAuth& auth,
                                          std::string_view method, uint64_t shard_id,
                                          const google::protobuf::Message& request);

@@ -196,6 +196,9 @@ class Host:
                     f'data_dir = "{self.data_dir}"\n'
                     f'shard_endpoint = "{self.shard_endpoint}"\n'
                     f'poll_interval_ms = 100\n')
+            # The operator API publishes from and writes to folders under the network's root
+            # (never the data dirs or key files in it).
+            self.extra_config.setdefault("files_root", f'"{self.net.root}"')
             for key, value in self.extra_config.items():
                 f.write(f'{key} = {value}\n')
             f.write(f'[policy]\n'

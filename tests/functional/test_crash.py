@@ -1,6 +1,11 @@
 """Acceptance 3 and 4: SIGKILL the devnet and the sidecars at random points during scripted shard
 lifecycles (at least 50 kill points), restart them, and check afterwards:
 
+Each shard is proposed, voted through, reserved by the three hosts and runs until its deadline,
+when it expires and its escrow goes back to the creator (the hosts train nothing here, so none of
+them would sign a settlement: a host signs only what its own certified records imply; settling
+under kills is test_training's).
+
 - the app hash chain is consistent: every app hash observed before a crash is still the stored one,
   and replaying the stored blocks from genesis reproduces every app hash;
 - escrow is conserved: the escrow account holds exactly what the shards hold, supply unchanged;
@@ -93,7 +98,7 @@ class CrashTest(unittest.TestCase):
         self.net.cleanup()
 
     def drive_shard(self, i, observed):
-        """Runs one shard from proposal to settlement; returns its id. A proposal whose votes
+        """Runs one shard from proposal to its expiry; returns its id. A proposal whose votes
         were lost in a crash (the mempool is not persisted) can be rejected: then it proposes
         again under a new escrow amount."""
         for attempt in range(5):
@@ -102,14 +107,17 @@ class CrashTest(unittest.TestCase):
                 break
         else:
             self.fail(f"shard {i}: five proposals in a row were rejected")
-        return self.settle_shard(i, sid, observed)
+        return self.expire_shard(i, sid, observed)
 
     def open_shard(self, escrow):
-        """Proposes a shard escrowing `escrow`, votes it through; returns its id once RUNNING, or
-        None if it was rejected."""
+        """Proposes a shard escrowing `escrow`, votes it through; returns its id once RUNNING (or
+        already EXPIRED: a host down through the whole reservation window), or None if it was
+        rejected."""
         net = self.net
+        # Opened at height h: reservations until h + 100, expiry at h + 150 (15 s at 100 ms a
+        # block while the devnet is up).
         spec = net.write_spec(f"crash-{escrow}", min_nodes=3, max_nodes=3, escrow=escrow,
-                              max_duration=100000, window=100000)
+                              max_duration=150, window=100)
 
         def find_shard():
             # The submit may have landed even if its answer was lost in a crash: look first.
@@ -133,34 +141,19 @@ class CrashTest(unittest.TestCase):
 
         def running_or_rejected():
             now = net.shard(sid)["status"]
-            if now in ("SHARD_STATUS_RUNNING", "SHARD_STATUS_REJECTED"):
+            if now in ("SHARD_STATUS_RUNNING", "SHARD_STATUS_REJECTED", "SHARD_STATUS_EXPIRED"):
                 return now
             raise ValueError(f"shard {sid} is {now}")
         if retry(running_or_rejected, f"shard {sid} running", 120) == "SHARD_STATUS_REJECTED":
             return None
         return sid
 
-    def settle_shard(self, i, sid, observed):
+    def expire_shard(self, i, sid, observed):
         net = self.net
         status = net.cli("chain", "status")
         observed.append((int(status["latest_height"]), status["app_hash"]))
-
-        shard = net.shard(sid)
-        payouts = []
-        for r in shard["reservations"]:
-            payouts += ["--payout", f"{r['host']}=10000"]
-
-        def settle():
-            if net.shard(sid)["status"] == "SHARD_STATUS_SETTLED":
-                return True
-            with self.killer.lock:  # sidecar operator addresses change on restart
-                hosts = ",".join(h.operator for h in net.hosts)
-            out = net.cli("shard", "settle", "--id", sid, "--hosts", hosts, "--final-root",
-                          f"{i:064x}", *payouts, key="creator", check=False)
-            if out.returncode != 0 and "already" not in out.stderr + out.stdout:
-                raise ValueError(out.stderr.strip()[:300])
-            return expect_status(net, sid, "SHARD_STATUS_SETTLED")
-        retry(settle, f"settle shard {sid}", timeout_s=120)
+        retry(lambda: expect_status(net, sid, "SHARD_STATUS_EXPIRED"), f"shard {sid} to expire",
+              timeout_s=180)
         return sid
 
     def test_kill_at_random_points(self):
@@ -182,7 +175,7 @@ class CrashTest(unittest.TestCase):
             raise self.killer.error
         kills = self.killer.kills
         print(f"kill points: {len(kills)} (devnet {kills.count('devnet')}, sidecars "
-              f"{len(kills) - kills.count('devnet')}); shards settled: {len(shard_ids)}",
+              f"{len(kills) - kills.count('devnet')}); shards expired: {len(shard_ids)}",
               flush=True)
         self.assertGreaterEqual(len(kills), min(KILLS, 50))
 
@@ -193,7 +186,9 @@ class CrashTest(unittest.TestCase):
         held = sum(int(s["escrow_held"]) for s in net.cli("shard", "list")["shards"])
         self.assertEqual(net.balance(params["escrow_address"]), held)
         for sid in shard_ids:
-            self.assertEqual(net.shard(sid)["status"], "SHARD_STATUS_SETTLED")
+            shard = net.shard(sid)
+            self.assertEqual(shard["status"], "SHARD_STATUS_EXPIRED")
+            self.assertEqual(int(shard.get("escrow_held", "0")), 0, f"shard {sid} kept escrow")
 
         # No event missed or acted on twice.
         end = net.height()
@@ -207,7 +202,12 @@ class CrashTest(unittest.TestCase):
                     sid = e["attributes"]["shard_id"]
                     reserves[sid] = reserves.get(sid, 0) + 1
             for sid in shard_ids:
-                self.assertEqual(reserves.get(sid), 1, f"{h.name} reserved shard {sid} "
+                # A member decided to reserve exactly once; a host that missed the window (down
+                # through all of it) at most once.
+                members = {r["host"] for r in net.shard(sid)["reservations"]}
+                want = 1 if h.address in members else reserves.get(sid, 0)
+                self.assertLessEqual(reserves.get(sid, 0), 1, f"{h.name} shard {sid}")
+                self.assertEqual(reserves.get(sid, 0), want, f"{h.name} reserved shard {sid} "
                                  f"{reserves.get(sid)} times")
 
         # App hashes observed before crashes are still the stored ones.

@@ -100,11 +100,15 @@ class TrainTest(unittest.TestCase):
     def tearDown(self):
         self.net.cleanup()
 
-    def run_shard(self, name, run_spec):
+    def run_shard(self, name, run_spec, during=None):
+        """Opens a shard, starts its run on every host, calls during(sid) if given, and waits
+        until the shard is settled and every run done."""
         net = self.net
         sid = open_shard(net, name, run_spec, min_nodes=3, max_nodes=3)
         for h in net.hosts:
             net.start_run(h, sid, run_spec)
+        if during is not None:
+            during(sid)
         wait_settled(net, sid)
         harness.wait_for(lambda: all(net.train_status(h, sid, check=False).get("state") == "done"
                                      for h in net.hosts), 60, "every run done")
@@ -114,7 +118,19 @@ class TrainTest(unittest.TestCase):
         net = self.net
         run_spec = net.write_run_spec("train", rounds=4, innerSteps=30)
         before = {h.address: net.balance(h.address) for h in net.hosts}
-        sid = self.run_shard("train-a", run_spec)
+
+        def bogus_settlement_refused(sid):
+            # While the hosts train, a settlement drafted by hand (any root, any payouts) is
+            # refused by every host, and takes nothing from the honest one that follows.
+            payouts = [a for h in net.hosts for a in ("--payout", f"{h.address}=1000")]
+            out = net.cli("shard", "settle", "--id", sid, "--hosts",
+                          ",".join(h.operator for h in net.hosts), "--final-root", "ab" * 32,
+                          *payouts, "--submit-via", net.hosts[0].operator, check=False)
+            self.assertNotEqual(out.returncode, 0, out.stdout)
+            for h in net.hosts:
+                self.assertIn(f"host {h.operator} did not sign", out.stderr)
+            self.assertRegex(out.stderr, "certify [0-9]+ of 4 rounds|no training records")
+        sid = self.run_shard("train-a", run_spec, during=bogus_settlement_refused)
         statuses = [net.train_status(h, sid) for h in net.hosts]
         roots = {s["root"] for s in statuses}
         self.assertEqual(len(roots), 1, f"hosts hold different final roots: {roots}")
