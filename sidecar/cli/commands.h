@@ -11,6 +11,7 @@
 #include <map>
 
 #include "CLI/CLI.hpp"
+#include "gonka/trainshard/v1/chain.pb.h"
 #include "sidecar/cli/context.h"
 
 namespace ts::sidecar {
@@ -60,6 +61,13 @@ inline CLI::Validator UnsignedInteger() {
       },
       "UINT");
 }
+
+// The settlement the host at `target` (a gRPC target, ParseHostTarget) says its certified
+// training records imply for the shard (ShardRunOperator.DraftSettlement): the one draft it
+// signs. Errors are the host's.
+absl::StatusOr<gonka::trainshard::v1::Settlement> DraftFromHost(const std::string& target,
+                                                                uint64_t shard_id,
+                                                                int64_t timeout_ms);
 
 void AddKeysCommands(CLI::App& root, CommandTable& table);
 void AddDevnetCommands(CLI::App& root, CommandTable& table);

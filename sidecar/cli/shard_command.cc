@@ -145,6 +145,7 @@ struct SettleArgs {
   int64_t eval_value_micro = 0;
   uint64_t rounds = 0;
   std::string submit_via;
+  std::string draft_from;
   CLI::Option* eval_value_option = nullptr;
 };
 
@@ -161,6 +162,8 @@ struct SettlePlan {
   bool refund_given = false;
   uint64_t refund = 0;
   std::string submit_via;
+  // The host whose records' draft is used (then no draft flag is given).
+  std::string draft_from;
 };
 
 absl::StatusOr<SettlePlan> PlanSettle(const SettleArgs& args) {
@@ -168,6 +171,22 @@ absl::StatusOr<SettlePlan> PlanSettle(const SettleArgs& args) {
   auto hosts = ParseHostTargetList("--hosts", args.hosts);
   if (!hosts.ok()) return hosts.status();
   plan.hosts = *std::move(hosts);
+  if (!args.submit_via.empty()) {
+    auto via = ParseHostTarget("--submit-via", args.submit_via);
+    if (!via.ok()) return via.status();
+    plan.submit_via = *std::move(via);
+  }
+  if (!args.draft_from.empty()) {
+    // The whole draft is the host's; CLI11 refuses the draft flags beside it (excludes).
+    auto from = ParseHostTarget("--draft-from", args.draft_from);
+    if (!from.ok()) return from.status();
+    plan.draft_from = *std::move(from);
+    return plan;
+  }
+  if (args.final_root.empty()) {
+    return absl::InvalidArgumentError(
+        "--final-root: required (or --draft-from HOST, to settle what a host's records imply)");
+  }
   auto root = ParseHex32("--final-root", args.final_root);
   if (!root.ok()) return root.status();
   plan.final_root = *std::move(root);
@@ -187,11 +206,6 @@ absl::StatusOr<SettlePlan> PlanSettle(const SettleArgs& args) {
   if (!args.eval_metric.empty() && !has_value) {
     return absl::InvalidArgumentError(
         absl::StrCat("--eval-metric \"", args.eval_metric, "\": needs --eval-value-micro"));
-  }
-  if (!args.submit_via.empty()) {
-    auto via = ParseHostTarget("--submit-via", args.submit_via);
-    if (!via.ok()) return via.status();
-    plan.submit_via = *std::move(via);
   }
   return plan;
 }
@@ -227,23 +241,6 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
 
   auto status = ctx.chain().Status();
   if (!status.ok()) return ctx.ChainFailed(status.status());
-  pb::Settlement draft;
-  draft.set_chain_id(status->chain_id);
-  draft.set_shard_id(args.id);
-  draft.set_final_checkpoint_root(plan->final_root);
-  if (!args.eval_metric.empty()) {
-    draft.mutable_evaluation()->set_metric(args.eval_metric);
-    draft.mutable_evaluation()->set_value_micro(args.eval_value_micro);
-  }
-  uint64_t paid = 0;
-  for (const auto& payout : plan->payouts) {
-    auto sum = common::CheckedAdd("--payout", paid, payout.value);
-    if (!sum.ok()) return ctx.BadInput(sum.status());
-    paid = *sum;
-    auto* entry = draft.add_payouts();
-    entry->set_host(payout.address);
-    entry->set_amount(common::FormatAmount(payout.value));
-  }
   auto shard = ctx.chain().Shard(args.id);
   if (!shard.ok()) return ctx.ChainFailed(shard.status());
   auto held = common::ParseAmount("escrow_held", shard->escrow_held());
@@ -258,18 +255,42 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
     }
     return kExitRefused;
   }
-  uint64_t refund = plan->refund;
-  if (!plan->refund_given) {
-    if (paid > *held) {
-      return ctx.BadInput(absl::InvalidArgumentError(absl::StrCat(
-          "--payout: the payouts sum to ", paid, ", more than the shard's escrow ", *held)));
+  pb::Settlement draft;
+  if (!plan->draft_from.empty()) {
+    auto from = DraftFromHost(plan->draft_from, args.id, ctx.options().timeout_ms);
+    if (!from.ok()) return ctx.PeerFailed(HostPeer(plan->draft_from), from.status());
+    draft = *std::move(from);
+    if (!ctx.json()) ctx.out() << "draft from " << plan->draft_from << "\n";
+  } else {
+    draft.set_chain_id(status->chain_id);
+    draft.set_shard_id(args.id);
+    draft.set_final_checkpoint_root(plan->final_root);
+    if (!args.eval_metric.empty()) {
+      draft.mutable_evaluation()->set_metric(args.eval_metric);
+      draft.mutable_evaluation()->set_value_micro(args.eval_value_micro);
     }
-    refund = *held - paid;
+    uint64_t paid = 0;
+    for (const auto& payout : plan->payouts) {
+      auto sum = common::CheckedAdd("--payout", paid, payout.value);
+      if (!sum.ok()) return ctx.BadInput(sum.status());
+      paid = *sum;
+      auto* entry = draft.add_payouts();
+      entry->set_host(payout.address);
+      entry->set_amount(common::FormatAmount(payout.value));
+    }
+    uint64_t refund = plan->refund;
+    if (!plan->refund_given) {
+      if (paid > *held) {
+        return ctx.BadInput(absl::InvalidArgumentError(absl::StrCat(
+            "--payout: the payouts sum to ", paid, ", more than the shard's escrow ", *held)));
+      }
+      refund = *held - paid;
+    }
+    draft.set_refund(common::FormatAmount(refund));
+    draft.set_rounds_completed(args.rounds);
   }
   std::set<std::string> members;
   for (const auto& r : shard->reservations()) members.insert(r.host());
-  draft.set_refund(common::FormatAmount(refund));
-  draft.set_rounds_completed(args.rounds);
 
   const std::string draft_bytes = DeterministicBytes(draft);
   std::vector<pb::SettlementSignature> signatures;
@@ -403,19 +424,30 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
       ->add_option("--hosts", settle_args->hosts,
                    "the sidecars' operator sockets (as --host), comma-separated")
       ->required();
-  settle
-      ->add_option("--final-root", settle_args->final_root,
-                   "final checkpoint root, 64 hex characters")
-      ->required();
-  settle->add_option("--payout", settle_args->payouts, "HOSTADDR=AMOUNT, repeated")->take_all();
-  settle->add_option("--refund", settle_args->refund,
-                     "ngonka refunded to the creator (default: escrow minus the payouts)");
-  settle->add_option("--eval-metric", settle_args->eval_metric,
-                     "evaluation metric, e.g. eval_loss");
+  CLI::Option* final_root =
+      settle->add_option("--final-root", settle_args->final_root,
+                         "final checkpoint root, 64 hex characters (or --draft-from)");
+  CLI::Option* payout =
+      settle->add_option("--payout", settle_args->payouts, "HOSTADDR=AMOUNT, repeated")->take_all();
+  CLI::Option* refund =
+      settle->add_option("--refund", settle_args->refund,
+                         "ngonka refunded to the creator (default: escrow minus the payouts)");
+  CLI::Option* metric = settle->add_option("--eval-metric", settle_args->eval_metric,
+                                           "evaluation metric, e.g. eval_loss");
   settle_args->eval_value_option = settle->add_option(
       "--eval-value-micro", settle_args->eval_value_micro, "metric value times 1e6");
-  settle->add_option("--rounds", settle_args->rounds, "rounds completed")
-      ->transform(UnsignedInteger());
+  CLI::Option* rounds = settle->add_option("--rounds", settle_args->rounds, "rounds completed")
+                            ->transform(UnsignedInteger());
+  settle
+      ->add_option("--draft-from", settle_args->draft_from,
+                   "take the whole draft from this sidecar's certified records (as --host): the "
+                   "one settlement the members sign")
+      ->excludes(final_root)
+      ->excludes(payout)
+      ->excludes(refund)
+      ->excludes(metric)
+      ->excludes(settle_args->eval_value_option)
+      ->excludes(rounds);
   settle->add_option("--submit-via", settle_args->submit_via,
                      "submit through this sidecar (default: submit with --key)");
   table.Add(settle, [settle_args](Context& ctx) { return RunSettle(ctx, *settle_args); });

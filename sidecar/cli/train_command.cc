@@ -1,4 +1,4 @@
-// `trainshard shard run|train-status` and `trainshard eval`: a host sidecar's training runs
+// `trainshard shard run|train-status|draft` and `trainshard eval`: a host sidecar's training runs
 // (docs/training.md) through its ShardRunOperator service on the operator socket.
 #include <memory>
 #include <string>
@@ -112,6 +112,19 @@ int RunTrainStatus(Context& ctx, const StatusArgs& args) {
   return kExitOk;
 }
 
+int RunDraft(Context& ctx, const StatusArgs& args) {
+  auto endpoint = ParseHostTarget("--host", args.host);
+  if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
+  auto draft = DraftFromHost(*endpoint, args.id, ctx.options().timeout_ms);
+  if (!draft.ok()) return ctx.PeerFailed("host " + *endpoint, draft.status());
+  if (ctx.json()) {
+    ctx.PrintProtoJson(*draft);
+  } else {
+    PrintSettlement(ctx.out(), *draft);
+  }
+  return kExitOk;
+}
+
 int RunEval(Context& ctx, const EvalArgs& args) {
   auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
@@ -145,6 +158,18 @@ int RunEval(Context& ctx, const EvalArgs& args) {
 
 }  // namespace
 
+absl::StatusOr<pb::Settlement> DraftFromHost(const std::string& target, uint64_t shard_id,
+                                             int64_t timeout_ms) {
+  pb::DraftSettlementRequest request;
+  request.set_shard_id(shard_id);
+  auto stub = Stub(target);
+  auto response = CallWithDeadline<pb::DraftSettlementResponse>(
+      timeout_ms,
+      [&](auto* context, auto* r) { return stub->DraftSettlement(context, request, r); });
+  if (!response.ok()) return response.status();
+  return std::move(*response->mutable_draft());
+}
+
 void AddTrainCommands(CLI::App& root, CLI::App& shard, CommandTable& table) {
   auto run_args = std::make_shared<RunArgs>();
   CLI::App* run = shard.add_subcommand(
@@ -162,6 +187,13 @@ void AddTrainCommands(CLI::App& root, CLI::App& shard, CommandTable& table) {
   status->add_option("--id", status_args->id, "shard id")->transform(UnsignedInteger())->required();
   status->add_option("--host", status_args->host, kHostFlagHelp)->required();
   table.Add(status, [status_args](Context& ctx) { return RunTrainStatus(ctx, *status_args); });
+
+  auto draft_args = std::make_shared<StatusArgs>();
+  CLI::App* draft = shard.add_subcommand(
+      "draft", "the settlement a host's certified training records imply: all it will sign");
+  draft->add_option("--id", draft_args->id, "shard id")->transform(UnsignedInteger())->required();
+  draft->add_option("--host", draft_args->host, kHostFlagHelp)->required();
+  table.Add(draft, [draft_args](Context& ctx) { return RunDraft(ctx, *draft_args); });
 
   auto eval_args = std::make_shared<EvalArgs>();
   CLI::App* eval = root.add_subcommand(

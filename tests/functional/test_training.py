@@ -130,6 +130,12 @@ class TrainTest(unittest.TestCase):
             for h in net.hosts:
                 self.assertIn(f"host {h.operator} did not sign", out.stderr)
             self.assertRegex(out.stderr, "certify [0-9]+ of 4 rounds|no training records")
+            # Nor is there a draft to take from a host's records yet.
+            early = net.cli("shard", "settle", "--id", sid, "--hosts", net.hosts[0].operator,
+                            "--draft-from", net.hosts[0].operator, "--submit-via",
+                            net.hosts[0].operator, check=False)
+            self.assertEqual(early.returncode, 1, early.stderr)
+            self.assertRegex(early.stderr, "certify [0-9]+ of 4 rounds|no training records")
         sid = self.run_shard("train-a", run_spec, during=bogus_settlement_refused)
         statuses = [net.train_status(h, sid) for h in net.hosts]
         roots = {s["root"] for s in statuses}
@@ -148,6 +154,10 @@ class TrainTest(unittest.TestCase):
         self.assertEqual(int(settlement["rounds_completed"]), 4)
         self.assertEqual(int(settlement["evaluation"]["value_micro"]),
                          int(s["rounds"][-1]["eval_loss_micro"]))
+        # What each host's records imply is exactly what was settled on chain.
+        for h in net.hosts:
+            implied = net.cli("shard", "draft", "--id", sid, "--host", h.operator)
+            self.assertEqual(implied, settlement, f"{h.name}'s records imply another settlement")
         paid = {p["host"]: int(p["amount"]) for p in settlement["payouts"]}
         for h in net.hosts:
             self.assertGreater(paid.get(h.address, 0), 0, f"{h.name} was not paid")
