@@ -136,9 +136,7 @@ grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
                                                   const pb::GetManifestRequest* request,
                                                   pb::GetManifestResponse* response) {
   return Serve([&]() -> absl::Status {
-    TS_ASSIGN_OR_RETURN(std::string signer, verifier_->VerifyRequest(*request, kMethodGetManifest,
-                                                                     request->shard_id()));
-    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
+    TS_RETURN_IF_ERROR(Authorize(*request, kMethodGetManifest).status());
     TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request->artifact_id()));
     TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
     TS_ASSIGN_OR_RETURN(VerifiedManifest manifest,
@@ -150,9 +148,7 @@ grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
 
 absl::StatusOr<ChunkServing> ArtifactTransferService::BeginChunks(
     const pb::GetChunksRequest& request, std::string_view method) {
-  TS_ASSIGN_OR_RETURN(std::string signer,
-                      verifier_->VerifyRequest(request, method, request.shard_id()));
-  TS_RETURN_IF_ERROR(directory_->CheckMember(request.shard_id(), signer));
+  TS_RETURN_IF_ERROR(Authorize(request, method).status());
   TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request.artifact_id()));
   const size_t count = static_cast<size_t>(request.chunks_size());
   if (count == 0) return absl::InvalidArgumentError("chunks: empty");
@@ -268,9 +264,7 @@ grpc::Status ArtifactTransferService::ListArtifacts(grpc::ServerContext* context
                                                     const pb::ListArtifactsRequest* request,
                                                     pb::ListArtifactsResponse* response) {
   return Serve([&]() -> absl::Status {
-    TS_ASSIGN_OR_RETURN(std::string signer, verifier_->VerifyRequest(*request, kMethodListArtifacts,
-                                                                     request->shard_id()));
-    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
+    TS_RETURN_IF_ERROR(Authorize(*request, kMethodListArtifacts).status());
     TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
     TS_ASSIGN_OR_RETURN(std::vector<pb::ArtifactSummary> list,
                         store->List(/*include_incomplete=*/false));
@@ -283,10 +277,7 @@ grpc::Status ArtifactTransferService::GetChunkStream(grpc::ServerContext* contex
                                                      const pb::GetChunkStreamRequest* request,
                                                      pb::GetChunkStreamResponse* response) {
   return Serve([&]() -> absl::Status {
-    TS_ASSIGN_OR_RETURN(
-        std::string signer,
-        verifier_->VerifyRequest(*request, kMethodGetChunkStream, request->shard_id()));
-    TS_RETURN_IF_ERROR(directory_->CheckMember(request->shard_id(), signer));
+    TS_RETURN_IF_ERROR(Authorize(*request, kMethodGetChunkStream).status());
     response->set_port(options_.chunk_stream_port);
     return absl::OkStatus();
   });

@@ -1,8 +1,9 @@
 // Artifact transfer between shard hosts: the ArtifactTransfer gRPC service a host serves to its
 // peers, and the multi-peer fetcher a host runs to get an artifact from them.
 //
-// Service: every request is authenticated (PeerRequestVerifier: signed, audience, expiry,
-// nonce) and its signer must be a member of the shard (ShardDirectory). GetChunks serves at most
+// Service: every request is authenticated (PeerRequestVerifier: signed, audience, expiry; the
+// signer a member of the shard, as the ShardDirectory says; then the nonce, so a request of a
+// host outside the shard leaves no state). GetChunks serves at most
 // max_chunks_per_request chunks, each named by the artifact's manifest, one message each, in
 // request order; at most max_concurrent_streams calls stream at once (RESOURCE_EXHAUSTED beyond).
 //
@@ -144,6 +145,15 @@ class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
                                            std::string_view method);
 
  private:
+  // The request's auth, then the signer's membership of the request's shard (the directory),
+  // then its nonce (PeerRequestVerifier::Verify). Returns the signer.
+  template <typename Request>
+  absl::StatusOr<std::string> Authorize(const Request& request, std::string_view method) {
+    return verifier_->VerifyRequest(request, method, request.shard_id(),
+                                    [this](uint64_t shard_id, std::string_view signer) {
+                                      return directory_->CheckMember(shard_id, signer);
+                                    });
+  }
   // Sends each chunk, in request order, through `send` once the request is checked.
   using ChunkSender = std::function<absl::Status(ArtifactStore* store, const std::string& hash)>;
   grpc::Status ServeChunks(grpc::ServerContext* context, const pb::GetChunksRequest& request,

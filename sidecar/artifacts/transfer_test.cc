@@ -1138,6 +1138,50 @@ TEST_F(ServiceAttackTest, IncompleteArtifactsAreNotServed) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// The nonce-table lockout of the "Harden the host" issue, on a small table: validly signed
+// requests of a host outside the shard, and of keys of no account at all, used to take places
+// in the table before membership was asked, until members were refused RESOURCE_EXHAUSTED (and
+// a refused request, sent again, came back "replayed"). Now refused requests keep nothing.
+TEST_F(ServiceAttackTest, OutsidersCannotCrowdMembersOut) {
+  PeerAuthOptions auth_options;
+  auth_options.max_nonces = 16;
+  PeerRequestVerifier verifier(publisher_->address, kChain, Clock(), auth_options);
+  ArtifactTransferService service(publisher_->registry.get(), &directory_, &verifier);
+  Server server = StartServer(&service);
+  auto stub = pb::ArtifactTransfer::NewStub(
+      grpc::CreateChannel(server.endpoint, grpc::InsecureChannelCredentials()));
+  auto call = [&](const pb::GetManifestRequest& request) {
+    pb::GetManifestResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub->GetManifest(&context, request, &response);
+  };
+  const common::PrivateKey outsider = KeyOf(0x5c);  // an account, not a member
+  pb::GetManifestRequest first = ManifestRequest();
+  Sign(&first, outsider, kMethodGetManifest);
+  for (int i = 0; i < 64; ++i) {
+    pb::GetManifestRequest request = ManifestRequest();
+    // Every other one from a key of no account at all, a new one each time.
+    Sign(&request, i % 2 == 0 ? outsider : KeyOf(static_cast<char>(0x60 + i / 2)),
+         kMethodGetManifest);
+    grpc::Status status = call(request);
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  }
+  for (int i = 0; i < 2; ++i) {
+    grpc::Status again = call(first);
+    EXPECT_EQ(again.error_code(), grpc::StatusCode::PERMISSION_DENIED) << again.error_message();
+    EXPECT_THAT(again.error_message(), HasSubstr("is not a member of shard"));
+  }
+  // The member has the whole table.
+  for (size_t i = 0; i < auth_options.max_nonces; ++i) {
+    pb::GetManifestRequest request = ManifestRequest();
+    Sign(&request, member_->key, kMethodGetManifest);
+    grpc::Status status = call(request);
+    ASSERT_TRUE(status.ok()) << i << ": " << status.error_message();
+  }
+  server.server->Shutdown();
+}
+
 TEST_F(ServiceAttackTest, ConcurrentStreamCap) {
   // A second server on the same store with no stream to give.
   TransferServiceOptions options;

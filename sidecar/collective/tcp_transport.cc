@@ -1360,8 +1360,10 @@ bool TcpTransport::Impl::ReadHello(Pending* p) {
       Refuse(p, hello.status());
       return true;
     }
+    // Signature, audience and times now; membership and the nonce once a Connect of the
+    // hello's mesh claims it (TryClaim), so a parked hello keeps nothing in the verifier.
     absl::StatusOr<std::string> signer =
-        verifier.VerifyRequest(*hello, kCollectiveHelloMethod, hello->shard_id());
+        verifier.AuthenticateRequest(*hello, kCollectiveHelloMethod, hello->shard_id());
     if (!signer.ok()) {
       Refuse(p, signer.status());
       return true;
@@ -1379,8 +1381,21 @@ bool TcpTransport::Impl::TryClaim(Pending* p) {
   if (it == connecting.end()) return false;
   MeshImpl* mesh = it->second;
   const GroupSpec& group = mesh->group();
+  // The group's membership is asked before the hello's nonce is recorded: a hello from a host
+  // outside the mesh leaves nothing behind.
   absl::Status ok =
-      CheckHelloMember(p->hello, p->signer, group, mesh->mesh_id(), mesh->self_index());
+      verifier
+          .VerifyRequest(p->hello, kCollectiveHelloMethod, p->hello.shard_id(),
+                         [&](uint64_t, std::string_view signer) {
+                           return CheckHelloMember(p->hello, signer, group, mesh->mesh_id(),
+                                                   mesh->self_index());
+                         })
+          .status();
+  if (!ok.ok() && !absl::IsPermissionDenied(ok)) {
+    // Refused by its nonce or its times (a replay, say): the signature shows who once signed
+    // the hello, not who sent it now, so the refusal names the connection, not the signer.
+    p->signer.clear();
+  }
   if (ok.ok() && mesh->HasLink(p->hello.member_index())) {
     ok = absl::AlreadyExistsError(absl::StrCat("member ", p->hello.member_index(), " (", p->signer,
                                                ") is already connected in mesh ",
@@ -1570,15 +1585,17 @@ absl::StatusOr<UniqueFd> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t mem
     return PeerFailure(absl::StatusCode::kInvalidArgument, peer.address,
                        absl::StrCat("ack: ", ack.status().message()));
   }
+  // The only member an ack may come from is the one dialed.
   absl::StatusOr<std::string> signer =
-      verifier.VerifyRequest(*ack, kCollectiveHelloAckMethod, group.shard_id);
+      verifier.VerifyRequest(*ack, kCollectiveHelloAckMethod, group.shard_id,
+                             [&](uint64_t, std::string_view from) -> absl::Status {
+                               if (from == peer.address) return absl::OkStatus();
+                               return absl::UnauthenticatedError(absl::StrCat(
+                                   "signed by ", AsAbsl(from), ", not the member dialed"));
+                             });
   if (!signer.ok()) {
     return PeerFailure(signer.status().code(), peer.address,
                        absl::StrCat("ack: ", signer.status().message()));
-  }
-  if (*signer != peer.address) {
-    return PeerFailure(absl::StatusCode::kUnauthenticated, peer.address,
-                       absl::StrCat("ack: signed by ", *signer, ", not the member dialed"));
   }
   if (ack->mesh_id() != mesh->mesh_id() || ack->shard_id() != group.shard_id ||
       ack->member_index() != member_index || ack->answers_nonce() != nonce) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -21,6 +22,10 @@ namespace {
 
 constexpr size_t kNonceSize = 16;
 constexpr int64_t kMinPrunePeriodMs = 1000;
+// A table is shrunk to fit when its capacity exceeds kShrinkFactor × its size plus
+// kShrinkSlack slots (small tables are left alone: shrinking them saves nothing).
+constexpr size_t kShrinkFactor = 4;
+constexpr size_t kShrinkSlack = 64;
 
 std::string StatementBytes(const pb::PeerRequestAuth& auth, std::string_view method,
                            std::string_view body_sha256) {
@@ -46,6 +51,15 @@ std::string RandomNonce() {
     filled += static_cast<size_t>(n);
   }
   return nonce;
+}
+
+// The 16 nonce bytes as two words (any fixed mapping will do: it only has to be injective).
+std::pair<uint64_t, uint64_t> NonceWords(std::string_view nonce) {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  std::memcpy(&hi, nonce.data(), sizeof(hi));
+  std::memcpy(&lo, nonce.data() + sizeof(hi), sizeof(lo));
+  return {hi, lo};
 }
 
 }  // namespace
@@ -88,11 +102,11 @@ PeerRequestVerifier::PeerRequestVerifier(std::string self_address, std::string c
       options_(options),
       start_unix_ms_(clock->NowUnixMs()) {}
 
-absl::StatusOr<std::string> PeerRequestVerifier::Verify(const pb::PeerRequestAuth& auth,
-                                                        std::string_view method, uint64_t shard_id,
-                                                        std::string_view body_bytes) {
-  // Cheap checks first, the signature next, the nonce last: only a request that verifies may
-  // take a place in the nonce map.
+absl::StatusOr<std::string> PeerRequestVerifier::Authenticate(const pb::PeerRequestAuth& auth,
+                                                              std::string_view method,
+                                                              uint64_t shard_id,
+                                                              std::string_view body_bytes) const {
+  // Cheap checks first, the signature next: neither keeps any state.
   if (auth.signer().empty()) return absl::UnauthenticatedError("auth.signer: empty");
   if (auth.signature().size() != common::kRecoverableSignatureSize) {
     return absl::UnauthenticatedError(absl::StrCat("auth.signature: ", auth.signature().size(),
@@ -144,20 +158,81 @@ absl::StatusOr<std::string> PeerRequestVerifier::Verify(const pb::PeerRequestAut
                                                    ", not auth.signer ",
                                                    absl::CHexEscape(auth.signer())));
   }
+  return recovered;
+}
 
-  std::string key = absl::StrCat(auth.signer(), auth.nonce());
+absl::StatusOr<std::string> PeerRequestVerifier::Verify(const pb::PeerRequestAuth& auth,
+                                                        std::string_view method, uint64_t shard_id,
+                                                        std::string_view body_bytes,
+                                                        PeerMembership membership) {
+  TS_ASSIGN_OR_RETURN(std::string signer, Authenticate(auth, method, shard_id, body_bytes));
+  // Membership before the nonce: only a member's request may take a place in the tables, so
+  // hosts outside the shard (or keys of no account) cannot fill them, and a refused request
+  // leaves nothing behind (sent again, it is refused for the same reason, not as a replay).
+  TS_RETURN_IF_ERROR(membership(shard_id, signer));
+
+  const Nonce nonce = NonceWords(auth.nonce());
+  const int64_t now = clock_->NowUnixMs();
   absl::MutexLock lock(&mu_);
   if (now >= next_prune_unix_ms_) {
-    absl::erase_if(nonces_, [now](const auto& entry) { return entry.second < now; });
+    Prune(now);
     next_prune_unix_ms_ = now + std::max<int64_t>(kMinPrunePeriodMs, options_.max_lifetime_ms / 4);
   }
-  if (nonces_.contains(key)) return absl::UnauthenticatedError("auth.nonce: replayed");
-  if (nonces_.size() >= options_.max_nonces) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "auth.nonce: ", nonces_.size(), " unexpired requests held, at most ", options_.max_nonces));
+  auto found = signers_.find(signer);
+  if (found != signers_.end() && found->second.expires_unix_ms.contains(nonce)) {
+    return absl::UnauthenticatedError("auth.nonce: replayed");
   }
-  nonces_.emplace(std::move(key), auth.expires_unix_ms());
-  return std::move(*recovered);
+  const size_t held = found == signers_.end() ? 0 : found->second.expires_unix_ms.size();
+  if (held >= options_.max_nonces_per_signer) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("auth.nonce: ", held, " unexpired requests of ", signer, " held, at most ",
+                     options_.max_nonces_per_signer, " per signer"));
+  }
+  if (nonces_ >= options_.max_nonces) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "auth.nonce: ", nonces_, " unexpired requests held, at most ", options_.max_nonces));
+  }
+  if (found == signers_.end()) found = signers_.try_emplace(signer).first;
+  found->second.expires_unix_ms.emplace(nonce, auth.expires_unix_ms());
+  ++nonces_;
+  return signer;
+}
+
+void PeerRequestVerifier::Prune(int64_t now_unix_ms) {
+  for (auto it = signers_.begin(); it != signers_.end();) {
+    auto& table = it->second.expires_unix_ms;
+    const size_t before = table.size();
+    absl::erase_if(table, [now_unix_ms](const auto& entry) { return entry.second < now_unix_ms; });
+    nonces_ -= before - table.size();
+    if (table.empty()) {
+      signers_.erase(it++);
+      continue;
+    }
+    // flat_hash_map keeps its capacity on erase: a table that held a burst would keep the
+    // burst's memory for as long as the signer sends anything.
+    if (table.bucket_count() > kShrinkFactor * table.size() + kShrinkSlack) table.rehash(0);
+    ++it;
+  }
+  if (signers_.bucket_count() > kShrinkFactor * signers_.size() + kShrinkSlack) {
+    signers_.rehash(0);
+  }
+}
+
+size_t PeerRequestVerifier::nonces_held() const {
+  absl::MutexLock lock(&mu_);
+  return nonces_;
+}
+
+size_t PeerRequestVerifier::signers_held() const {
+  absl::MutexLock lock(&mu_);
+  return signers_.size();
+}
+
+size_t PeerRequestVerifier::nonce_slots() const {
+  absl::MutexLock lock(&mu_);
+  size_t slots = signers_.bucket_count();
+  for (const auto& [signer, nonces] : signers_) slots += nonces.expires_unix_ms.bucket_count();
+  return slots;
 }
 
 }  // namespace ts::sidecar

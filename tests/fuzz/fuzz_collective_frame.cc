@@ -45,7 +45,7 @@ void CheckHello(std::string_view payload, bool ack) {
   ts::fuzz::FixedClock clock;
   ts::sidecar::PeerRequestVerifier verifier(group.members[self].address,
                                             std::string(ts::fuzz::kCollectiveChainId), &clock);
-  absl::StatusOr<std::string> signer = verifier.VerifyRequest(
+  absl::StatusOr<std::string> signer = verifier.AuthenticateRequest(
       *hello, ack ? ts::sidecar::kCollectiveHelloAckMethod : ts::sidecar::kCollectiveHelloMethod,
       hello->shard_id());
   if (!signer.ok()) return;

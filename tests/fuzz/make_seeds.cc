@@ -233,7 +233,7 @@ std::string SignedCollectiveHello(size_t from, size_t to, bool ack) {
   ts::fuzz::FixedClock clock;
   ts::sidecar::PeerRequestVerifier verifier(group.members[to].address,
                                             std::string(ts::fuzz::kCollectiveChainId), &clock);
-  auto signer = verifier.VerifyRequest(hello, method, group.shard_id);
+  auto signer = verifier.AuthenticateRequest(hello, method, group.shard_id);
   TS_CHECK(signer.ok() && *signer == group.members[from].address);
   if (!ack) {
     TS_CHECK(ts::sidecar::CheckHelloMember(hello, *signer, group, ts::fuzz::CollectiveMeshId(), to)
