@@ -1,5 +1,6 @@
 #include "sidecar/peer/shard_directory.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -70,11 +71,32 @@ ShardView ShardViewFromChain(const pb::Shard& shard) {
 
 ChainShardDirectory::ChainShardDirectory(bridge::ChainClient* chain, common::Clock* clock,
                                          ChainShardDirectoryOptions options)
-    : chain_(chain), clock_(clock), options_(options) {}
+    : chain_(chain), clock_(clock), options_(options) {
+  absl::MutexLock lock(&mu_);
+  query_tokens_ = static_cast<double>(std::max<int64_t>(options_.max_chain_queries_per_s, 1));
+  query_tokens_ms_ = clock_->MonotonicMs();
+}
 
-absl::StatusOr<ShardView> ChainShardDirectory::Fetch(uint64_t shard_id) {
-  const int64_t now = clock_->MonotonicMs();
-  absl::StatusOr<pb::Shard> shard = chain_->Shard(shard_id);
+absl::StatusOr<ShardView> ChainShardDirectory::Answer(const Entry& entry) {
+  if (entry.view.status == pb::SHARD_STATUS_UNSPECIFIED) return ShardNotFound(entry.view.shard_id);
+  return entry.view;
+}
+
+bool ChainShardDirectory::TakeQuery(int64_t now_ms) {
+  const double rate = static_cast<double>(std::max<int64_t>(options_.max_chain_queries_per_s, 1));
+  if (now_ms > query_tokens_ms_) {
+    query_tokens_ = std::min(
+        rate, query_tokens_ + rate * static_cast<double>(now_ms - query_tokens_ms_) / 1000);
+    query_tokens_ms_ = now_ms;
+  }
+  if (query_tokens_ < 1) return false;
+  query_tokens_ -= 1;
+  return true;
+}
+
+absl::StatusOr<ShardView> ChainShardDirectory::Store(uint64_t shard_id,
+                                                     absl::StatusOr<pb::Shard> shard,
+                                                     int64_t now_ms) {
   ShardView view;
   if (shard.ok()) {
     if (shard->id() != shard_id) {
@@ -95,55 +117,74 @@ absl::StatusOr<ShardView> ChainShardDirectory::Fetch(uint64_t shard_id) {
     // A chain that cannot be reached does not make a known shard unknown: the last view is
     // served, and the chain asked again only after another ttl, so a node restart neither
     // refuses every peer nor stalls each request on a chain call that times out.
-    it->second.fetched_ms = now;
+    it->second.fetched_ms = now_ms;
     return it->second.view;
   }
   if (cache_.size() >= kMaxCachedShards && !cache_.contains(shard_id)) {
     absl::erase_if(cache_, [&](const auto& entry) {
-      return now - entry.second.fetched_ms >= options_.ttl_ms ||
+      return now_ms - entry.second.fetched_ms >= options_.ttl_ms ||
              entry.second.view.status == pb::SHARD_STATUS_UNSPECIFIED;
     });
   }
   if (cache_.size() < kMaxCachedShards || cache_.contains(shard_id)) {
-    cache_[shard_id] = Entry{view, now};
+    cache_[shard_id] = Entry{view, now_ms};
   }
   if (view.status == pb::SHARD_STATUS_UNSPECIFIED) return ShardNotFound(shard_id);
   return view;
 }
 
-absl::StatusOr<ShardView> ChainShardDirectory::Get(uint64_t shard_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = cache_.find(shard_id);
-  if (it != cache_.end()) {
-    const int64_t age_ms = clock_->MonotonicMs() - it->second.fetched_ms;
-    if (it->second.view.status == pb::SHARD_STATUS_UNSPECIFIED) {
-      if (age_ms < options_.min_refresh_ms) return ShardNotFound(shard_id);
-    } else if (age_ms < options_.ttl_ms) {
-      return it->second.view;
+absl::StatusOr<ShardView> ChainShardDirectory::Read(uint64_t shard_id, int64_t max_age_ms) {
+  int64_t asked_ms = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    asked_ms = clock_->MonotonicMs();
+    auto it = cache_.find(shard_id);
+    if (it != cache_.end()) {
+      const Entry& entry = it->second;
+      const int64_t limit_ms =
+          entry.view.status == pb::SHARD_STATUS_UNSPECIFIED ? options_.min_refresh_ms : max_age_ms;
+      if (asked_ms - entry.fetched_ms < limit_ms) return Answer(entry);
+    }
+    if (!TakeQuery(asked_ms)) {
+      // Over budget: an old answer is better than none, and no answer costs the chain nothing.
+      if (it != cache_.end()) return Answer(it->second);
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", shard_id, ": not cached, and the chain is asked at most ",
+          options_.max_chain_queries_per_s, " times a second (peers name too many shards)"));
     }
   }
-  return Fetch(shard_id);
+  absl::MutexLock chain_lock(&chain_mu_);
+  {
+    // Another lookup may have read the shard while this one waited for the chain.
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(shard_id);
+    if (it != cache_.end() && it->second.fetched_ms >= asked_ms) return Answer(it->second);
+    ++chain_queries_;
+  }
+  absl::StatusOr<pb::Shard> shard = chain_->Shard(shard_id);
+  absl::MutexLock lock(&mu_);
+  return Store(shard_id, std::move(shard), clock_->MonotonicMs());
+}
+
+absl::StatusOr<ShardView> ChainShardDirectory::Get(uint64_t shard_id) {
+  return Read(shard_id, options_.ttl_ms);
 }
 
 absl::Status ChainShardDirectory::CheckMember(uint64_t shard_id, std::string_view address) {
-  TS_ASSIGN_OR_RETURN(ShardView view, Get(shard_id));
+  TS_ASSIGN_OR_RETURN(ShardView view, Read(shard_id, options_.ttl_ms));
   if (view.Find(address) == nullptr) {
-    absl::MutexLock lock(&mu_);
-    auto it = cache_.find(shard_id);
     // A host that reserved since the last read is recognised on its first request; others
     // cost at most one chain query per min_refresh_ms.
-    if (it == cache_.end() ||
-        clock_->MonotonicMs() - it->second.fetched_ms >= options_.min_refresh_ms) {
-      TS_ASSIGN_OR_RETURN(view, Fetch(shard_id));
-    } else if (it->second.view.status == pb::SHARD_STATUS_UNSPECIFIED) {
-      return ShardNotFound(shard_id);
-    } else {
-      view = it->second.view;  // another request may have refreshed it meanwhile
-    }
+    TS_ASSIGN_OR_RETURN(view, Read(shard_id, options_.min_refresh_ms));
   }
   TS_RETURN_IF_ERROR(CheckServing(view));
   if (view.Find(address) == nullptr) return NotMember(shard_id, address);
   return absl::OkStatus();
+}
+
+uint64_t ChainShardDirectory::chain_queries() const {
+  absl::MutexLock lock(&mu_);
+  return chain_queries_;
 }
 
 // ---------------------------------------------------------------------------------------------

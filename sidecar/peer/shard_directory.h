@@ -5,7 +5,10 @@
 // ChainShardDirectory reads the chain through a ChainClient and caches each shard for ttl_ms;
 // an address not found among the members triggers one refresh (at most once per
 // min_refresh_ms per shard), so a host that just reserved is recognised without hammering the
-// chain for every request of a non-member.
+// chain for every request of a non-member. Peers choose the shard ids their requests name, so
+// chain queries are also bounded overall: at most max_chain_queries_per_s (a token bucket of as
+// many), beyond which a cached view is served however old it is and a shard not in the cache is
+// UNAVAILABLE. A lookup answered from the cache never waits for a chain query in progress.
 //
 // Thread-safety: implementations are thread-safe.
 #ifndef TS_SIDECAR_PEER_SHARD_DIRECTORY_H_
@@ -50,8 +53,8 @@ struct ShardView {
 class ShardDirectory {
  public:
   virtual ~ShardDirectory() = default;
-  // NOT_FOUND if the chain has no such shard; UNAVAILABLE if the chain cannot be reached and
-  // nothing is cached.
+  // NOT_FOUND if the chain has no such shard; UNAVAILABLE if the chain cannot be reached (or,
+  // for ChainShardDirectory, its query budget is spent) and nothing is cached.
   virtual absl::StatusOr<ShardView> Get(uint64_t shard_id) = 0;
   // OK if `address` is a member of the shard, refreshing once as described above.
   // PERMISSION_DENIED "host <address> is not a member of shard <id>"; FAILED_PRECONDITION if
@@ -63,28 +66,51 @@ class ShardDirectory {
 struct ChainShardDirectoryOptions {
   int64_t ttl_ms = 5000;
   int64_t min_refresh_ms = 1000;
+  // Chain queries a second, with a burst of as many. 20 keep 100 shards fresh at the 5 s ttl;
+  // requests naming random shard ids cannot make more.
+  int64_t max_chain_queries_per_s = 20;
 };
 
 class ChainShardDirectory final : public ShardDirectory {
  public:
-  // `chain` and `clock` are not owned; `chain` is used under this object's lock only.
+  // `chain` and `clock` are not owned; `chain` is used by one thread at a time.
   ChainShardDirectory(bridge::ChainClient* chain, common::Clock* clock,
                       ChainShardDirectoryOptions options = {});
   absl::StatusOr<ShardView> Get(uint64_t shard_id) override;
   absl::Status CheckMember(uint64_t shard_id, std::string_view address) override;
+
+  // Chain queries made so far (for tests and metrics).
+  uint64_t chain_queries() const;
 
  private:
   struct Entry {
     ShardView view;
     int64_t fetched_ms = 0;
   };
-  absl::StatusOr<ShardView> Fetch(uint64_t shard_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard's view, from the cache if it was read less than `max_age_ms` ago (min_refresh_ms
+  // for a shard the chain did not have), else from the chain within the query budget.
+  absl::StatusOr<ShardView> Read(uint64_t shard_id, int64_t max_age_ms) ABSL_LOCKS_EXCLUDED(mu_);
+  // What a cached entry answers: its view, or NOT_FOUND for a shard the chain did not have.
+  static absl::StatusOr<ShardView> Answer(const Entry& entry);
+  // Takes one query from the budget; false if it is spent.
+  bool TakeQuery(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records what the chain answered at `now_ms` and returns the view to use.
+  absl::StatusOr<ShardView> Store(uint64_t shard_id, absl::StatusOr<pb::Shard> shard,
+                                  int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bridge::ChainClient* const chain_;
   common::Clock* const clock_;
   const ChainShardDirectoryOptions options_;
-  absl::Mutex mu_;
+  // Held across a chain query, one at a time; mu_ (the cache) is taken inside it and never held
+  // while waiting for it, so cached lookups do not wait behind the chain.
+  absl::Mutex chain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Entry> cache_ ABSL_GUARDED_BY(mu_);
+  // The query budget: tokens left (at most max_chain_queries_per_s) and when it was refilled.
+  double query_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t query_tokens_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  // Chain queries made (for tests and metrics).
+  uint64_t chain_queries_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A fixed directory, for unit tests and tools.

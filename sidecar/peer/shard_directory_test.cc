@@ -1,8 +1,12 @@
 #include "sidecar/peer/shard_directory.h"
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <map>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -47,9 +51,26 @@ class ShardChain final : public bridge::ChainClient {
     absl::MutexLock l(&mu_);
     return shard_calls_;
   }
+  // While held, Shard() waits (as a chain that answers slowly) until Release().
+  void Hold() {
+    absl::MutexLock l(&mu_);
+    held_ = true;
+  }
+  void Release() {
+    absl::MutexLock l(&mu_);
+    held_ = false;
+  }
+  int waiting() const {
+    absl::MutexLock l(&mu_);
+    return waiting_;
+  }
 
   absl::StatusOr<pb::Shard> Shard(uint64_t shard_id) override {
     absl::MutexLock l(&mu_);
+    ++waiting_;
+    mu_.Await(absl::Condition(
+        +[](bool* held) { return !*held; }, &held_));
+    --waiting_;
     ++shard_calls_;
     if (unavailable_) return absl::UnavailableError("chain is down");
     auto it = shards_.find(shard_id);
@@ -91,6 +112,8 @@ class ShardChain final : public bridge::ChainClient {
   mutable absl::Mutex mu_;
   std::map<uint64_t, pb::Shard> shards_ ABSL_GUARDED_BY(mu_);
   bool unavailable_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
   int shard_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -259,6 +282,55 @@ TEST_F(ChainShardDirectoryTest, ShardLeavesTheChain) {
   chain_.RemoveShard(1);
   clock_.Advance(6000);
   EXPECT_EQ(directory_.CheckMember(1, "gonka1a").code(), absl::StatusCode::kNotFound);
+}
+
+// Peers choose the shard ids their requests name: a flood naming ids that do not exist (or
+// shards this host knows nothing of) must not turn into as many chain queries. Members of a
+// cached shard are served throughout, from a stale view once the budget is spent.
+TEST_F(ChainShardDirectoryTest, ChainQueriesBoundedWhenPeersNameRandomShards) {
+  chain_.SetShard(MakeShard(1, pb::SHARD_STATUS_RUNNING, {"gonka1a"}));
+  ASSERT_TRUE(directory_.CheckMember(1, "gonka1a").ok());
+  std::mt19937_64 rng(5);
+  int unavailable = 0;
+  // 10,000 requests over 2 s (0.2 ms apart), each naming a shard id never seen.
+  for (int i = 0; i < 10000; ++i) {
+    absl::Status s = directory_.CheckMember(1000 + rng() % 1000000000, "gonka1stranger");
+    EXPECT_TRUE(absl::IsNotFound(s) || absl::IsUnavailable(s)) << s;
+    unavailable += absl::IsUnavailable(s) ? 1 : 0;
+    if (i % 5 == 0) clock_.Advance(1);
+    if (i % 500 == 0) {
+      EXPECT_TRUE(directory_.CheckMember(1, "gonka1a").ok()) << i;
+    }
+  }
+  // A budget of 20 a second: the first 20, then 20 more a second (2 s), and the member's.
+  EXPECT_LE(chain_.shard_calls(), 1 + 20 + 2 * 20 + 2);
+  EXPECT_GT(unavailable, 9000);
+  // Past the ttl with the budget spent, the member is still recognised (stale view).
+  clock_.Advance(6000);
+  for (int i = 0; i < 200; ++i) (void)directory_.CheckMember(2000000000 + i, "gonka1stranger");
+  EXPECT_TRUE(directory_.CheckMember(1, "gonka1a").ok());
+  EXPECT_EQ(directory_.CheckMember(1, "gonka1stranger").code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// A slow chain query (here: one that waits until released) holds up only the lookups that need
+// the chain, not a member of a cached shard.
+TEST_F(ChainShardDirectoryTest, CachedLookupsDoNotWaitForTheChain) {
+  chain_.SetShard(MakeShard(1, pb::SHARD_STATUS_RUNNING, {"gonka1a"}));
+  ASSERT_TRUE(directory_.CheckMember(1, "gonka1a").ok());
+  chain_.Hold();
+  std::thread slow([this] { (void)directory_.Get(77); });
+  for (int i = 0; i < 1000 && chain_.waiting() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(chain_.waiting(), 1);
+  auto member =
+      std::async(std::launch::async, [this] { return directory_.CheckMember(1, "gonka1a"); });
+  const bool answered = member.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  chain_.Release();
+  slow.join();
+  ASSERT_TRUE(answered) << "a cached lookup waited for a chain query of another shard";
+  EXPECT_TRUE(member.get().ok());
 }
 
 }  // namespace
