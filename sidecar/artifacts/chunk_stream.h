@@ -7,11 +7,21 @@
 // page-aligned buffer, hashes it and stores it (O_DIRECT) — no HTTP/2 framing, no copies in
 // user space on the sending side.
 //
-// ChunkStreamServer: one listening socket, one accept thread, one thread per connection (at
-// most max_connections open at once, authenticated or not; beyond that new connections are
-// closed at once). A connection must deliver its whole request within request_deadline_ms and
-// each send must progress within send_timeout_ms, so a slow or silent peer holds a thread for a
-// bounded time. Until Open() is called every request is answered with an UNAVAILABLE frame.
+// ChunkStreamServer: one listening socket and one event thread that accepts connections and
+// reads their requests without blocking; a connection whose whole request has arrived goes to a
+// thread of its own, which checks it (ArtifactTransferService::BeginChunks) and serves it. The
+// two kinds of connection are bounded apart, so connections that never authenticate cannot
+// crowd out the ones being served, nor a member's new connection:
+// - pending (request not yet complete): at most max_pending_connections in all and
+//   max_pending_per_source per source (an IPv4 address, or an IPv6 /64). A new connection over
+//   either bound takes the place of the oldest pending connection of its own source, or, when
+//   the pool is full, of the source holding the most pending connections. Each must deliver its
+//   whole request within request_deadline_ms of its accept (the authentication deadline) or is
+//   closed; a malformed request is answered with an error frame and closed.
+// - serving (request complete: being checked, then served): at most max_connections at once;
+//   a complete request beyond that is answered RESOURCE_EXHAUSTED. A refused request holds its
+//   thread only while it is checked; each send must progress within send_timeout_ms.
+// Until Open() is called every request is answered with an UNAVAILABLE frame.
 //
 // ChunkStreamCall: the client side of one connection, used by the fetcher. Every read and the
 // connect honour one deadline; Cancel() from another thread makes a blocked call return.
@@ -49,8 +59,15 @@ class ArtifactTransferService;
 std::string EndpointHost(std::string_view endpoint);
 
 struct ChunkStreamServerOptions {
+  // Connections whose request has not arrived in full, all together and from one source. A
+  // fetcher opens a few at a time (at most 16 per peer) and sends its request at once.
+  size_t max_pending_connections = 128;
+  size_t max_pending_per_source = 16;
+  // The whole request (at most 64 KiB; a fetcher's is under 1 KiB) within this long of the
+  // accept.
+  int64_t request_deadline_ms = 2000;
+  // Connections with a complete request, being checked or served, one thread each.
   size_t max_connections = 64;
-  int64_t request_deadline_ms = 10000;
   int64_t send_timeout_ms = 30000;
 };
 
@@ -74,26 +91,42 @@ class ChunkStreamServer {
   // Stops accepting, ends every connection and joins the threads. Idempotent.
   void Shutdown();
 
-  // Connections open now (for tests of the bound).
-  size_t connections() const;
+  // Connections open now, pending and serving (for tests of the bounds).
+  size_t connections() const { return pending_connections() + serving_connections(); }
+  size_t pending_connections() const { return pending_count_.load(); }
+  size_t serving_connections() const;
+  // Pending connections closed to make room for newer ones, since the start.
+  uint64_t evictions() const { return evictions_.load(); }
   // Chunks sent since the start.
   uint64_t chunks_sent() const { return chunks_sent_.load(); }
 
  private:
+  struct Pending;
   struct Connection;
   ChunkStreamServer(common::Clock* clock, ChunkStreamServerOptions options);
-  void AcceptLoop();
+  void EventLoop();
+  // Accepts what the listening socket holds (a bounded number per call), making room by
+  // eviction as the class comment says. False when accepting must pause (out of descriptors).
+  bool AcceptNew(std::vector<std::unique_ptr<Pending>>* pending, uint64_t* next_seq);
+  // Reads what `p` has sent. True when it is done with (handed to a serving thread, refused or
+  // failed): its descriptor is then closed or moved out.
+  bool ReadRequest(Pending* p);
+  // Hands a complete request to a thread of its own, or refuses it when max_connections serve.
+  void Dispatch(Pending* p);
   void Serve(Connection* connection);
-  absl::Status ServeRequest(int fd, uint32_t* chunks_sent);
+  absl::Status ServeRequest(int fd, const std::string& body, uint32_t* chunks_sent);
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   common::Clock* const clock_;
   const ChunkStreamServerOptions options_;
   UniqueFd listen_fd_;
+  UniqueFd wake_fd_;  // eventfd: wakes the event thread for Shutdown
   uint16_t port_ = 0;
   std::atomic<ArtifactTransferService*> service_{nullptr};
   std::atomic<uint64_t> chunks_sent_{0};
-  std::thread accept_thread_;
+  std::atomic<uint64_t> evictions_{0};
+  std::atomic<size_t> pending_count_{0};
+  std::thread event_thread_;
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);

@@ -151,6 +151,65 @@ std::string DeadEndpoint() {
   return absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));  // fd held on purpose
 }
 
+// A plain TCP connection to 127.0.0.1:`port`, from `source` (any address of 127.0.0.0/8: each
+// is a source of its own to the chunk stream's bounds) when given. Returns the descriptor.
+int ConnectTo(uint16_t port, const std::string& source = "") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  TS_CHECK(fd >= 0);
+  if (!source.empty()) {
+    struct sockaddr_in from = {};
+    from.sin_family = AF_INET;
+    TS_CHECK(::inet_pton(AF_INET, source.c_str(), &from.sin_addr) == 1);
+    TS_CHECK(::bind(fd, reinterpret_cast<struct sockaddr*>(&from), sizeof(from)) == 0);
+  }
+  struct sockaddr_in to = {};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  TS_CHECK(::connect(fd, reinterpret_cast<struct sockaddr*>(&to), sizeof(to)) == 0);
+  return fd;
+}
+
+// A listener that accepts every connection and resets it at once (SO_LINGER 0): a chunk stream
+// port that refuses everyone, as a host's whose stream is unusable from here.
+class ResettingListener {
+ public:
+  ResettingListener() {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TS_CHECK(::bind(listen_, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0);
+    TS_CHECK(::listen(listen_, 64) == 0);
+    socklen_t len = sizeof(addr);
+    TS_CHECK(::getsockname(listen_, reinterpret_cast<struct sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] {
+      while (true) {
+        const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) return;
+        ++accepted_;
+        const struct linger reset = {1, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+        ::close(fd);
+      }
+    });
+  }
+  ~ResettingListener() {
+    ::shutdown(listen_, SHUT_RDWR);
+    thread_.join();
+    ::close(listen_);
+  }
+  uint16_t port() const { return port_; }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  int listen_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+  std::atomic<int> accepted_{0};
+};
+
 // A shard host: its key, RocksDB, artifact store, and (when serving) the real transfer
 // service on a loopback port.
 struct Host {
@@ -1447,9 +1506,9 @@ TEST_F(ChunkStreamAttackTest, ReaderThatResetsMidChunkDoesNotKillTheServer) {
   EXPECT_EQ(got->size(), 5u);
 }
 
-TEST_F(ChunkStreamAttackTest, SilentAndExcessConnectionsAreBounded) {
+TEST_F(ChunkStreamAttackTest, SilentConnectionsAreClosedAndMakeRoomForNewOnes) {
   ChunkStreamServerOptions options;
-  options.max_connections = 2;
+  options.max_pending_connections = 2;
   options.request_deadline_ms = 300;
   publisher_->Stop();
   publisher_->Serve(&directory_, {}, /*stream=*/true, options);
@@ -1461,29 +1520,134 @@ TEST_F(ChunkStreamAttackTest, SilentAndExcessConnectionsAreBounded) {
   EXPECT_GE(Clock()->MonotonicMs() - start_ms, 250);
   EXPECT_LT(Clock()->MonotonicMs() - start_ms, 4000);
 
-  // Two silent connections hold both places (with a deadline long enough for the check, even
-  // on a slow sanitizer build); a third is closed at once with nothing sent.
+  // Two silent connections fill the pending pool (with a deadline long enough for the check,
+  // even on a slow sanitizer build); a third connection takes the place of the older one, which
+  // is closed at once with nothing sent, and is served.
   publisher_->Stop();
-  options.request_deadline_ms = 3000;
+  options.request_deadline_ms = 5000;
   publisher_->Serve(&directory_, {}, /*stream=*/true, options);
   UpdateDirectory();
+  std::vector<int64_t> held_ms(2, 0);
   std::vector<std::thread> holders;
-  for (int i = 0; i < 2; ++i) holders.emplace_back([this] { RawExchange(""); });
-  for (int i = 0; i < 500 && publisher_->chunk_stream->connections() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2; ++i) {
+    holders.emplace_back([this, i, &held_ms] {
+      const int64_t begin = Clock()->MonotonicMs();
+      EXPECT_EQ(RawExchange(""), "");
+      held_ms[i] = Clock()->MonotonicMs() - begin;
+    });
+    // One after the other, so which one is older is known.
+    for (int w = 0; w < 500 && publisher_->chunk_stream->pending_connections() < size_t(i + 1);
+         ++w) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
-  EXPECT_EQ(publisher_->chunk_stream->connections(), 2u);
-  EXPECT_EQ(RawExchange(EncodeChunkStreamRequestHeader(8), 2000), "");
-  EXPECT_LE(publisher_->chunk_stream->connections(), 2u);
-  for (std::thread& t : holders) t.join();
-  // Once they are gone (the server counts a connection until its thread has closed it),
-  // requests are served again.
-  for (int i = 0; i < 500 && publisher_->chunk_stream->connections() > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  EXPECT_EQ(publisher_->chunk_stream->pending_connections(), 2u);
   auto got = Call(Request(2, member_->key));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->size(), 2u);
+  EXPECT_EQ(publisher_->chunk_stream->evictions(), 1u);
+  EXPECT_LE(publisher_->chunk_stream->connections(), 2u);
+  for (std::thread& t : holders) t.join();
+  EXPECT_LT(held_ms[0], 4000);  // evicted for the member's connection
+  EXPECT_GE(held_ms[1], 4500);  // kept until its deadline
+}
+
+// The chunk-stream lockout of the "Harden the host" issue: more idle connections than the old
+// bound of 64 (which closed every further connection at its accept, a member's too). Idle
+// connections now only ever evict each other: from the member's own source (above its
+// per-source bound) and from many others (above the pool's bound).
+TEST_F(ChunkStreamAttackTest, IdleConnectionsCannotKeepAMemberOut) {
+  // Bounds as the defaults; a deadline long enough that no idle connection times out during
+  // the test (what is checked is who makes room for whom).
+  ChunkStreamServerOptions options;
+  options.request_deadline_ms = 60000;
+  publisher_->Stop();
+  publisher_->Serve(&directory_, {}, /*stream=*/true, options);
+  UpdateDirectory();
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(ConnectTo(publisher_->chunk_stream->port()));
+  for (int source = 2; source < 12; ++source) {
+    for (int i = 0; i < 20; ++i) {
+      idle.push_back(ConnectTo(publisher_->chunk_stream->port(), absl::StrCat("127.0.0.", source)));
+    }
+  }
+  const ChunkStreamServerOptions defaults;
+  for (int i = 0; i < 500 && publisher_->chunk_stream->evictions() <
+                                 idle.size() - defaults.max_pending_connections;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(publisher_->chunk_stream->pending_connections(), defaults.max_pending_connections);
+  for (int round = 0; round < 3; ++round) {
+    auto got = Call(Request(3, member_->key));
+    ASSERT_TRUE(got.ok()) << round << ": " << got.status();
+    EXPECT_EQ(got->size(), 3u);
+  }
+  // From sources that hold nothing: once the pool is full again, the flooders' connections
+  // make room. (Each member connection above took the place of one idle connection of its own
+  // source and then left the pool, so the pool has room for one before anyone is evicted.)
+  const uint64_t evicted = publisher_->chunk_stream->evictions();
+  const size_t room =
+      defaults.max_pending_connections - publisher_->chunk_stream->pending_connections();
+  std::vector<int> newcomers;
+  for (size_t i = 0; i <= room; ++i) {
+    newcomers.push_back(
+        ConnectTo(publisher_->chunk_stream->port(), absl::StrCat("127.0.0.", 100 + i)));
+  }
+  for (int i = 0; i < 500 && publisher_->chunk_stream->evictions() == evicted; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(publisher_->chunk_stream->evictions(), evicted + 1);
+  EXPECT_EQ(publisher_->chunk_stream->pending_connections(), defaults.max_pending_connections);
+  for (int fd : newcomers) ::close(fd);
+  for (int fd : idle) ::close(fd);
+}
+
+// Connections being served are bounded apart from pending ones: a request beyond the bound is
+// told so (RESOURCE_EXHAUSTED) rather than left waiting.
+TEST_F(ChunkStreamAttackTest, ServingConnectionsAreBoundedApart) {
+  ChunkStreamServerOptions options;
+  options.max_connections = 1;
+  publisher_->Stop();
+  publisher_->Serve(&directory_, {}, /*stream=*/true, options);
+  UpdateDirectory();
+  // One request of large chunks to a reader that does not read: it holds the only thread.
+  std::mt19937_64 rng(12);
+  const fs::path dir = tmp_.path() / "large";
+  for (int i = 0; i < 4; ++i) {
+    WriteFile(dir / absl::StrCat("f", i, ".bin"), RandomBytes(rng, kMaxChunkSize));
+  }
+  PublishOptions publish;
+  publish.source_dir = dir.string();
+  publish.chunk_size = kMaxChunkSize;
+  auto published = publisher_->store->Publish(publish, publisher_->key, nullptr);
+  ASSERT_TRUE(published.ok()) << published.status();
+  pb::GetChunksRequest large;
+  large.set_shard_id(kShard);
+  large.set_artifact_id(published->id);
+  for (const auto& file : published->body.files()) {
+    for (const auto& hash : file.chunks()) large.add_chunks(hash);
+  }
+  Sign(&large, member_->key, kMethodChunkStream);
+  const std::string body = large.SerializeAsString();
+  const std::string bytes =
+      EncodeChunkStreamRequestHeader(static_cast<uint32_t>(body.size())) + body;
+  const int slow = RawConnect(/*receive_buffer=*/4096);
+  ASSERT_EQ(::send(slow, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+  for (int i = 0; i < 500 && publisher_->chunk_stream->serving_connections() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(publisher_->chunk_stream->serving_connections(), 1u);
+  auto refused = Call(Request(1, member_->key));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("already being served"));
+  ::close(slow);
+  for (int i = 0; i < 500 && publisher_->chunk_stream->serving_connections() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto served = Call(Request(1, member_->key));
+  ASSERT_TRUE(served.ok()) << served.status();
 }
 
 // A chunk stream peer that misbehaves in one chosen way, behind an honest gRPC service that
