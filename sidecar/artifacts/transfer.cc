@@ -28,6 +28,7 @@
 #include "common/absl_view.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/chunk_wire.h"
@@ -381,6 +382,9 @@ class Fetcher {
     std::string stream_host;
     // The rest is guarded by mu_.
     bool dropped = false;
+    // Its chunk stream refused or failed before a chunk came (why): GetChunks from then on.
+    bool stream_off = false;
+    std::string stream_failure;
     int failures = 0;  // consecutive failed calls
     uint64_t bytes = 0;
     std::vector<grpc::ClientContext*> calls;     // in flight; cancelled when the peer is dropped
@@ -426,6 +430,14 @@ class Fetcher {
   void Stored(size_t index, uint64_t size, absl::Status status);
   // Asks the peer for its chunk stream port (once per peer; 0 when it has none).
   void ResolveStream(size_t index);
+  // Signs `request` for `method` to peer `index`.
+  absl::Status Sign(size_t index, std::string_view method, pb::GetChunksRequest* request) const;
+  // Whether a chunk stream call that came to `result` should be made again over GetChunks: it
+  // failed before any chunk arrived, through no fault in what the peer sent and not because
+  // this fetch stopped it (a refusal, a reset, a closed connection, a deadline).
+  bool StreamRefused(size_t index, const CallResult& result) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes peer `index` off its chunk stream for the rest of the fetch and reports why.
+  void FallBackToGrpc(size_t index, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPeerLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -455,6 +467,7 @@ class Fetcher {
   uint32_t chunks_fetched_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_fetched_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<pb::PeerFault> faults_ ABSL_GUARDED_BY(mu_);
+  std::vector<pb::PeerFault> stream_fallbacks_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex progress_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   int64_t last_progress_ms_ ABSL_GUARDED_BY(progress_mu_) = 0;
@@ -695,6 +708,10 @@ void Fetcher::Drop(size_t index, std::string reason, bool corrupt) {
   peer.dropped = true;
   pb::PeerFault& fault = faults_.emplace_back();
   fault.set_peer(peer.peer.address);
+  if (peer.stream_off && !corrupt) {
+    absl::StrAppend(&reason,
+                    " (over GetChunks, after its chunk stream failed: ", peer.stream_failure, ")");
+  }
   fault.set_reason(std::move(reason));
   fault.set_corrupt(corrupt);
   for (grpc::ClientContext* call : peer.calls) call->TryCancel();
@@ -726,6 +743,9 @@ pb::ArtifactProgress Fetcher::Snapshot() const {
   progress.set_chunks_fetched(chunks_fetched_);
   progress.set_bytes_fetched(bytes_fetched_);
   for (const pb::PeerFault& fault : faults_) *progress.add_peer_faults() = fault;
+  for (const pb::PeerFault& fallback : stream_fallbacks_) {
+    *progress.add_stream_fallbacks() = fallback;
+  }
   for (const Peer& peer : peers_)
     (*progress.mutable_bytes_by_peer())[peer.peer.address] = peer.bytes;
   return progress;
@@ -962,29 +982,78 @@ void Fetcher::CallStream(size_t index, const pb::GetChunksRequest& request,
   peer.stream_calls.erase(std::find(peer.stream_calls.begin(), peer.stream_calls.end(), &call));
 }
 
+absl::Status Fetcher::Sign(size_t index, std::string_view method,
+                           pb::GetChunksRequest* request) const {
+  request->clear_auth();
+  TS_ASSIGN_OR_RETURN(*request->mutable_auth(),
+                      SignPeerRequest(*context_.key, context_.store->chain_id(), request_.shard_id,
+                                      method, peers_[index].peer.address, *request,
+                                      context_.clock->NowUnixMs(), options_.request_lifetime_ms));
+  return absl::OkStatus();
+}
+
+bool Fetcher::StreamRefused(size_t index, const CallResult& result) const {
+  if (result.delivered > 0 || !result.corrupt.empty() || !result.fatal.ok() || result.status.ok() ||
+      absl::IsDataLoss(result.status)) {
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  return !stop_ && !peers_[index].dropped;
+}
+
+void Fetcher::FallBackToGrpc(size_t index, const absl::Status& why) {
+  Peer& peer = peers_[index];
+  {
+    absl::MutexLock lock(&mu_);
+    if (peer.stream_off) return;  // another stream of the peer got there first
+    peer.stream_off = true;
+    peer.stream_failure = CallFailure(why);
+    pb::PeerFault& fallback = stream_fallbacks_.emplace_back();
+    fallback.set_peer(peer.peer.address);
+    fallback.set_reason(peer.stream_failure);
+  }
+  common::Log(common::LogLevel::kWarn, "fetch",
+              "a peer's chunk stream failed; fetching its chunks over GetChunks",
+              {{"artifact", Hex(request_.artifact_id)},
+               {"peer", PeerName(index)},
+               {"error", CallFailure(why)}});
+  Progress(/*force=*/true);
+}
+
 void Fetcher::Call(size_t index, const std::vector<size_t>& batch, Pipeline* pipeline) {
   Peer& peer = peers_[index];
   std::call_once(*peer.stream_once, [this, index]() { ResolveStream(index); });
-  const bool stream = peer.stream_port != 0;
+  bool stream = peer.stream_port != 0;
+  if (stream) {
+    absl::MutexLock lock(&mu_);
+    stream = !peer.stream_off;
+  }
   pb::GetChunksRequest request;
   request.set_shard_id(request_.shard_id);
   request.set_artifact_id(request_.artifact_id);
   for (size_t k : batch) request.add_chunks(plan_.missing[k]);
 
   CallResult result;
-  absl::StatusOr<pb::PeerRequestAuth> auth =
-      SignPeerRequest(*context_.key, context_.store->chain_id(), request_.shard_id,
-                      stream ? kMethodChunkStream : kMethodGetChunks, peer.peer.address, request,
-                      context_.clock->NowUnixMs(), options_.request_lifetime_ms);
-  if (!auth.ok()) {
-    result.fatal = auth.status();
-  } else {
-    *request.mutable_auth() = *std::move(auth);
-    if (stream) {
-      CallStream(index, request, batch, pipeline, &result);
-    } else {
-      CallGrpc(index, request, batch, pipeline, &result);
+  if (absl::Status signed_request =
+          Sign(index, stream ? kMethodChunkStream : kMethodGetChunks, &request);
+      !signed_request.ok()) {
+    result.fatal = std::move(signed_request);
+  } else if (stream) {
+    CallStream(index, request, batch, pipeline, &result);
+    if (StreamRefused(index, result)) {
+      // The peer's chunk stream would not serve (it refused the connection, reset it or
+      // closed it: a host whose stream is full or attacked, or a middlebox): the same batch
+      // from the same peer over GetChunks, which judges the peer from here on.
+      FallBackToGrpc(index, result.status);
+      result = CallResult();
+      if (absl::Status signed_again = Sign(index, kMethodGetChunks, &request); !signed_again.ok()) {
+        result.fatal = std::move(signed_again);
+      } else {
+        CallGrpc(index, request, batch, pipeline, &result);
+      }
     }
+  } else {
+    CallGrpc(index, request, batch, pipeline, &result);
   }
 
   absl::MutexLock lock(&mu_);

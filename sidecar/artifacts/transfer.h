@@ -17,7 +17,10 @@
 // the stream receives the next (nothing unverified is buffered beyond the one chunk being
 // read). A peer that sends a chunk failing verification is reported (corrupt) and
 // dropped; a peer whose call fails (unreachable, deadline, refused) is retried once and then
-// dropped; the chunks it held go back to the queue for the others. The fetch fails with
+// dropped; the chunks it held go back to the queue for the others. A chunk stream call that
+// fails before its first chunk (refused, reset, closed, deadline) is not held against the peer:
+// the batch is asked of it again at once over GetChunks, which it is fetched from for the rest
+// of the fetch (reported in ArtifactProgress.stream_fallbacks and logged). The fetch fails with
 // UNAVAILABLE naming every dropped peer and its reason when no usable peer is left, and is then
 // resumable. Channels cap received messages at kMaxChunkSize + 64 KiB (chunks) and
 // kMaxManifestBytes + 64 KiB (manifests).

@@ -1315,6 +1315,69 @@ TEST_F(TransferTest, PeerWithoutAStreamServedOverGrpc) {
   ExpectIdentical(d, "out");
 }
 
+// A peer whose chunk stream refuses every connection (reset at once, or answered with an error
+// frame) is fetched from over GetChunks instead of being dropped, and the fallback is reported.
+TEST_F(TransferTest, FetchFallsBackToGrpcWhenTheStreamRefuses) {
+  ResettingListener resetter;
+  Host* c = AddHost("c", 0x0c);
+  ASSERT_TRUE(FetchArtifact(ContextFor(c), RequestFor({publisher_->AsPeer()})).ok());
+  TransferServiceOptions announce_resetter;
+  announce_resetter.chunk_stream_port = resetter.port();
+  c->Serve(&directory_, announce_resetter, /*stream=*/false);
+  UpdateDirectory();
+  Host* d = AddHost("d", 0x0d);
+  std::vector<pb::ArtifactProgress> progress;
+  FetchContext context = ContextFor(d);
+  context.progress = [&](const pb::ArtifactProgress& p) { progress.push_back(p); };
+  auto result = FetchArtifact(context, RequestFor({c->AsPeer()}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_);
+  EXPECT_EQ(result->bytes_by_peer().at(c->address), result->bytes_fetched());
+  EXPECT_EQ(result->peer_faults_size(), 0);
+  ASSERT_EQ(result->stream_fallbacks_size(), 1);
+  EXPECT_EQ(result->stream_fallbacks(0).peer(), c->address);
+  EXPECT_THAT(result->stream_fallbacks(0).reason(), HasSubstr("unavailable: chunk stream"));
+  EXPECT_FALSE(result->stream_fallbacks(0).corrupt());
+  // Reported while the fetch ran, not only at its end; and the stream was left alone after
+  // the first attempts (one per stream thread at most).
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back().stream_fallbacks_size(), 1);
+  EXPECT_GE(resetter.accepted(), 1);
+  EXPECT_LE(resetter.accepted(), 4);
+  ExpectIdentical(d, "out");
+
+  // A stream that refuses with an error frame (no thread free to serve): the same.
+  Host* e = AddHost("e", 0x1e);
+  ASSERT_TRUE(FetchArtifact(ContextFor(e), RequestFor({publisher_->AsPeer()})).ok());
+  ChunkStreamServerOptions no_thread;
+  no_thread.max_connections = 0;
+  e->Serve(&directory_, {}, /*stream=*/true, no_thread);
+  UpdateDirectory();
+  Host* g = AddHost("g", 0x1f);
+  result = FetchArtifact(ContextFor(g), RequestFor({e->AsPeer()}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->stream_fallbacks_size(), 1);
+  EXPECT_THAT(result->stream_fallbacks(0).reason(), HasSubstr("resource exhausted"));
+  EXPECT_EQ(e->chunk_stream->chunks_sent(), 0u);
+  EXPECT_EQ(result->chunks_fetched(), total_chunks_);
+}
+
+// The chunk-stream attack end to end: with more idle connections on the publisher's
+// chunk stream port than the old bound of 64, a member's default fetch goes through, over the
+// stream itself.
+TEST_F(TransferTest, FetchSucceedsWhileIdleConnectionsHoldTheStreamPort) {
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(ConnectTo(publisher_->chunk_stream->port()));
+  Host* d = AddHost("d", 0x0d);
+  auto result = FetchArtifact(ContextFor(d), RequestFor({publisher_->AsPeer()}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->peer_faults_size(), 0);
+  EXPECT_EQ(result->stream_fallbacks_size(), 0);
+  EXPECT_EQ(publisher_->chunk_stream->chunks_sent(), total_chunks_);
+  ExpectIdentical(d, "out");
+  for (int fd : idle) ::close(fd);
+}
+
 class ChunkStreamAttackTest : public TransferTest {
  protected:
   void SetUp() override {
