@@ -18,7 +18,7 @@
 //    pairs, or all signers together max_nonces.
 // So a host that is not a member, or whose key has no account at all, cannot make the verifier
 // keep anything, however many validly signed requests it sends; a member can hold at most its
-// own share. Expired pairs are dropped every quarter of max_lifetime_ms (at least every second)
+// own share. Expired pairs are dropped every quarter of max_lifetime_ms (at most once a second)
 // and the tables shrink with them, so memory taken by a burst is given back.
 //
 // Thread-safety: the functions are pure; PeerRequestVerifier is thread-safe. The membership check
