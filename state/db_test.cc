@@ -10,6 +10,7 @@
 
 #include "google/protobuf/wrappers.pb.h"
 #include "gtest/gtest.h"
+#include "tests/util/small_tmpfs.h"
 
 namespace ts::state {
 namespace {
@@ -222,6 +223,159 @@ TEST(DbTest, MissingDatabaseWithoutCreateIsNotFound) {
   DbOptions o = TwoTables();
   o.create_if_missing = false;
   EXPECT_EQ(Db::Open(dir.Sub("nothing"), o).status().code(), absl::StatusCode::kNotFound);
+}
+
+class FakeClock final : public common::Clock {
+ public:
+  int64_t NowUnixMs() override { return 1'700'000'000'000 + now_ms_; }
+  int64_t MonotonicMs() override { return now_ms_; }
+  void SleepMs(int64_t ms) override { now_ms_ += ms; }
+  void Advance(int64_t ms) { now_ms_ += ms; }
+
+ private:
+  int64_t now_ms_ = 5000;
+};
+
+absl::Status PutOne(Db& db, const std::string& key, const std::string& value) {
+  WriteBatch b;
+  b.Put("alpha", key, value);
+  return db.Write(b);
+}
+
+TEST(DbTest, FullDiskRefusesWritesKeepsReadsAndRecoversByItself) {
+  TempDir dir;
+  FakeClock clock;
+  auto fault = std::make_shared<DiskFullFault>();
+  DbOptions options = TwoTables();
+  options.clock = &clock;
+  options.disk_full_fault = fault;
+  auto db = Db::Open(dir.Sub("db"), options);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ASSERT_TRUE(PutOne(**db, "before", "1").ok());
+  EXPECT_TRUE((*db)->Health().error.ok());
+  EXPECT_EQ((*db)->Health().since_unix_ms, 0);
+
+  fault->Set(true);
+  absl::Status refused = PutOne(**db, "during", "2");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  DbHealth health = (*db)->Health();
+  EXPECT_EQ(health.error.code(), absl::StatusCode::kResourceExhausted) << health.error;
+  EXPECT_NE(health.error.message().find(dir.Sub("db")), std::string::npos) << health.error;
+  EXPECT_EQ(health.since_unix_ms, clock.NowUnixMs());
+  EXPECT_EQ(health.recoveries, 0u);
+  // Reads go on while writes are refused.
+  EXPECT_EQ(*(*db)->Get("alpha", "before"), "1");
+  clock.Advance(5000);
+  EXPECT_EQ(PutOne(**db, "during", "3").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*db)->Health().since_unix_ms, health.since_unix_ms);
+
+  // Space is back: the next write due for a recovery reopens the database and succeeds.
+  fault->Set(false);
+  clock.Advance(1000);
+  absl::Status after = PutOne(**db, "after", "4");
+  ASSERT_TRUE(after.ok()) << after;
+  health = (*db)->Health();
+  EXPECT_TRUE(health.error.ok()) << health.error;
+  EXPECT_EQ(health.since_unix_ms, 0);
+  EXPECT_EQ(health.recoveries, 1u);
+  EXPECT_EQ(*(*db)->Get("alpha", "before"), "1");
+  EXPECT_EQ(*(*db)->Get("alpha", "after"), "4");
+  EXPECT_EQ((*db)->Get("alpha", "during").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Collect(**db, "alpha", "").size(), 2u);
+
+  // What was written survives a restart.
+  db->reset();
+  auto again = Db::Open(dir.Sub("db"), TwoTables());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*(*again)->Get("alpha", "before"), "1");
+  EXPECT_EQ(*(*again)->Get("alpha", "after"), "4");
+}
+
+TEST(DbTest, RecoveryIsTriedAtMostOncePerInterval) {
+  TempDir dir;
+  FakeClock clock;
+  auto fault = std::make_shared<DiskFullFault>();
+  DbOptions options = TwoTables();
+  options.clock = &clock;
+  options.disk_full_fault = fault;
+  options.recovery_interval_ms = 1000;
+  auto db = Db::Open(dir.Sub("db"), options);
+  ASSERT_TRUE(db.ok()) << db.status();
+  fault->Set(true);
+  EXPECT_FALSE(PutOne(**db, "a", "1").ok());  // the failure's own attempt finds no room
+  fault->Set(false);
+  clock.Advance(999);
+  EXPECT_EQ(PutOne(**db, "b", "2").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*db)->Health().recoveries, 0u);
+  clock.Advance(1);
+  ASSERT_TRUE(PutOne(**db, "c", "3").ok());
+  EXPECT_EQ((*db)->Health().recoveries, 1u);
+}
+
+TEST(DbTest, RecoveryWaitsUntilTheFilesystemHasRoom) {
+  TempDir dir;
+  FakeClock clock;
+  auto fault = std::make_shared<DiskFullFault>();
+  DbOptions options = TwoTables();
+  options.clock = &clock;
+  options.disk_full_fault = fault;
+  // More than any filesystem here has free.
+  options.recovery_free_bytes_min = uint64_t{1} << 62;
+  auto db = Db::Open(dir.Sub("db"), options);
+  ASSERT_TRUE(db.ok()) << db.status();
+  fault->Set(true);
+  EXPECT_FALSE(PutOne(**db, "a", "1").ok());
+  fault->Set(false);
+  for (int i = 0; i < 3; ++i) {
+    clock.Advance(2000);
+    EXPECT_EQ(PutOne(**db, "b", "2").code(), absl::StatusCode::kResourceExhausted);
+  }
+  EXPECT_EQ((*db)->Health().error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*db)->Health().recoveries, 0u);
+  // Never closed meanwhile: reads work.
+  EXPECT_EQ((*db)->Get("alpha", "a").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The same on a real filesystem: a tmpfs filled to the last page, then freed. Before the Db
+// recovered by itself, every write after the first ENOSPC failed forever (or RocksDB's LOG
+// writer aborted the process).
+TEST(DbTest, RealFullFilesystemRecoversOnceSpaceIsFreed) {
+  std::string why;
+  auto tmpfs = test_util::SmallTmpfs::Mount(4 << 20, &why);
+  if (tmpfs == nullptr) GTEST_SKIP() << why;
+  const std::string path = (tmpfs->path() / "db").string();
+  DbOptions options = TwoTables();
+  options.recovery_interval_ms = 0;
+  options.recovery_free_bytes_min = 64 << 10;
+  auto db = Db::Open(path, options);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ASSERT_TRUE(PutOne(**db, "before", "1").ok());
+  ASSERT_GT(tmpfs->Fill(), 0u);
+  const std::string value(1000, 'v');
+  int acknowledged = 0;
+  absl::Status refused;
+  for (int i = 0; i < 100000 && refused.ok(); ++i) {
+    refused = PutOne(**db, "k" + std::to_string(i), value);
+    if (refused.ok()) ++acknowledged;
+  }
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ((*db)->Health().error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(PutOne(**db, "still", "full").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*(*db)->Get("alpha", "before"), "1");
+
+  tmpfs->Free();
+  absl::Status after = PutOne(**db, "after", "2");
+  ASSERT_TRUE(after.ok()) << after;
+  EXPECT_TRUE((*db)->Health().error.ok());
+  EXPECT_EQ((*db)->Health().recoveries, 1u);
+  db->reset();
+  auto again = Db::Open(path, TwoTables());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*(*again)->Get("alpha", "before"), "1");
+  EXPECT_EQ(*(*again)->Get("alpha", "after"), "2");
+  for (int i = 0; i < acknowledged; ++i) {
+    EXPECT_TRUE((*again)->Get("alpha", "k" + std::to_string(i)).ok()) << "acknowledged k" << i;
+  }
 }
 
 TEST(DbTest, U64KeysSortNumerically) {
