@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/hex.h"
 #include "sidecar/cli/commands.h"
 #include "sidecar/cli/host_client.h"
@@ -18,6 +19,25 @@ constexpr uint32_t kEventsPageSize = 500;
 constexpr size_t kEventsMax = 1000000;
 
 std::string Peer(const std::string& endpoint) { return "host " + endpoint; }
+
+// "2026-01-02T03:04:05Z" for a unix-ms time.
+std::string UtcTime(int64_t unix_ms) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(unix_ms), absl::UTCTimeZone());
+}
+
+// "following", or since when and why not.
+std::string FollowerState(const pb::HostStatusResponse& status) {
+  if (status.follower_error().empty()) return "following";
+  return absl::StrCat("stopped since ", UtcTime(status.follower_error_since_unix_ms()), ": ",
+                      status.follower_error());
+}
+
+// "writable", or since when and why the records refuse writes.
+std::string RecordsState(const pb::HostStatusResponse& status) {
+  if (status.records_error().empty()) return "writable";
+  return absl::StrCat("refusing writes since ", UtcTime(status.records_error_since_unix_ms()), ": ",
+                      status.records_error());
+}
 
 int RunStatus(Context& ctx, const std::string& host_text) {
   auto endpoint = ParseHostTarget("--host", host_text);
@@ -36,7 +56,11 @@ int RunStatus(Context& ctx, const std::string& host_text) {
                              {"pending_txs", std::to_string(status->pending_txs())},
                              {"events_processed", std::to_string(status->events_processed())},
                              {"current_weight", std::to_string(status->current_weight())},
-                             {"version", status->version()}});
+                             {"version", status->version()},
+                             {"follower", FollowerState(*status)},
+                             {"records", RecordsState(*status)},
+                             {"records_path", status->records_path()},
+                             {"records_recoveries", std::to_string(status->records_recoveries())}});
   return kExitOk;
 }
 

@@ -179,7 +179,7 @@ absl::StatusOr<std::unique_ptr<HostCore>> HostCore::Open(const std::string& db_p
     return absl::InvalidArgumentError(
         absl::StrCat("tls_cert_sha256: ", options.tls_cert_sha256.size(), " bytes, expected 32"));
   }
-  TS_ASSIGN_OR_RETURN(auto store, HostStore::Open(db_path));
+  TS_ASSIGN_OR_RETURN(auto store, HostStore::Open(db_path, clock, options.disk_full_fault));
   std::unique_ptr<HostCore> core(
       new HostCore(std::move(store), key, std::move(options), chain, clock));
   TS_ASSIGN_OR_RETURN(std::string stored, core->store_->MetaString(kMetaAddress));
@@ -199,18 +199,25 @@ absl::StatusOr<std::unique_ptr<HostCore>> HostCore::Open(const std::string& db_p
 }
 
 HostStatusSnapshot HostCore::Snapshot() const {
-  HostStatusSnapshot s;
+  HostStatusSnapshot s = last_snapshot_;
   s.address = address_;
   s.chain_id = chain_id_;
   s.chain_height = chain_height_;
   s.current_weight = current_weight_;
   s.last_error = last_error_;
+  s.last_error_since_unix_ms = last_error_since_unix_ms_;
   auto cursor = store_->CursorHeight();
   if (cursor.ok()) s.cursor_height = *cursor;
   auto processed = store_->EventsProcessed();
   if (processed.ok()) s.events_processed = *processed;
   auto pending = store_->ListPendingTxs();
   if (pending.ok()) s.pending_txs = static_cast<uint32_t>(pending->size());
+  const state::DbHealth health = store_->db().Health();
+  s.records_path = store_->db().path();
+  s.records_error = std::string(health.error.message());
+  s.records_error_since_unix_ms = health.since_unix_ms;
+  s.records_recoveries = health.recoveries;
+  last_snapshot_ = s;
   return s;
 }
 
@@ -252,7 +259,13 @@ absl::Status HostCore::Step() {
   absl::Status status = SyncChain();
   if (status.ok()) status = Follow(options_.max_heights_per_step).status();
   if (status.ok()) status = ProcessPendingTxs();
-  last_error_ = status.ok() ? "" : std::string(status.message());
+  if (status.ok()) {
+    last_error_.clear();
+    last_error_since_unix_ms_ = 0;
+  } else {
+    if (last_error_since_unix_ms_ == 0) last_error_since_unix_ms_ = clock_->NowUnixMs();
+    last_error_ = std::string(status.message());
+  }
   return status;
 }
 

@@ -55,6 +55,8 @@ struct HostCoreOptions {
   size_t max_settlement_entries = 1024;
   // How often Step refreshes the host's own PoC weight for Status.
   int64_t weight_refresh_interval_ms = 10000;
+  // Tests only: makes the records' file writes fail as on a full disk (state::DbOptions).
+  std::shared_ptr<state::DiskFullFault> disk_full_fault;
 };
 
 // What Status reports; a copy taken on the owner thread.
@@ -66,7 +68,16 @@ struct HostStatusSnapshot {
   uint32_t pending_txs = 0;
   uint64_t events_processed = 0;
   uint64_t current_weight = 0;
+  // Why the last Step failed (empty after a good one) and when the current run of failed steps
+  // began (unix ms; 0 after a good step).
   std::string last_error;
+  int64_t last_error_since_unix_ms = 0;
+  // The records database: its path, why it refuses writes (empty while it takes them; a full
+  // disk stops the follower) and since when, and how often it recovered since Open.
+  std::string records_path;
+  std::string records_error;
+  int64_t records_error_since_unix_ms = 0;
+  uint64_t records_recoveries = 0;
 };
 
 class HostCore {
@@ -122,6 +133,8 @@ class HostCore {
   absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> SubmitSettlement(
       const pb::Settlement& settlement, const std::vector<pb::SettlementSignature>& signatures);
 
+  // Owner thread. Values read from the records keep their last known value while the records
+  // cannot be read.
   HostStatusSnapshot Snapshot() const;
   const HostStore& store() const { return *store_; }
   // The records' database, shared with components that keep tables of their own in it (the
@@ -182,6 +195,9 @@ class HostCore {
   uint64_t current_weight_ = 0;
   int64_t weight_refreshed_ms_ = -1;
   std::string last_error_;
+  int64_t last_error_since_unix_ms_ = 0;
+  // The last snapshot, whose stored values stand in for reads that fail.
+  mutable HostStatusSnapshot last_snapshot_;
   // txhash -> monotonic ms of the last broadcast; lost on restart, which only means the first
   // poll after a restart broadcasts every pending tx again.
   std::map<std::string, int64_t> last_broadcast_ms_;

@@ -668,6 +668,63 @@ TEST_F(HostCoreTest, FollowsAtMostMaxHeightsPerStep) {
   EXPECT_EQ(core_->ProcessHeight(8).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A full disk under the records: the follower stands still (nothing decided, nothing sent) and
+// says why in the snapshot; once space is back it catches up without a restart, deciding every
+// height once.
+TEST_F(HostCoreTest, FullDiskStopsTheFollowerUntilTheRecordsRecover) {
+  auto fault = std::make_shared<state::DiskFullFault>();
+  options_.disk_full_fault = fault;
+  for (int64_t h = 1; h <= 3; ++h) {
+    chain_.AddEvent(h, MakeEvent("bank.transfer", {{"amount", std::to_string(h)}}));
+  }
+  Open();
+  Step();
+  ASSERT_EQ(Cursor(), 3);
+  EXPECT_TRUE(core_->Snapshot().records_error.empty());
+
+  fault->Set(true);
+  chain_.AddEvent(5, Opened(1));
+  chain_.SetLatestHeight(30);
+  const int64_t failed_at_ms = clock_.NowUnixMs();
+  absl::Status failed = core_->Step();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("No space left on device"));
+  EXPECT_EQ(Cursor(), 3);
+  EXPECT_TRUE(chain_.broadcasts().empty());
+  HostStatusSnapshot down = core_->Snapshot();
+  EXPECT_EQ(down.cursor_height, 3);
+  EXPECT_EQ(down.chain_height, 30);
+  EXPECT_THAT(down.last_error, HasSubstr("No space left on device"));
+  EXPECT_EQ(down.last_error_since_unix_ms, failed_at_ms);
+  EXPECT_THAT(down.records_error, HasSubstr("No space left on device"));
+  EXPECT_EQ(down.records_path, dir_ + "/state");
+  EXPECT_EQ(down.records_error_since_unix_ms, failed_at_ms);
+  EXPECT_EQ(down.records_recoveries, 0u);
+
+  // Still full a while later: the same error, the same "since".
+  clock_.Advance(10000);
+  EXPECT_EQ(core_->Step().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Cursor(), 3);
+  EXPECT_EQ(core_->Snapshot().last_error_since_unix_ms, failed_at_ms);
+  EXPECT_EQ(core_->Snapshot().records_error_since_unix_ms, failed_at_ms);
+
+  // Space is back: the same core follows again and catches up with the chain.
+  fault->Set(false);
+  clock_.Advance(1000);
+  Step();
+  Step();
+  ASSERT_EQ(Cursor(), 30);
+  HostStatusSnapshot up = core_->Snapshot();
+  EXPECT_TRUE(up.last_error.empty()) << up.last_error;
+  EXPECT_EQ(up.last_error_since_unix_ms, 0);
+  EXPECT_TRUE(up.records_error.empty()) << up.records_error;
+  EXPECT_EQ(up.records_error_since_unix_ms, 0);
+  EXPECT_EQ(up.records_recoveries, 1u);
+  EXPECT_EQ(CountActions("reserve"), 1);
+  EXPECT_EQ(chain_.broadcasts().size(), 1u);
+  EXPECT_TRUE(Shard(1).reservation_sent());
+}
+
 // The scripted chain of the SIGKILL test: a shard opens every third height, with other events
 // around it, so kills land inside and between decisions.
 constexpr int64_t kKillChainHeights = 90;

@@ -9,7 +9,8 @@ namespace ts::sidecar {
 namespace {
 
 constexpr std::string_view kComponent = "host";
-// A failing step is logged at most this often, so a chain outage does not flood the log.
+// A failing step is logged at most this often, so a chain outage or a full disk does not flood
+// the log.
 constexpr absl::Duration kErrorLogInterval = absl::Seconds(10);
 
 }  // namespace
@@ -74,6 +75,7 @@ void HostDaemon::Loop() {
   absl::Time next_step = absl::Now();
   absl::Time last_error_log = absl::InfinitePast();
   std::string last_error;
+  bool records_down = false;
   while (true) {
     std::shared_ptr<Command> command;
     {
@@ -107,7 +109,23 @@ void HostDaemon::Loop() {
     absl::Status status = core_->Step();
     next_step = absl::Now() + absl::Milliseconds(poll_interval_ms_);
     HostStatusSnapshot snapshot = core_->Snapshot();
-    if (!status.ok()) {
+    if (!status.ok() && !snapshot.records_error.empty()) {
+      // The records refuse writes (a full disk): nothing the follower decides can be recorded,
+      // so it stands still until the database recovers (state::Db does, by itself).
+      if (!records_down || absl::Now() - last_error_log >= kErrorLogInterval) {
+        common::Log(common::LogLevel::kError, kComponent,
+                    "the host's records refuse writes: not following the chain (no reservations, "
+                    "no settlement signatures) until the filesystem has room again",
+                    {{"records", snapshot.records_path},
+                     {"error", snapshot.records_error},
+                     {"since_unix_ms", absl::StrCat(snapshot.records_error_since_unix_ms)},
+                     {"cursor_height", absl::StrCat(snapshot.cursor_height)},
+                     {"chain_height", absl::StrCat(snapshot.chain_height)}});
+        last_error_log = absl::Now();
+      }
+      records_down = true;
+      last_error = std::string(status.message());
+    } else if (!status.ok()) {
       std::string error(status.message());
       if (error != last_error || absl::Now() - last_error_log >= kErrorLogInterval) {
         common::Log(common::LogLevel::kWarn, kComponent, "step failed; will retry",
@@ -116,6 +134,15 @@ void HostDaemon::Loop() {
         last_error = error;
       }
     } else {
+      if (records_down && snapshot.records_error.empty()) {
+        common::Log(common::LogLevel::kInfo, kComponent,
+                    "the host's records take writes again; following the chain",
+                    {{"records", snapshot.records_path},
+                     {"cursor_height", absl::StrCat(snapshot.cursor_height)},
+                     {"chain_height", absl::StrCat(snapshot.chain_height)},
+                     {"recoveries", absl::StrCat(snapshot.records_recoveries)}});
+        records_down = false;
+      }
       last_error.clear();
     }
     absl::MutexLock lock(&mu_);

@@ -3,6 +3,10 @@
 // control-plane state has a single writer and no locks inside HostCore. The queue is bounded:
 // a full queue answers RESOURCE_EXHAUSTED rather than letting callers pile up.
 //
+// A failing step is logged at most every 10 s: at warn level, or, while the records refuse
+// writes (a full disk), at error level, saying that the host is not following the chain; the
+// step after the records recover says so at info level.
+//
 // Thread-safety: Run, Snapshot and Stop are thread-safe; Start is called once.
 #ifndef TS_SIDECAR_HOST_HOST_DAEMON_H_
 #define TS_SIDECAR_HOST_HOST_DAEMON_H_

@@ -28,8 +28,12 @@ std::string EventKey(int64_t height, uint32_t index) {
   return key;
 }
 
-absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Open(
+    const std::string& path, common::Clock* clock,
+    std::shared_ptr<state::DiskFullFault> disk_full_fault) {
   state::DbOptions options;
+  options.clock = clock;
+  options.disk_full_fault = std::move(disk_full_fault);
   options.tables = {std::string(kTableShards), std::string(kTableReservations),
                     std::string(kTableWeights), std::string(kTablePendingTxs),
                     std::string(kTableSettlementDrafts), std::string(kTableEvents),

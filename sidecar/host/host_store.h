@@ -57,9 +57,12 @@ std::string EventKey(int64_t height, uint32_t index);
 
 class HostStore {
  public:
-  // Opens (creating if missing) the database at `path` with the tables above.
-  // Errors as state::Db::Open.
-  static absl::StatusOr<std::unique_ptr<HostStore>> Open(const std::string& path);
+  // Opens (creating if missing) the database at `path` with the tables above. `clock` (the
+  // system clock when null) times the database's recovery from write errors; `disk_full_fault`
+  // is for tests (state::DbOptions). Errors as state::Db::Open.
+  static absl::StatusOr<std::unique_ptr<HostStore>> Open(
+      const std::string& path, common::Clock* clock = nullptr,
+      std::shared_ptr<state::DiskFullFault> disk_full_fault = nullptr);
 
   state::Db& db() { return *db_; }
 

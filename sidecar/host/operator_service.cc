@@ -51,20 +51,27 @@ grpc::Status HostOperatorService::Status(grpc::ServerContext*, const pb::HostSta
                                          pb::HostStatusResponse* response) {
   HostStatusSnapshot s = daemon_->Snapshot();
   // The cursor and counters are read fresh: the store is the truth, the snapshot may lag a poll.
+  // While the records cannot be read (closed after a write error), the snapshot's values stand
+  // in, and records_error says why.
   auto cursor = core_->store().CursorHeight();
-  if (!cursor.ok()) return ToGrpc(cursor.status());
   auto processed = core_->store().EventsProcessed();
-  if (!processed.ok()) return ToGrpc(processed.status());
   auto pending = core_->store().ListPendingTxs();
-  if (!pending.ok()) return ToGrpc(pending.status());
+  const int64_t cursor_height = cursor.ok() ? *cursor : s.cursor_height;
   response->set_address(core_->address());
   response->set_chain_id(s.chain_id);
-  response->set_cursor_height(*cursor);
-  response->set_chain_height(std::max(s.chain_height, *cursor));
-  response->set_pending_txs(static_cast<uint32_t>(pending->size()));
-  response->set_events_processed(*processed);
+  response->set_cursor_height(cursor_height);
+  response->set_chain_height(std::max(s.chain_height, cursor_height));
+  response->set_pending_txs(pending.ok() ? static_cast<uint32_t>(pending->size()) : s.pending_txs);
+  response->set_events_processed(processed.ok() ? *processed : s.events_processed);
   response->set_current_weight(s.current_weight);
   response->set_version(version_);
+  response->set_follower_error(s.last_error);
+  response->set_follower_error_since_unix_ms(s.last_error_since_unix_ms);
+  const state::DbHealth health = core_->shared_db()->Health();
+  response->set_records_path(core_->shared_db()->path());
+  response->set_records_error(std::string(health.error.message()));
+  response->set_records_error_since_unix_ms(health.since_unix_ms);
+  response->set_records_recoveries(health.recoveries);
   return grpc::Status::OK;
 }
 

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/signing.h"
 #include "common/status.h"
@@ -92,6 +93,7 @@ class OperatorServiceTest : public ::testing::Test {
     HostCoreOptions options;
     options.shard_endpoint = "127.0.0.1:7001";
     options.policy.auto_reserve = false;
+    options.disk_full_fault = disk_full_;
     auto core = HostCore::Open(dir_ + "/state", key_, options, &chain_, &common::SystemClock());
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = *std::move(core);
@@ -169,12 +171,48 @@ class OperatorServiceTest : public ::testing::Test {
   FakeChainClient chain_{kChainId};
   FakeRecords records_;
   std::shared_ptr<grpc::Channel> public_channel_;
+  std::shared_ptr<state::DiskFullFault> disk_full_ = std::make_shared<state::DiskFullFault>();
   std::unique_ptr<HostCore> core_;
   std::unique_ptr<HostDaemon> daemon_;
   OperatorServer server_;
   std::unique_ptr<pb::HostOperator::Stub> operator_;
   std::unique_ptr<pb::SettlementQuery::Stub> query_;
 };
+
+// While the records' disk is full the follower stands still, and Status says why and since
+// when; once space is back it catches up by itself and the errors clear.
+TEST_F(OperatorServiceTest, StatusSaysWhyTheFollowerStandsStillOnAFullDisk) {
+  chain_.AddEvent(1, MakeEvent("bank.transfer", {{"amount", "1"}}));
+  WaitForCursor(1);
+  pb::HostStatusResponse healthy = Status();
+  EXPECT_EQ(healthy.records_path(), dir_ + "/state");
+  EXPECT_EQ(healthy.records_error(), "");
+  EXPECT_EQ(healthy.follower_error(), "");
+  EXPECT_EQ(healthy.follower_error_since_unix_ms(), 0);
+
+  const int64_t filled_ms = absl::ToUnixMillis(absl::Now());
+  disk_full_->Set(true);
+  chain_.SetLatestHeight(10);
+  for (int i = 0; i < 500 && Status().follower_error().empty(); ++i) usleep(10000);
+  pb::HostStatusResponse down = Status();
+  EXPECT_EQ(down.cursor_height(), 1);
+  EXPECT_EQ(down.chain_height(), 10);
+  EXPECT_THAT(down.follower_error(), HasSubstr("No space left on device"));
+  EXPECT_GE(down.follower_error_since_unix_ms(), filled_ms);
+  EXPECT_THAT(down.records_error(), HasSubstr("No space left on device"));
+  EXPECT_THAT(down.records_error(), HasSubstr(dir_ + "/state"));
+  EXPECT_GE(down.records_error_since_unix_ms(), filled_ms);
+  EXPECT_EQ(down.records_recoveries(), 0u);
+
+  disk_full_->Set(false);
+  WaitForCursor(10);
+  pb::HostStatusResponse up = Status();
+  EXPECT_EQ(up.follower_error(), "");
+  EXPECT_EQ(up.follower_error_since_unix_ms(), 0);
+  EXPECT_EQ(up.records_error(), "");
+  EXPECT_EQ(up.records_error_since_unix_ms(), 0);
+  EXPECT_EQ(up.records_recoveries(), 1u);
+}
 
 TEST_F(OperatorServiceTest, StatusListEventsAndShards) {
   for (int64_t h = 1; h <= 5; ++h) {
