@@ -64,6 +64,9 @@ absl::Status ErrnoStatus(int err, std::string_view what) {
       return absl::FailedPreconditionError(message);
     case EEXIST:
       return absl::AlreadyExistsError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
     default:
       return absl::InternalError(message);
   }
@@ -593,7 +596,11 @@ absl::Status WriteFull(int fd, std::string_view data) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("write: ", Errno(errno)));
+      const int err = errno;
+      const std::string message = absl::StrCat("write: ", Errno(err));
+      // A full filesystem is a limit reached, not a fault: the caller may free space.
+      if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(message);
+      return absl::InternalError(message);
     }
     done += static_cast<size_t>(n);
   }

@@ -10,6 +10,8 @@
 // again with fstat on the opened descriptor (same device and inode), so a swap in between is
 // caught.
 //
+// A full filesystem (ENOSPC, EDQUOT) is RESOURCE_EXHAUSTED wherever it shows.
+//
 // Thread-safety: ValidateArtifactName is pure. A SafeDir may be used from several threads at
 // once (every call works on its own descriptors); the caller serialises writes to the same name.
 #ifndef TS_SIDECAR_ARTIFACTS_SAFE_FS_H_
@@ -133,7 +135,8 @@ class SafeDir {
 // Reads exactly `size` bytes at `offset` (pread loop). OUT_OF_RANGE on a short read (the file
 // shrank), INTERNAL on I/O errors.
 absl::Status ReadFull(int fd, uint64_t offset, size_t size, std::string* out);
-// Writes all of `data` (write loop). INTERNAL on I/O errors.
+// Writes all of `data` (write loop). RESOURCE_EXHAUSTED when the filesystem is full (ENOSPC,
+// EDQUOT), INTERNAL on other I/O errors.
 absl::Status WriteFull(int fd, std::string_view data);
 
 }  // namespace ts::sidecar

@@ -177,8 +177,7 @@ absl::Status WriteNewFile(int fd, std::string_view data) {
       // EINVAL: the device wants a larger alignment; a short write leaves an unaligned rest.
       // Either way the buffered path below rewrites from where this stopped.
       if (n <= 0 || static_cast<size_t>(n) % kDirectIoAlignBytes != 0) {
-        if (n < 0 && errno != EINVAL)
-          return absl::InternalError(absl::StrCat("write: ", Errno(errno)));
+        if (n < 0 && errno != EINVAL) return IoError(errno, "write");
         if (n > 0) done += static_cast<size_t>(n);
         break;
       }
@@ -349,6 +348,15 @@ struct ArtifactStore::Impl {
     batch.PutProto(kTableArtifacts, ArtifactKey(shard_id, manifest.id), row);
     absl::Status status = db->Write(batch, /*sync=*/true);
     CacheErase(manifest.id);
+    return status;
+  }
+
+  // Deletes the row of `id` (synced).
+  absl::Status DeleteRow(std::string_view id) {
+    state::WriteBatch batch;
+    batch.Delete(kTableArtifacts, ArtifactKey(shard_id, id));
+    absl::Status status = db->Write(batch, /*sync=*/true);
+    CacheErase(id);
     return status;
   }
 
@@ -548,6 +556,95 @@ struct ArtifactStore::Impl {
   }
 
   uint64_t temp_counter_next() const { return temp_counter.fetch_add(1); }
+
+  // After a publish failed with `failure`: removes the chunk files it created (`written`) that
+  // nothing else names by now — no index row (complete or not), no other publish in progress
+  // (its pins; `own_pins` are the failed publish's own) and no fetch in progress — and gives
+  // their bytes and files back to the quota. Returns `failure`, its message saying what became
+  // of the files. Takes io_mu exclusively, like Gc, so no chunk write, fetch start or row write
+  // runs meanwhile.
+  absl::Status UndoPublish(const absl::Status& failure,
+                           const absl::flat_hash_set<std::string>& written,
+                           const absl::flat_hash_set<std::string>& own_pins, bool keep_all)
+      ABSL_LOCKS_EXCLUDED(io_mu, mu) {
+    auto annotate = [&](std::string_view what) {
+      return absl::Status(failure.code(),
+                          absl::StrCat(failure.message(), " (", common::AsAbsl(what), ")"));
+    };
+    auto kept = [&](std::string_view why) {
+      return annotate(absl::StrCat("the ", written.size(), " chunk files it wrote are kept: ",
+                                   common::AsAbsl(why), "; `artifact gc` removes them"));
+    };
+    if (keep_all) return kept("its index row may yet appear");
+    absl::WriterMutexLock io(&io_mu);
+    absl::flat_hash_set<std::string> removable;
+    {
+      absl::MutexLock lock(&mu);
+      for (const std::string& hash : written) {
+        auto pin = publish_pins.find(hash);
+        const int own = own_pins.contains(hash) ? 1 : 0;
+        if (pin != publish_pins.end() && pin->second > own) continue;
+        bool fetched = false;
+        for (const auto& [id, fetch] : fetches) {
+          if (fetch.info->sizes.contains(hash)) {
+            fetched = true;
+            break;
+          }
+        }
+        if (!fetched) removable.insert(hash);
+      }
+    }
+    bool unreadable_row = false;
+    absl::Status scanned = ScanRows(
+        [&](const std::string& id, const pb::StoredArtifact* row) {
+          if (row == nullptr) {
+            unreadable_row = true;
+            return absl::OkStatus();
+          }
+          TS_ASSIGN_OR_RETURN(pb::ManifestBody body, RowBody(id, *row));
+          for (const pb::ManifestFile& file : body.files()) {
+            for (const std::string& hash : file.chunks()) removable.erase(hash);
+          }
+          return absl::OkStatus();
+        },
+        /*unparsable_ok=*/true);
+    if (!scanned.ok()) return kept(absl::StrCat("reading the index failed: ", scanned.message()));
+    // A row that does not parse could name any chunk.
+    if (unreadable_row) return kept("an index row does not parse");
+
+    uint64_t removed_files = 0;
+    uint64_t removed_bytes = 0;
+    absl::flat_hash_set<std::string> touched;
+    for (const std::string& hash : removable) {
+      const std::string hex = Hex(hash);
+      auto sub = ChunkSubdir(hex.substr(0, 2), /*create=*/false);
+      if (!sub.ok() || !sub->has_value()) continue;
+      auto st = StatAt(**sub, hex);
+      if (!st.ok() || !st->has_value() || !S_ISREG((*st)->st_mode)) continue;
+      if (!(*sub)->Remove(hex).ok()) continue;
+      ++removed_files;
+      removed_bytes += static_cast<uint64_t>((*st)->st_size);
+      touched.insert(hex.substr(0, 2));
+    }
+    for (const std::string& sub_name : touched) {
+      auto sub = chunks.OpenDir(sub_name, /*create=*/false);
+      if (sub.ok()) (void)sub->Sync();
+    }
+    {
+      absl::MutexLock lock(&mu);
+      used_bytes -= std::min(used_bytes, removed_bytes);
+      used_files -= std::min(used_files, removed_files);
+    }
+    std::string what = absl::StrCat("removed the ", removed_files, " chunk files it wrote, ",
+                                    removed_bytes, " bytes");
+    if (removed_files < written.size()) {
+      what = absl::StrCat("removed ", removed_files, " of the ", written.size(),
+                          " chunk files it wrote, ", removed_bytes, " bytes; the other ",
+                          written.size() - removed_files,
+                          " are named by another artifact, publish or fetch");
+    }
+    return annotate(what);
+  }
 
   // Every chunk-named entry under chunks/: fn(subdir, name, hash, stat). Entries of chunks/ that
   // are not two-hex directories are skipped (never followed); so are names in a subdirectory
@@ -780,87 +877,110 @@ absl::StatusOr<VerifiedManifest> ArtifactStore::Publish(const PublishOptions& op
     held.files = total_chunks;
   }
 
-  ProgressThrottle throttle(progress, s.clock);
-  pb::ArtifactProgress report;
-  report.set_phase("hashing");
-  report.set_bytes_total(total_bytes);
-  report.set_chunks_total(static_cast<uint32_t>(total_chunks));
-  throttle.Report(report, /*force=*/true);
+  // Chunk files this publish created (absent before it). If it fails they are removed again,
+  // unless something else names them by then, so a failed publish does not leave its chunks
+  // taking the space the next one needs.
+  absl::flat_hash_set<std::string> written;
+  bool keep_written = false;
+  absl::StatusOr<VerifiedManifest> result = [&]() -> absl::StatusOr<VerifiedManifest> {
+    ProgressThrottle throttle(progress, s.clock);
+    pb::ArtifactProgress report;
+    report.set_phase("hashing");
+    report.set_bytes_total(total_bytes);
+    report.set_chunks_total(static_cast<uint32_t>(total_chunks));
+    throttle.Report(report, /*force=*/true);
 
-  pb::ManifestBody body;
-  std::string buffer;
-  uint32_t present = 0;
-  for (const SafeFileEntry& entry : entries) {
-    uint64_t size = 0;
-    TS_ASSIGN_OR_RETURN(UniqueFd fd, source.OpenRead(entry.name, /*refuse_hardlinks=*/true, &size));
-    auto changed = [&](uint64_t now_size) {
-      return absl::AbortedError(absl::StrCat("source_dir: \"", entry.name, "\" in ",
-                                             options.source_dir, " changed size while read (",
-                                             entry.size, " bytes listed, ", now_size, " now)"));
-    };
-    if (size != entry.size) return changed(size);
-    pb::ManifestFile* file = body.add_files();
-    file->set_name(entry.name);
-    file->set_size(entry.size);
-    for (uint64_t offset = 0; offset < size; offset += chunk_size) {
-      const auto n = static_cast<size_t>(std::min(chunk_size, size - offset));
-      absl::Status read = ReadFull(fd.get(), offset, n, &buffer);
-      if (absl::IsOutOfRange(read)) return changed(offset + buffer.size());
-      if (!read.ok()) {
-        return absl::Status(read.code(),
-                            absl::StrCat("source_dir: \"", entry.name, "\": ", read.message()));
+    pb::ManifestBody body;
+    std::string buffer;
+    uint32_t present = 0;
+    for (const SafeFileEntry& entry : entries) {
+      uint64_t size = 0;
+      TS_ASSIGN_OR_RETURN(UniqueFd fd,
+                          source.OpenRead(entry.name, /*refuse_hardlinks=*/true, &size));
+      auto changed = [&](uint64_t now_size) {
+        return absl::AbortedError(absl::StrCat("source_dir: \"", entry.name, "\" in ",
+                                               options.source_dir, " changed size while read (",
+                                               entry.size, " bytes listed, ", now_size, " now)"));
+      };
+      if (size != entry.size) return changed(size);
+      pb::ManifestFile* file = body.add_files();
+      file->set_name(entry.name);
+      file->set_size(entry.size);
+      for (uint64_t offset = 0; offset < size; offset += chunk_size) {
+        const auto n = static_cast<size_t>(std::min(chunk_size, size - offset));
+        absl::Status read = ReadFull(fd.get(), offset, n, &buffer);
+        if (absl::IsOutOfRange(read)) return changed(offset + buffer.size());
+        if (!read.ok()) {
+          return absl::Status(read.code(),
+                              absl::StrCat("source_dir: \"", entry.name, "\": ", read.message()));
+        }
+        std::string hash = common::Sha256(buffer);
+        {
+          absl::MutexLock lock(&s.mu);
+          if (held.pins.insert(hash).second) ++s.publish_pins[hash];
+        }
+        bool wrote = false;
+        {
+          absl::ReaderMutexLock io(&s.io_mu);
+          TS_ASSIGN_OR_RETURN(wrote, s.WriteChunk(hash, buffer, /*covered=*/true));
+        }
+        {
+          absl::MutexLock lock(&s.mu);
+          s.ReleaseLocked(n, 1);
+          held.bytes -= n;
+          held.files -= 1;
+        }
+        if (wrote) {
+          written.insert(hash);
+        } else {
+          ++present;
+        }
+        file->add_chunks(std::move(hash));
+        report.set_bytes_done(report.bytes_done() + n);
+        report.set_chunks_done(report.chunks_done() + 1);
+        report.set_chunks_present(present);
+        throttle.Report(report, /*force=*/false);
       }
-      std::string hash = common::Sha256(buffer);
-      {
-        absl::MutexLock lock(&s.mu);
-        if (held.pins.insert(hash).second) ++s.publish_pins[hash];
+      struct stat st;
+      if (::fstat(fd.get(), &st) != 0) {
+        return IoError(errno, absl::StrCat("fstat \"", entry.name, "\" in ", options.source_dir));
       }
-      bool written = false;
-      {
-        absl::ReaderMutexLock io(&s.io_mu);
-        TS_ASSIGN_OR_RETURN(written, s.WriteChunk(hash, buffer, /*covered=*/true));
+      if (static_cast<uint64_t>(st.st_size) != size) {
+        return changed(static_cast<uint64_t>(st.st_size));
       }
-      {
-        absl::MutexLock lock(&s.mu);
-        s.ReleaseLocked(n, 1);
-        held.bytes -= n;
-        held.files -= 1;
-      }
-      if (!written) ++present;
-      file->add_chunks(std::move(hash));
-      report.set_bytes_done(report.bytes_done() + n);
-      report.set_chunks_done(report.chunks_done() + 1);
-      report.set_chunks_present(present);
-      throttle.Report(report, /*force=*/false);
     }
-    struct stat st;
-    if (::fstat(fd.get(), &st) != 0) {
-      return IoError(errno, absl::StrCat("fstat \"", entry.name, "\" in ", options.source_dir));
-    }
-    if (static_cast<uint64_t>(st.st_size) != size) {
-      return changed(static_cast<uint64_t>(st.st_size));
-    }
-  }
-  throttle.Report(report, /*force=*/true);
+    throttle.Report(report, /*force=*/true);
 
-  body.set_chain_id(s.chain_id);
-  body.set_shard_id(s.shard_id);
-  body.set_round(options.round);
-  body.set_parent(options.parent);
-  body.set_publisher(common::AddressFromPublicKey(key.public_key()));
-  body.set_kind(options.kind);
-  body.set_chunk_size(options.chunk_size);
-  TS_ASSIGN_OR_RETURN(pb::Manifest manifest, SignManifest(key, std::move(body)));
-  TS_ASSIGN_OR_RETURN(VerifiedManifest verified,
-                      VerifyManifest(manifest, s.chain_id, s.shard_id, /*expected_id=*/""));
-  {
-    absl::ReaderMutexLock io(&s.io_mu);
-    TS_RETURN_IF_ERROR(s.PutRow(verified, /*complete=*/true));
-  }
-  report.set_phase("manifest");
-  report.set_artifact_id(verified.id);
-  throttle.Report(report, /*force=*/true);
-  return verified;
+    body.set_chain_id(s.chain_id);
+    body.set_shard_id(s.shard_id);
+    body.set_round(options.round);
+    body.set_parent(options.parent);
+    body.set_publisher(common::AddressFromPublicKey(key.public_key()));
+    body.set_kind(options.kind);
+    body.set_chunk_size(options.chunk_size);
+    TS_ASSIGN_OR_RETURN(pb::Manifest manifest, SignManifest(key, std::move(body)));
+    TS_ASSIGN_OR_RETURN(VerifiedManifest verified,
+                        VerifyManifest(manifest, s.chain_id, s.shard_id, /*expected_id=*/""));
+    {
+      absl::ReaderMutexLock io(&s.io_mu);
+      TS_ASSIGN_OR_RETURN(std::optional<pb::StoredArtifact> before, s.GetRow(verified.id));
+      absl::Status put = s.PutRow(verified, /*complete=*/true);
+      if (!put.ok()) {
+        // A failed write may still reach the database (a log record whose sync failed comes
+        // back when it reopens), and a complete row must never name removed chunks: only a
+        // synced delete makes removing them safe. A row that was there before (the same
+        // artifact published again) names them itself and stays.
+        if (before.has_value() || !s.DeleteRow(verified.id).ok()) keep_written = true;
+        return put;
+      }
+    }
+    report.set_phase("manifest");
+    report.set_artifact_id(verified.id);
+    throttle.Report(report, /*force=*/true);
+    return verified;
+  }();
+  if (result.ok() || written.empty()) return result;
+  return s.UndoPublish(result.status(), written, held.pins, keep_written);
 }
 
 absl::StatusOr<FetchPlan> ArtifactStore::BeginFetch(const VerifiedManifest& manifest) {
@@ -1191,6 +1311,8 @@ absl::StatusOr<pb::VerifyArtifactsResponse> ArtifactStore::Verify() const {
           response.set_chunks_ok(response.chunks_ok() + 1);
         } else {
           unreferenced.push_back(name);
+          response.set_unreferenced_bytes(response.unreferenced_bytes() +
+                                          static_cast<uint64_t>(st.st_size));
         }
         return absl::OkStatus();
       },

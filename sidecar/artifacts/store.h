@@ -17,8 +17,8 @@
 // RESOURCE_EXHAUSTED if usage + reservations would pass the quota.
 //
 // Thread-safety: thread-safe. Publish, fetches (PutChunk from several threads), serving reads,
-// List, Verify and Gc may run at once; Gc and Verify take the store's lock, so they wait for and
-// block chunk writes.
+// List, Verify and Gc may run at once; Gc, Verify and the clean-up of a failed publish take the
+// store's lock, so they wait for and block chunk writes.
 #ifndef TS_SIDECAR_ARTIFACTS_STORE_H_
 #define TS_SIDECAR_ARTIFACTS_STORE_H_
 
@@ -111,8 +111,13 @@ class ArtifactStore {
   // the chunks durably, signs the manifest with `key` and writes a complete index row.
   // INVALID_ARGUMENT (options: chunk_size, kind, parent; names), FAILED_PRECONDITION (unsafe
   // entries), RESOURCE_EXHAUSTED (quota, checked on the listed sizes before any write; also the
-  // manifest caps), ABORTED (a file changed size while read). Nothing is indexed on error;
-  // chunks already written are unreferenced and Gc removes them.
+  // manifest caps; also ENOSPC and EDQUOT from the filesystem), ABORTED (a file changed size
+  // while read), and the index's errors. Nothing is indexed on error, and the chunk files this
+  // publish created are removed again (their bytes and files go back to the quota), except
+  // those another artifact, publish or fetch names by then; the message says how many went.
+  // Only when the index row's write failed and a delete could not settle it are they kept (a
+  // complete row must never name a removed chunk): Verify reports them, Gc removes them. A
+  // crash mid-publish leaves its chunks for Gc too.
   absl::StatusOr<VerifiedManifest> Publish(const PublishOptions& options,
                                            const common::PrivateKey& key,
                                            const ProgressFn& progress);
@@ -164,7 +169,8 @@ class ArtifactStore {
   // Index rows of this shard, complete ones only unless include_incomplete.
   absl::StatusOr<std::vector<pb::ArtifactSummary>> List(bool include_incomplete) const;
 
-  // Re-hashes every chunk file and compares with the manifests.
+  // Re-hashes every chunk file and compares with the manifests: modified and missing chunks,
+  // unreferenced ones (count and bytes: what Gc would free) and incomplete artifacts.
   absl::StatusOr<pb::VerifyArtifactsResponse> Verify() const;
 
   // Drops the listed artifacts' index rows (and incomplete ones with drop_incomplete), then

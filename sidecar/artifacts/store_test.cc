@@ -26,10 +26,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "gtest/gtest.h"
+#include "tests/util/small_tmpfs.h"
 #include "tests/util/temp_dir.h"
 
 namespace ts::sidecar {
@@ -115,12 +117,15 @@ struct Host {
   fs::path store_path;
   StoreQuota quota;
   common::Clock* clock = nullptr;
+  std::shared_ptr<state::DiskFullFault> db_fault;  // null: a plain database
   std::unique_ptr<state::Db> db;
   std::unique_ptr<ArtifactStore> store;
 
   absl::Status Open() {
     state::DbOptions options;
     options.tables = {std::string(kTableArtifacts)};
+    options.disk_full_fault = db_fault;
+    options.recovery_interval_ms = 0;
     auto opened = state::Db::Open(db_path.string(), options);
     if (!opened.ok()) return opened.status();
     db = *std::move(opened);
@@ -909,6 +914,7 @@ TEST_F(StoreTest, VerifyReportsModifiedMissingUnreferenced) {
   EXPECT_EQ(report->missing(0), HexOf(missing));
   ASSERT_EQ(report->unreferenced_size(), 1) << report->DebugString();
   EXPECT_EQ(report->unreferenced(0), HexOf(common::Sha256(stray)));
+  EXPECT_EQ(report->unreferenced_bytes(), stray.size());
   EXPECT_EQ(report->chunks_ok(), DistinctChunksOf(*published).size() - 2);
   EXPECT_EQ(report->incomplete_size(), 0);
 
@@ -1212,17 +1218,17 @@ TEST_F(StoreTest, PublishAbortsWhenAFileShrinksWhileRead) {
   auto listed = host.store->List(true);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
-  EXPECT_EQ(host.store->Usage().reserved_bytes, 0u);
-  EXPECT_EQ(host.store->Usage().reserved_files, 0u);
-  // What it wrote is unreferenced and Gc takes it.
-  auto report = host.store->Verify();
-  ASSERT_TRUE(report.ok());
-  EXPECT_GT(report->unreferenced_size(), 0);
-  auto gc = host.store->Gc({}, false);
-  ASSERT_TRUE(gc.ok());
+  // What it wrote is gone again, and so is its use of the quota.
+  EXPECT_NE(Msg(published.status()).find("removed the 2 chunk files it wrote"), std::string::npos)
+      << published.status();
   EXPECT_TRUE(FilesUnder(host.store_path / "chunks").empty());
-  EXPECT_EQ(host.store->Usage().bytes, 0u);
-  EXPECT_EQ(host.store->Usage().files, 0u);
+  EXPECT_TRUE(FilesUnder(host.store_path / "tmp").empty());
+  const StoreUsage usage = host.store->Usage();
+  EXPECT_EQ(usage.bytes, 0u);
+  EXPECT_EQ(usage.files, 0u);
+  EXPECT_EQ(usage.reserved_bytes, 0u);
+  EXPECT_EQ(usage.reserved_files, 0u);
+  ExpectClean(host);
 }
 
 TEST_F(StoreTest, PublishAbortsWhenAFileGrowsWhileRead) {
@@ -1240,6 +1246,197 @@ TEST_F(StoreTest, PublishAbortsWhenAFileGrowsWhileRead) {
   auto listed = host.store->List(true);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
+}
+
+// A failed publish removes the chunk files it created, but never one that something else names
+// by then: a complete artifact (those chunks were there before, so it did not create them), an
+// incomplete one, a fetch in progress.
+TEST_F(StoreTest, FailedPublishKeepsChunksThatOthersName) {
+  Host a = MakeHost("a");
+  Host b = MakeHost("b");
+  const fs::path kept_source = MakeSource("kept", 61);
+  auto kept = Publish(a, kept_source);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  // On b, a fetch in progress names a chunk the failing publish is about to create.
+  const fs::path fetched_source = tmp_.path() / "fetched";
+  WriteRaw(fetched_source / "f.bin", RandomBytes(2 * kChunk, 6201));
+  auto fetched = Publish(b, fetched_source);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  auto plan = a.store->BeginFetch(*fetched);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->missing.size(), 2u);
+  const StoreUsage before = a.store->Usage();
+
+  // The failing source: a copy of a stored file (present: not created), a copy of the fetch's
+  // file (created, but the fetch names it), its own chunks (created), then a file that shrinks.
+  const fs::path source = tmp_.path() / "failing";
+  fs::create_directories(source);
+  fs::copy_file(kept_source / "model.bin", source / "a-shared.bin");
+  fs::copy_file(fetched_source / "f.bin", source / "b-fetched.bin");
+  WriteRaw(source / "c-own.bin", RandomBytes(3 * kChunk, 6301));
+  WriteRaw(source / "d-shrinks.bin", RandomBytes(2 * kChunk, 6302));
+  bool truncated = false;
+  const uint32_t before_shrink = 4 + 2 + 3 + 1;
+  auto failed = a.store->Publish(Options(source), key_, [&](const pb::ArtifactProgress& p) {
+    if (!truncated && p.chunks_done() >= before_shrink) {
+      fs::resize_file(source / "d-shrinks.bin", 100);
+      truncated = true;
+    }
+  });
+  ASSERT_TRUE(truncated);
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kAborted) << failed.status();
+  // Created: 2 of the fetch's, 3 own, 1 of the shrinking file; removed: all but the fetch's.
+  EXPECT_NE(Msg(failed.status()).find("removed 4 of the 6 chunk files it wrote"), std::string::npos)
+      << failed.status();
+  for (const std::string& hash : DistinctChunksOf(*kept)) {
+    EXPECT_TRUE(fs::exists(a.ChunkPath(hash))) << HexOf(hash);
+  }
+  for (const std::string& hash : plan->missing) {
+    EXPECT_TRUE(fs::exists(a.ChunkPath(hash))) << HexOf(hash);
+  }
+  EXPECT_EQ(FilesUnder(a.store_path / "chunks").size(), DistinctChunksOf(*kept).size() + 2);
+  const StoreUsage after = a.store->Usage();
+  EXPECT_EQ(after.bytes, before.bytes + 2 * kChunk);
+  EXPECT_EQ(after.files, before.files + 2);
+  EXPECT_EQ(after.bytes, BytesUnder(a.store_path / "chunks"));
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes);
+  EXPECT_EQ(after.reserved_files, before.reserved_files);
+
+  // The fetch finishes with what is there; everything verifies and exports.
+  for (const std::string& hash : plan->missing) {
+    auto data = b.store->ReadChunk(hash);
+    ASSERT_TRUE(data.ok());
+    ASSERT_TRUE(a.store->PutChunk(fetched->id, hash, *data).ok());
+  }
+  ASSERT_TRUE(a.store->CompleteFetch(fetched->id).ok());
+  ExpectClean(a);
+  ExpectExportIdentical(a, kept->id, kept_source, "out-kept");
+  ExpectExportIdentical(a, fetched->id, fetched_source, "out-fetched");
+}
+
+// Two publishes of sources sharing a file: the first creates the shared chunks, the second
+// finds them present and pins them; the first then fails. The shared chunks stay for the second.
+TEST_F(StoreTest, FailedPublishKeepsChunksAnotherPublishInProgressHashed) {
+  Host host = MakeHost("a");
+  const std::string shared = RandomBytes(3 * kChunk, 6401);
+  const fs::path first_source = tmp_.path() / "first";
+  WriteRaw(first_source / "a-shared.bin", shared);
+  WriteRaw(first_source / "b-shrinks.bin", RandomBytes(2 * kChunk, 6402));
+  const fs::path second_source = tmp_.path() / "second";
+  WriteRaw(second_source / "a-shared.bin", shared);
+  WriteRaw(second_source / "b-own.bin", RandomBytes(2 * kChunk, 6403));
+
+  absl::Mutex mu;
+  bool second_hashed_shared = false;
+  bool first_done = false;
+  absl::StatusOr<VerifiedManifest> second = absl::UnknownError("not run");
+  std::thread second_thread;
+  bool truncated = false;
+  auto first = host.store->Publish(Options(first_source), key_, [&](const pb::ArtifactProgress& p) {
+    if (truncated || p.chunks_done() < 4) return;
+    // The shared chunks are stored: start the second publish and wait until it has hashed them.
+    second_thread = std::thread([&] {
+      second =
+          host.store->Publish(Options(second_source, 2), key_, [&](const pb::ArtifactProgress& q) {
+            if (q.chunks_done() < 3) return;
+            absl::MutexLock lock(&mu);
+            second_hashed_shared = true;
+            mu.Await(absl::Condition(&first_done));
+          });
+    });
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&second_hashed_shared));
+    }
+    fs::resize_file(first_source / "b-shrinks.bin", 100);
+    truncated = true;
+  });
+  ASSERT_TRUE(truncated);
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kAborted) << first.status();
+  // It created 3 shared and 1 own chunk; only its own one goes.
+  EXPECT_NE(Msg(first.status()).find("removed 1 of the 4 chunk files it wrote"), std::string::npos)
+      << first.status();
+  {
+    absl::MutexLock lock(&mu);
+    first_done = true;
+  }
+  second_thread.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ExpectClean(host);
+  ExpectExportIdentical(host, second->id, second_source, "out");
+  EXPECT_EQ(host.store->Usage().bytes, BytesUnder(host.store_path / "chunks"));
+  EXPECT_EQ(host.store->Usage().files, DistinctChunksOf(*second).size());
+}
+
+// The index row's write fails (its database's disk is full): the row might still appear once
+// the database recovers, so the chunks are kept rather than left missing under a complete row.
+TEST_F(StoreTest, PublishWhoseIndexRowFailsKeepsItsChunks) {
+  Host host;
+  host.db_path = tmp_.path() / "a-db";
+  host.store_path = tmp_.path() / "a-store";
+  host.quota = {64u << 20, 100000};
+  host.clock = &clock_;
+  host.db_fault = std::make_shared<state::DiskFullFault>();
+  ASSERT_TRUE(host.Open().ok());
+  const fs::path source = MakeSource("src", 65);
+  bool filled = false;
+  auto failed = host.store->Publish(Options(source), key_, [&](const pb::ArtifactProgress& p) {
+    if (!filled && p.chunks_total() > 0 && p.chunks_done() == p.chunks_total()) {
+      host.db_fault->Set(true);
+      filled = true;
+    }
+  });
+  ASSERT_TRUE(filled);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+  EXPECT_NE(Msg(failed.status()).find("are kept"), std::string::npos) << failed.status();
+  EXPECT_EQ(FilesUnder(host.store_path / "chunks").size(), 7u);
+
+  // Space is back: nothing was indexed, the chunks are reported and Gc takes them.
+  host.db_fault->Set(false);
+  auto listed = host.store->List(true);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+  auto report = host.store->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->unreferenced_size(), 7);
+  EXPECT_EQ(report->unreferenced_bytes(), BytesUnder(host.store_path / "chunks"));
+  auto gc = host.store->Gc({}, false);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->chunks_removed(), 7u);
+  auto again = Publish(host, source);
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// The issue as an operator met it: a publish larger than what is left on the store's
+// filesystem (a real one, a small tmpfs) fails with ENOSPC and leaves nothing behind, so the
+// next, smaller publish fits without a Gc.
+TEST_F(StoreTest, PublishOnAFullFilesystemLeavesNothingBehind) {
+  std::string why;
+  auto tmpfs = test_util::SmallTmpfs::Mount(1 << 20, &why);
+  if (tmpfs == nullptr) GTEST_SKIP() << why;
+  Host host;
+  host.db_path = tmp_.path() / "a-db";
+  host.store_path = tmpfs->path() / "store";
+  host.quota = {64u << 20, 100000};
+  host.clock = &clock_;
+  ASSERT_TRUE(host.Open().ok());
+  const fs::path big = tmp_.path() / "big";
+  WriteRaw(big / "weights.bin", RandomBytes(2 << 20, 6601));
+  auto failed = host.store->Publish(Options(big), key_, nullptr);
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+  EXPECT_NE(Msg(failed.status()).find("No space left on device"), std::string::npos);
+  EXPECT_NE(Msg(failed.status()).find("removed"), std::string::npos) << failed.status();
+  EXPECT_TRUE(FilesUnder(host.store_path / "chunks").empty());
+  EXPECT_TRUE(FilesUnder(host.store_path / "tmp").empty());
+  EXPECT_EQ(host.store->Usage().bytes, 0u);
+  EXPECT_EQ(host.store->Usage().files, 0u);
+  ExpectClean(host);
+
+  const fs::path small = tmp_.path() / "small";
+  WriteRaw(small / "weights.bin", RandomBytes(600 << 10, 6602));
+  auto fits = host.store->Publish(Options(small), key_, nullptr);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  ExpectClean(host);
 }
 
 // ---------------------------------------------------------------------------------------------

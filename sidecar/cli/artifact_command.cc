@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/hex.h"
@@ -313,6 +314,24 @@ int RunList(Context& ctx, const ListArgs& args) {
   return kExitOk;
 }
 
+// One line: "clean", or what the store holds besides verified, referenced chunks.
+std::string VerifySummary(const pb::VerifyArtifactsResponse& report) {
+  std::vector<std::string> parts;
+  if (report.modified_size() > 0 || report.missing_size() > 0) {
+    parts.push_back(absl::StrCat("damaged (", report.modified_size(), " modified, ",
+                                 report.missing_size(), " missing chunks)"));
+  }
+  if (report.unreferenced_size() > 0) {
+    parts.push_back(absl::StrCat(report.unreferenced_size(), " unreferenced chunks holding ",
+                                 report.unreferenced_bytes(),
+                                 " bytes (`trainshard artifact gc` removes them)"));
+  }
+  if (report.incomplete_size() > 0) {
+    parts.push_back(absl::StrCat(report.incomplete_size(), " incomplete artifacts"));
+  }
+  return parts.empty() ? "clean" : absl::StrJoin(parts, "; ");
+}
+
 int RunVerify(Context& ctx, const std::string& host, uint64_t shard_flag) {
   auto endpoint = ParseHostTarget("--host", host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
@@ -329,7 +348,9 @@ int RunVerify(Context& ctx, const std::string& host, uint64_t shard_flag) {
                                {"modified", std::to_string(report->modified_size())},
                                {"missing", std::to_string(report->missing_size())},
                                {"unreferenced", std::to_string(report->unreferenced_size())},
-                               {"incomplete", std::to_string(report->incomplete_size())}});
+                               {"unreferenced_bytes", std::to_string(report->unreferenced_bytes())},
+                               {"incomplete", std::to_string(report->incomplete_size())},
+                               {"summary", VerifySummary(*report)}});
     for (const auto& h : report->modified()) ctx.out() << "modified " << h << "\n";
     for (const auto& h : report->missing()) ctx.out() << "missing " << h << "\n";
     for (const auto& h : report->unreferenced()) ctx.out() << "unreferenced " << h << "\n";
