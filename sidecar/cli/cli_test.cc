@@ -657,6 +657,11 @@ class FakeSidecar final : public pb::HostOperator::Service, public pb::Settlemen
                       pb::HostStatusResponse* response) override {
     response->set_address("gonka1fake");
     response->set_cursor_height(77);
+    response->set_follower_error("writing batch to /d/state: No space left on device");
+    response->set_follower_error_since_unix_ms(1'700'000'000'000);
+    response->set_records_path("/d/state");
+    response->set_records_error("No space left on device");
+    response->set_records_error_since_unix_ms(1'700'000'000'000);
     response->set_events_processed(events_.size());
     return grpc::Status::OK;
   }
@@ -754,9 +759,16 @@ TEST(HostCommandsTest, StatusSettlementAndRefusals) {
   EXPECT_EQ(doc["cursor_height"], "77");
   EXPECT_EQ(doc["pending_txs"], 0);
 
+  EXPECT_EQ(doc["records_error"], "No space left on device");
+  EXPECT_EQ(doc["follower_error_since_unix_ms"], "1700000000000");
+
   CliResult human = Cli({"host", "status", "--host", sidecar.address()});
   ASSERT_EQ(human.code, 0);
   EXPECT_THAT(human.out, HasSubstr("cursor_height:"));
+  EXPECT_THAT(human.out,
+              HasSubstr("stopped since 2023-11-14T22:13:20Z: writing batch to /d/state: No space"));
+  EXPECT_THAT(human.out, HasSubstr("refusing writes since 2023-11-14T22:13:20Z"));
+  EXPECT_THAT(human.out, HasSubstr("/d/state"));
 
   CliResult settlement = Cli({"host", "settlement", "--host", sidecar.address(), "--id", "4"});
   ASSERT_EQ(settlement.code, 0) << Describe(settlement);
@@ -903,6 +915,7 @@ class FakeArtifactHost final : public pb::ArtifactOperator::Service {
       response->add_missing(std::string(64, 'd'));
     }
     response->add_unreferenced(std::string(64, 'e'));
+    response->set_unreferenced_bytes(4096);
     return grpc::Status::OK;
   }
   grpc::Status Gc(grpc::ServerContext*, const pb::GcArtifactsRequest* request,
@@ -1041,7 +1054,14 @@ TEST(ArtifactCommandsTest, VerifyExitsOneOnDamageAndPrintsTheReport) {
   nlohmann::json doc = nlohmann::json::parse(clean.out);
   EXPECT_EQ(doc["chunks_ok"], 9);
   EXPECT_EQ(doc["unreferenced"][0], std::string(64, 'e'));
+  EXPECT_EQ(doc["unreferenced_bytes"], "4096");
   EXPECT_TRUE(doc["modified"].empty());
+  // Unreferenced chunks are not damage (exit 0), but the store is not called clean.
+  CliResult text = Cli({"artifact", "verify", "--host", host.address(), "--shard", "1"});
+  ASSERT_EQ(text.code, 0) << Describe(text);
+  EXPECT_THAT(text.out, HasSubstr("unreferenced_bytes:"));
+  EXPECT_THAT(text.out, HasSubstr("1 unreferenced chunks holding 4096 bytes"));
+  EXPECT_THAT(text.out, ::testing::Not(HasSubstr("clean")));
 
   CliResult damaged =
       Cli({"artifact", "verify", "--host", host.address(), "--shard", "2", "--json"});
