@@ -190,8 +190,13 @@ absl::StatusOr<std::string> ParseHostTarget(const std::string& flag, const std::
   return absl::StrCat(kUnix, path);
 }
 
-absl::StatusOr<std::vector<std::string>> ParseHostTargetList(const std::string& flag,
-                                                             const std::string& text) {
+namespace {
+
+// "A,B,C", each item through `parse`; empty items, values that parse to the same thing and more
+// than kFlagValuesMax items are refused.
+absl::StatusOr<std::vector<std::string>> ParseList(
+    const std::string& flag, const std::string& text,
+    absl::StatusOr<std::string> (*parse)(const std::string&, const std::string&)) {
   std::vector<std::string> items = absl::StrSplit(text, ',');
   if (items.size() > kFlagValuesMax) {
     return Bad(flag, text, absl::StrCat(items.size(), " entries is more than ", kFlagValuesMax));
@@ -200,29 +205,23 @@ absl::StatusOr<std::vector<std::string>> ParseHostTargetList(const std::string& 
   std::set<std::string> seen;
   for (const auto& item : items) {
     if (item.empty()) return Bad(flag, text, "empty entry");
-    TS_ASSIGN_OR_RETURN(std::string target, ParseHostTarget(flag, item));
-    if (!seen.insert(target).second) return Bad(flag, text, absl::StrCat(item, " is given twice"));
-    result.push_back(std::move(target));
+    TS_ASSIGN_OR_RETURN(std::string value, parse(flag, item));
+    if (!seen.insert(value).second) return Bad(flag, text, absl::StrCat(item, " is given twice"));
+    result.push_back(std::move(value));
   }
   return result;
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ParseHostTargetList(const std::string& flag,
+                                                             const std::string& text) {
+  return ParseList(flag, text, &ParseHostTarget);
+}
+
 absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& flag,
                                                            const std::string& text) {
-  std::vector<std::string> items = absl::StrSplit(text, ',');
-  if (items.size() > kFlagValuesMax) {
-    return Bad(flag, text, absl::StrCat(items.size(), " entries is more than ", kFlagValuesMax));
-  }
-  std::vector<std::string> result;
-  std::set<std::string> seen;
-  for (const auto& item : items) {
-    if (item.empty()) return Bad(flag, text, "empty entry");
-    auto endpoint = ParseEndpoint(flag, item);
-    if (!endpoint.ok()) return endpoint.status();
-    if (!seen.insert(item).second) return Bad(flag, text, absl::StrCat(item, " is given twice"));
-    result.push_back(item);
-  }
-  return result;
+  return ParseList(flag, text, &ParseEndpoint);
 }
 
 absl::StatusOr<pb::ShardStatus> ParseShardStatus(const std::string& flag, const std::string& text) {

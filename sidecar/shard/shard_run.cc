@@ -1684,6 +1684,18 @@ void ShardRunManager::Activate(const std::string& chain_id) {
                 "resuming run",
                 {{"shard", absl::StrCat(id)}, {"error", std::string(started.status().message())}});
   }
+  absl::MutexLock lock(&mu_);
+  resumed_ = true;
+}
+
+absl::Status ShardRunManager::NoRun(uint64_t shard_id) const {
+  // A process serves its socket before it has resumed the runs its records hold: until then a
+  // missing run may only be a run not started yet, which a caller should ask again for.
+  if (!resumed_) {
+    return absl::UnavailableError(
+        absl::StrCat("shard ", shard_id, ": the shard process is still resuming its runs"));
+  }
+  return absl::NotFoundError(absl::StrCat("shard ", shard_id, ": no run on this host"));
 }
 
 absl::StatusOr<pb::StartShardRunResponse> ShardRunManager::StartRun(uint64_t shard_id,
@@ -1766,10 +1778,7 @@ grpc::Status ShardRunManager::Status(grpc::ServerContext*, const pb::ShardRunSta
                                      pb::ShardRunStatus* response) {
   absl::MutexLock lock(&mu_);
   ShardRun* run = Find(request->shard_id());
-  if (run == nullptr) {
-    return bridge::ToGrpcStatus(
-        absl::NotFoundError(absl::StrCat("shard ", request->shard_id(), ": no run on this host")));
-  }
+  if (run == nullptr) return bridge::ToGrpcStatus(NoRun(request->shard_id()));
   *response = run->Status();
   return grpc::Status::OK;
 }
@@ -1785,10 +1794,7 @@ grpc::Status ShardRunManager::Evaluate(grpc::ServerContext*,
   {
     absl::MutexLock lock(&mu_);
     run = Find(request->shard_id());
-  }
-  if (run == nullptr) {
-    return bridge::ToGrpcStatus(
-        absl::NotFoundError(absl::StrCat("shard ", request->shard_id(), ": no run on this host")));
+    if (run == nullptr) return bridge::ToGrpcStatus(NoRun(request->shard_id()));
   }
   auto ev = run->EvaluateArtifact(request->artifact_id(), request->windows_max());
   if (!ev.ok()) return bridge::ToGrpcStatus(ev.status());

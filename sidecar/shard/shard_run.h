@@ -164,6 +164,9 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
 
  private:
   ShardRun* Find(uint64_t shard_id) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Why the shard has no run here: UNAVAILABLE until Activate has resumed the stored runs,
+  // NOT_FOUND after.
+  absl::Status NoRun(uint64_t shard_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromStoredRun(uint64_t shard_id);
   absl::StatusOr<std::string> VerifyPeer(const ::gonka::trainshard::v1::PeerRequestAuth& auth,
                                          std::string_view method, uint64_t shard_id,
@@ -174,6 +177,7 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::unique_ptr<ShardRun>> runs_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PeerRequestVerifier> verifier_ ABSL_GUARDED_BY(mu_);
+  bool resumed_ ABSL_GUARDED_BY(mu_) = false;  // Activate has resumed the stored runs
 };
 
 }  // namespace ts::sidecar
