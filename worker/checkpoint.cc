@@ -1,5 +1,6 @@
 #include "worker/checkpoint.h"
 
+#include <bit>
 #include <cmath>
 #include <span>
 
@@ -33,21 +34,29 @@ absl::Status CheckFinite(std::span<const float> values, absl::string_view what) 
 
 }  // namespace
 
-std::string EncodeCheckpoint(const Checkpoint& ck) {
-  const std::vector<TensorSpec> layout = ParameterLayout(ck.config);  // checks the config
-  const uint64_t count = ParameterCount(ck.config);
-  TS_CHECK(ck.params.size() == count);
-  TS_CHECK(!ck.momentum.has_value() || ck.momentum->size() == count);
-
+std::string EncodeCheckpointHeader(const ModelConfig& config, bool has_momentum) {
+  const std::vector<TensorSpec> layout = ParameterLayout(config);  // checks the config
   std::string out;
-  out.reserve(64 + layout.size() * 48 + count * 4 * (ck.momentum ? 2 : 1));
+  out.reserve(96 + layout.size() * 64);
   out.append(kCheckpointMagic, sizeof(kCheckpointMagic));
-  PutLe<uint32_t>(&out, kCheckpointVersion);
-  for (uint32_t v : {ck.config.layers, ck.config.d_model, ck.config.heads, ck.config.context,
-                     ck.config.vocab, ck.config.mlp_ratio}) {
-    PutLe<uint32_t>(&out, v);
+  if (config.family == ModelFamily::kGpt) {
+    // Version 1 holds the gpt family alone; its bytes (and so its roots) are as they always were.
+    PutLe<uint32_t>(&out, kCheckpointVersionGpt);
+    for (uint32_t v : {config.layers, config.d_model, config.heads, config.context, config.vocab,
+                       config.mlp_ratio}) {
+      PutLe<uint32_t>(&out, v);
+    }
+  } else {
+    PutLe<uint32_t>(&out, kCheckpointVersion);
+    for (uint32_t v :
+         {static_cast<uint32_t>(config.family), config.layers, config.d_model, config.heads,
+          config.kv_heads, config.mlp_hidden, config.context, config.vocab,
+          std::bit_cast<uint32_t>(config.rope_theta), std::bit_cast<uint32_t>(config.norm_eps),
+          static_cast<uint32_t>(config.tie_embeddings ? 1 : 0)}) {
+      PutLe<uint32_t>(&out, v);
+    }
   }
-  PutLe<uint32_t>(&out, ck.momentum ? kFlagMomentum : 0);
+  PutLe<uint32_t>(&out, has_momentum ? kFlagMomentum : 0);
   PutLe<uint32_t>(&out, static_cast<uint32_t>(layout.size()));
   for (const TensorSpec& t : layout) {
     PutLe<uint16_t>(&out, static_cast<uint16_t>(t.name.size()));
@@ -55,15 +64,21 @@ std::string EncodeCheckpoint(const Checkpoint& ck) {
     PutLe<uint8_t>(&out, static_cast<uint8_t>(t.shape.size()));
     for (uint32_t dim : t.shape) PutLe<uint32_t>(&out, dim);
   }
+  return out;
+}
+
+std::string EncodeCheckpoint(const Checkpoint& ck) {
+  const uint64_t count = ParameterCount(ck.config);
+  TS_CHECK(ck.params.size() == count);
+  TS_CHECK(!ck.momentum.has_value() || ck.momentum->size() == count);
+  std::string out = EncodeCheckpointHeader(ck.config, ck.momentum.has_value());
+  out.reserve(out.size() + count * 4 * (ck.momentum ? 2 : 1));
   internal::PutFloats(&out, ck.params);
   if (ck.momentum) internal::PutFloats(&out, *ck.momentum);
   return out;
 }
 
-absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, uint64_t bytes_max) {
-  if (bytes.size() > bytes_max) {
-    return Bad(absl::StrCat(bytes.size(), " bytes exceed the cap of ", bytes_max));
-  }
+absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(std::string_view bytes) {
   ByteReader r(bytes);
   std::string_view magic;
   if (!r.ReadBytes(sizeof(kCheckpointMagic), &magic) ||
@@ -72,25 +87,44 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, uint64_t byt
   }
   uint32_t version = 0;
   if (!r.Read(&version)) return Bad("truncated header");
-  if (version != kCheckpointVersion) {
-    return Bad(absl::StrCat("version ", version, " is not ", kCheckpointVersion));
+  CheckpointHeader header;
+  ModelConfig& c = header.config;
+  if (version == kCheckpointVersionGpt) {
+    if (!r.Read(&c.layers) || !r.Read(&c.d_model) || !r.Read(&c.heads) || !r.Read(&c.context) ||
+        !r.Read(&c.vocab) || !r.Read(&c.mlp_ratio)) {
+      return Bad("truncated header");
+    }
+  } else if (version == kCheckpointVersion) {
+    uint32_t family = 0, rope_bits = 0, eps_bits = 0, tie = 0;
+    if (!r.Read(&family) || !r.Read(&c.layers) || !r.Read(&c.d_model) || !r.Read(&c.heads) ||
+        !r.Read(&c.kv_heads) || !r.Read(&c.mlp_hidden) || !r.Read(&c.context) ||
+        !r.Read(&c.vocab) || !r.Read(&rope_bits) || !r.Read(&eps_bits) || !r.Read(&tie)) {
+      return Bad("truncated header");
+    }
+    if (family != static_cast<uint32_t>(ModelFamily::kLlama)) {
+      return Bad(absl::StrCat("family ", family, " in a version ", version, " header"));
+    }
+    if (tie > 1) return Bad(absl::StrCat("tie_embeddings ", tie, " is not 0 or 1"));
+    c.family = ModelFamily::kLlama;
+    c.mlp_ratio = 0;
+    c.rope_theta = std::bit_cast<float>(rope_bits);
+    c.norm_eps = std::bit_cast<float>(eps_bits);
+    c.tie_embeddings = tie == 1;
+  } else {
+    return Bad(absl::StrCat("version ", version, " is not ", kCheckpointVersionGpt, " or ",
+                            kCheckpointVersion));
   }
-  Checkpoint ck;
   uint32_t flags = 0;
   uint32_t tensor_count = 0;
-  if (!r.Read(&ck.config.layers) || !r.Read(&ck.config.d_model) || !r.Read(&ck.config.heads) ||
-      !r.Read(&ck.config.context) || !r.Read(&ck.config.vocab) || !r.Read(&ck.config.mlp_ratio) ||
-      !r.Read(&flags) || !r.Read(&tensor_count)) {
-    return Bad("truncated header");
-  }
-  if (absl::Status s = ValidateModelConfig(ck.config); !s.ok()) {
+  if (!r.Read(&flags) || !r.Read(&tensor_count)) return Bad("truncated header");
+  if (absl::Status s = ValidateModelConfig(c); !s.ok()) {
     return Bad(absl::StrCat("config: ", s.message()));
   }
   if ((flags & ~kFlagMomentum) != 0) return Bad(absl::StrCat("unknown flags ", flags));
-  const std::vector<TensorSpec> layout = ParameterLayout(ck.config);
+  const std::vector<TensorSpec> layout = ParameterLayout(c);
   if (tensor_count != layout.size()) {
     return Bad(absl::StrCat("tensor count ", tensor_count, " is not ", layout.size(), " for ",
-                            ModelConfigString(ck.config)));
+                            ModelConfigString(c)));
   }
   for (const TensorSpec& t : layout) {
     uint16_t name_len = 0;
@@ -115,17 +149,29 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, uint64_t byt
       }
     }
   }
-  const uint64_t count = ParameterCount(ck.config);
-  const bool has_momentum = (flags & kFlagMomentum) != 0;
-  const uint64_t values_bytes = count * sizeof(float) * (has_momentum ? 2 : 1);
-  if (r.remaining() != values_bytes) {
-    return Bad(absl::StrCat(r.remaining(), " bytes of values, expected ", values_bytes));
+  header.has_momentum = (flags & kFlagMomentum) != 0;
+  header.header_bytes = r.position();
+  header.value_bytes = ParameterCount(c) * sizeof(float) * (header.has_momentum ? 2 : 1);
+  return header;
+}
+
+absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, uint64_t bytes_max) {
+  if (bytes.size() > bytes_max) {
+    return Bad(absl::StrCat(bytes.size(), " bytes exceed the cap of ", bytes_max));
   }
-  const char* p = bytes.data() + r.position();
+  TS_ASSIGN_OR_RETURN(CheckpointHeader header, DecodeCheckpointHeader(bytes));
+  const uint64_t remaining = bytes.size() - header.header_bytes;
+  if (remaining != header.value_bytes) {
+    return Bad(absl::StrCat(remaining, " bytes of values, expected ", header.value_bytes));
+  }
+  Checkpoint ck;
+  ck.config = header.config;
+  const uint64_t count = ParameterCount(ck.config);
+  const char* p = bytes.data() + header.header_bytes;
   ck.params.resize(count);
   internal::GetFloats(p, ck.params);
   TS_RETURN_IF_ERROR(CheckFinite(ck.params, "params"));
-  if (has_momentum) {
+  if (header.has_momentum) {
     ck.momentum.emplace(count);
     internal::GetFloats(p + count * sizeof(float), *ck.momentum);
     TS_RETURN_IF_ERROR(CheckFinite(*ck.momentum, "momentum"));

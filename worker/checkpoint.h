@@ -20,7 +20,10 @@
 namespace ts::worker {
 
 inline constexpr char kCheckpointMagic[4] = {'T', 'S', 'C', 'K'};
-inline constexpr uint32_t kCheckpointVersion = 1;
+// Version 1: the gpt family's header (unchanged since the first checkpoint, so gpt roots are
+// too); version 2: a family field and the llama family's fields.
+inline constexpr uint32_t kCheckpointVersionGpt = 1;
+inline constexpr uint32_t kCheckpointVersion = 2;
 // Default cap on an encoding DecodeCheckpoint reads: 1 GiB (a 128M-parameter model with its
 // momentum). Callers that expect larger models pass their own cap.
 inline constexpr uint64_t kCheckpointBytesMax = uint64_t{1} << 30;
@@ -34,6 +37,21 @@ struct Checkpoint {
 // The canonical bytes. `checkpoint` must be consistent (valid config, lengths matching it):
 // a programmer error otherwise.
 std::string EncodeCheckpoint(const Checkpoint& checkpoint);
+
+// The encoding's header: everything before the values (magic, version, config, flags, tensor
+// table). The values follow it: the parameters, then the momentum, fp32 little-endian.
+std::string EncodeCheckpointHeader(const ModelConfig& config, bool has_momentum);
+
+struct CheckpointHeader {
+  ModelConfig config;
+  bool has_momentum = false;
+  uint64_t header_bytes = 0;  // where the values start
+  uint64_t value_bytes = 0;   // how many bytes of values must follow, exactly
+};
+// Parses the header at the start of `bytes` (which may go on with the values, or stop anywhere
+// after the header). INVALID_ARGUMENT as DecodeCheckpoint, "truncated" when `bytes` ends inside
+// the header.
+absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(std::string_view bytes);
 
 // Parses untrusted bytes. INVALID_ARGUMENT naming what is wrong: more than bytes_max bytes
 // (checked first), wrong magic, unknown version, an invalid config, unknown flags, a tensor

@@ -76,8 +76,11 @@ TEST(Checkpoint, RefusesBadInput) {
   b[0] = 'X';
   code_and(DecodeCheckpoint(b), "wrong magic");
   b = good;
-  b[4] = 2;
-  code_and(DecodeCheckpoint(b), "version 2 is not 1");
+  b[4] = 3;
+  code_and(DecodeCheckpoint(b), "version 3 is not 1 or 2");
+  b = good;
+  b[4] = 2;  // a gpt body read as a llama header
+  code_and(DecodeCheckpoint(b), "family 1 in a version 2 header");
   b = good;
   b[16] = 3;  // heads 3 does not divide 8
   code_and(DecodeCheckpoint(b), "heads: 3");
@@ -105,6 +108,56 @@ TEST(Checkpoint, RefusesBadInput) {
   b = good;
   b[32] = 0;
   code_and(DecodeCheckpoint(b), "bytes of values");
+}
+
+const ModelConfig kTinyLlama{.family = ModelFamily::kLlama,
+                             .layers = 1,
+                             .d_model = 8,
+                             .heads = 2,
+                             .context = 4,
+                             .vocab = 10,
+                             .mlp_ratio = 0,
+                             .kv_heads = 1,
+                             .mlp_hidden = 12,
+                             .rope_theta = 500000,
+                             .norm_eps = 1e-6f,
+                             .tie_embeddings = true};
+
+TEST(Checkpoint, LlamaRoundTripsInVersionTwo) {
+  Checkpoint ck{kTinyLlama, InitParams(kTinyLlama, 4), std::vector<float>(0)};
+  ck.momentum->assign(ck.params.size(), 0.25f);
+  const std::string bytes = EncodeCheckpoint(ck);
+  EXPECT_EQ(bytes.substr(4, 4), std::string("\x02\x00\x00\x00", 4));   // version 2
+  EXPECT_EQ(bytes.substr(8, 4), std::string("\x02\x00\x00\x00", 4));   // family llama
+  EXPECT_EQ(bytes.substr(24, 4), std::string("\x01\x00\x00\x00", 4));  // kv_heads 1
+  EXPECT_EQ(bytes.substr(28, 4), std::string("\x0c\x00\x00\x00", 4));  // mlp_hidden 12
+  float theta;
+  std::memcpy(&theta, bytes.data() + 40, 4);
+  EXPECT_EQ(theta, 500000.0f);
+  absl::StatusOr<CheckpointHeader> header = DecodeCheckpointHeader(bytes);
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->config, kTinyLlama);
+  EXPECT_TRUE(header->has_momentum);
+  EXPECT_EQ(header->header_bytes + header->value_bytes, bytes.size());
+  absl::StatusOr<Checkpoint> back = DecodeCheckpoint(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->config, kTinyLlama);
+  EXPECT_EQ(back->params, ck.params);
+  EXPECT_EQ(EncodeCheckpoint(*back), bytes);
+
+  std::string b = bytes;
+  b[48] = 2;  // tie_embeddings
+  EXPECT_THAT(DecodeCheckpoint(b).status().message(), HasSubstr("tie_embeddings 2"));
+  b = bytes;
+  b[48] = 0;  // untied: one more tensor than the table holds
+  EXPECT_THAT(DecodeCheckpoint(b).status().message(), HasSubstr("tensor count"));
+  b = bytes;
+  b[20] = 3;  // 3 heads of width 8/3
+  EXPECT_THAT(DecodeCheckpoint(b).status().message(), HasSubstr("heads: 3 does not divide"));
+  // The header alone parses; a prefix inside it does not.
+  EXPECT_TRUE(DecodeCheckpointHeader(bytes.substr(0, header->header_bytes)).ok());
+  EXPECT_THAT(DecodeCheckpointHeader(bytes.substr(0, header->header_bytes - 1)).status().message(),
+              HasSubstr("truncated"));
 }
 
 }  // namespace

@@ -1,8 +1,14 @@
-// The GPT-style decoder LM in libtorch (docs/worker.md "Model"): token + learned position
-// embeddings, pre-LayerNorm blocks with causal self-attention written out (scores, causal mask,
-// softmax, weighted sum) and a GELU MLP, a final LayerNorm, and an output head tied to the token
-// embedding. No dropout: a forward pass is a function of the parameters and the tokens only.
-// Its named_parameters() are exactly ParameterLayout(config), in that order (checked at
+// The decoder LMs in libtorch (docs/worker.md "Model"), behind one interface (LanguageModel:
+// tokens → logits):
+// - gpt: token + learned position embeddings, pre-LayerNorm blocks with causal self-attention
+//   written out (scores, causal mask, softmax, weighted sum) and a GELU MLP, a final LayerNorm,
+//   an output head tied to the token embedding;
+// - llama: Hugging Face's LlamaForCausalLM — token embedding, pre-RMSNorm layers with rotary
+//   position embeddings, grouped-query attention (libtorch's fused scaled_dot_product_attention
+//   where the libtorch at hand has it, the same maths written out otherwise), a SwiGLU MLP, a
+//   final RMSNorm and an output head, tied to the embedding or not.
+// No dropout: a forward pass is a function of the parameters and the tokens only. A model's
+// named_parameters() are exactly ParameterLayout(config), in that order (checked at
 // construction).
 //
 // This header includes libtorch; only worker/ sources include it. Thread-safety: a module is
@@ -12,13 +18,35 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "worker/model_config.h"
 
 namespace ts::worker {
+
+// What the trainer needs of a model, whatever its family.
+class LanguageModel : public torch::nn::Module {
+ public:
+  explicit LanguageModel(const ModelConfig& config) : config_(config) {}
+  // tokens [B, T] int64 with T <= context -> logits [B, T, vocab].
+  virtual torch::Tensor Logits(const torch::Tensor& tokens) = 0;
+  const ModelConfig& config() const { return config_; }
+
+ protected:
+  // TS_CHECKs that named_parameters() is ParameterLayout(config): the flat vector's order is the
+  // registration order, so a change in a constructor must change the layout with it.
+  void CheckLayout();
+
+ private:
+  ModelConfig config_;
+};
+
+// The model of config.family. `config` must be valid.
+std::shared_ptr<LanguageModel> MakeModel(const ModelConfig& config);
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -57,15 +85,14 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-class GptImpl : public torch::nn::Module {
+class GptImpl : public LanguageModel {
  public:
   GptImpl(const ModelConfig& config);
   // tokens [B, T] int64 with T <= context -> logits [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
-  const ModelConfig& config() const { return config_; }
+  torch::Tensor Logits(const torch::Tensor& tokens) override { return forward(tokens); }
 
  private:
-  ModelConfig config_;
   torch::nn::Embedding wte_{nullptr};
   torch::nn::Embedding wpe_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
@@ -73,11 +100,91 @@ class GptImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
+// RMSNorm as Hugging Face's LlamaRMSNorm: x · rsqrt(mean(x²) + eps), computed in fp32, times
+// `weight`.
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  double eps_;
+  torch::Tensor weight_;
+};
+TORCH_MODULE(RmsNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  LlamaAttentionImpl(const ModelConfig& config);
+  // x [B, T, d]; cos, sin [T, hd] -> [B, T, d].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMlpImpl : public torch::nn::Module {
+ public:
+  LlamaMlpImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+
+ private:
+  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+class LlamaLayerImpl : public torch::nn::Module {
+ public:
+  LlamaLayerImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+ private:
+  LlamaAttention self_attn_{nullptr};
+  LlamaMlp mlp_{nullptr};
+  RmsNorm input_layernorm_{nullptr};
+  RmsNorm post_attention_layernorm_{nullptr};
+};
+TORCH_MODULE(LlamaLayer);
+
+// LlamaModel: the embedding, the layers and the final norm ("model." in the layout's names).
+class LlamaBodyImpl : public torch::nn::Module {
+ public:
+  LlamaBodyImpl(const ModelConfig& config);
+  // tokens [B, T] -> hidden states [B, T, d] after the final norm.
+  torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& cos,
+                        const torch::Tensor& sin);
+  const torch::Tensor& embedding() const { return embed_tokens_->weight; }
+
+ private:
+  torch::nn::Embedding embed_tokens_{nullptr};
+  torch::nn::ModuleList layers_{nullptr};
+  RmsNorm norm_{nullptr};
+};
+TORCH_MODULE(LlamaBody);
+
+class LlamaImpl : public LanguageModel {
+ public:
+  LlamaImpl(const ModelConfig& config);
+  torch::Tensor Logits(const torch::Tensor& tokens) override;
+
+ private:
+  LlamaBody model_{nullptr};
+  torch::nn::Linear lm_head_{nullptr};  // null when tied to the embedding
+  torch::Tensor cos_, sin_;             // [context, hd] buffers of the rotary embedding
+};
+
+// The rotary tables of Hugging Face's LlamaRotaryEmbedding for positions 0..context-1:
+// inv_freq[i] = 1 / theta^(2i / hd), angles = position ⊗ inv_freq repeated twice, cos and sin.
+std::pair<torch::Tensor, torch::Tensor> RotaryTables(int64_t context, int64_t head_dim,
+                                                     double theta);
+
 // Copies a flat vector (ParameterLayout order) into the model's parameters, on whatever device
 // they are. INVALID_ARGUMENT naming both lengths when flat has the wrong length.
-absl::Status LoadParams(GptImpl& model, std::span<const float> flat);
+absl::Status LoadParams(LanguageModel& model, std::span<const float> flat);
 // The model's parameters as a flat vector in ParameterLayout order.
-std::vector<float> StoreParams(const GptImpl& model);
+std::vector<float> StoreParams(const LanguageModel& model);
 
 }  // namespace ts::worker
 

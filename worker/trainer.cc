@@ -47,7 +47,7 @@ struct Trainer::Impl {
   AdamWOptions adamw;
   RuntimeOptions runtime;
   torch::Device device = torch::kCPU;
-  Gpt model{nullptr};
+  std::shared_ptr<LanguageModel> model;
   std::vector<TensorSpec> layout;
   std::vector<torch::Tensor> params;  // layout order
   std::unique_ptr<torch::optim::AdamW> optimizer;
@@ -102,7 +102,7 @@ struct Trainer::Impl {
     const int64_t t = tokens.size(1) - 1;
     const torch::Tensor input = tokens.slice(1, 0, t);
     const torch::Tensor target = tokens.slice(1, 1, t + 1);
-    const torch::Tensor logits = model->forward(input);
+    const torch::Tensor logits = model->Logits(input);
     return torch::nn::functional::cross_entropy(logits.reshape({-1, int64_t{config.vocab}}),
                                                 target.reshape({-1}));
   }
@@ -127,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
     }
     if (runtime.device != Device::kCpu && cuda) impl->device = torch::kCUDA;
     torch::set_num_threads(runtime.num_threads);
-    impl->model = Gpt(config);
+    impl->model = MakeModel(config);
     impl->model->to(impl->device);
     impl->layout = ParameterLayout(config);
     for (const auto& named : impl->model->named_parameters(/*recurse=*/true)) {
@@ -249,7 +249,7 @@ absl::StatusOr<std::vector<uint32_t>> Trainer::Sample(std::span<const float> par
       torch::Tensor input =
           torch::from_blob(seq.data() + (seq.size() - window), {1, int64_t(window)}, torch::kLong)
               .to(m.device, /*non_blocking=*/false, /*copy=*/true);
-      torch::Tensor logits = m.model->forward(input).select(1, int64_t(window) - 1).squeeze(0);
+      torch::Tensor logits = m.model->Logits(input).select(1, int64_t(window) - 1).squeeze(0);
       logits = (logits / options.temperature).to(torch::kCPU, torch::kFloat64);
       if (options.top_k > 0 && options.top_k < m.config.vocab) {
         const torch::Tensor kth = std::get<0>(logits.topk(options.top_k)).select(0, -1);

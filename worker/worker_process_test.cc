@@ -384,9 +384,14 @@ TEST_F(WorkerProcessTest, BadInputIsRefusedClearlyAndTheWorkerStillServes) {
   expect_refused(client.InitModel(init).status(), absl::StatusCode::kInvalidArgument,
                  "spec: missing");
   init = InitRequest("ckpt.tsck");
+  init.mutable_spec()->set_kind("mamba");
+  expect_refused(client.InitModel(init).status(), absl::StatusCode::kInvalidArgument,
+                 "spec.kind: \"mamba\" is not a known model");
+  // A gpt config under the llama kind: the llama fields are missing, the gpt one is not its own.
+  init = InitRequest("ckpt.tsck");
   init.mutable_spec()->set_kind("llama");
   expect_refused(client.InitModel(init).status(), absl::StatusCode::kInvalidArgument,
-                 "spec.kind: \"llama\" is not a known model kind");
+                 "spec.config.mlp_ratio: not a field of the llama family");
   init = InitRequest("ckpt.tsck");
   init.mutable_spec()->mutable_config()->set_heads(3);
   expect_refused(client.InitModel(init).status(), absl::StatusCode::kInvalidArgument,

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/bytes.h"
+#include "worker/client/model_spec.h"
 #include "worker/client/work_dir.h"
 #include "worker/corpus.h"
 #include "worker/data_shard.h"
@@ -80,7 +81,6 @@ bool ReusePrepared(const std::string& work_dir, const std::string& manifest, con
 }
 
 constexpr std::string_view kComponent = "ts_worker";
-constexpr char kModelKindGpt[] = "gpt";
 
 absl::Status Invalid(absl::string_view field, const auto& value, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " ", why));
@@ -93,24 +93,6 @@ absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
 
 std::string Quoted(std::string_view s) {
   return absl::StrCat("\"", absl::CHexEscape(absl::string_view(s.data(), s.size())), "\"");
-}
-
-ModelConfig FromProto(const pb::WorkerModelConfig& c) {
-  return ModelConfig{.layers = c.layers(),
-                     .d_model = c.d_model(),
-                     .heads = c.heads(),
-                     .context = c.context(),
-                     .vocab = c.vocab(),
-                     .mlp_ratio = c.mlp_ratio()};
-}
-
-void ToProto(const ModelConfig& c, pb::WorkerModelConfig* out) {
-  out->set_layers(c.layers);
-  out->set_d_model(c.d_model);
-  out->set_heads(c.heads);
-  out->set_context(c.context);
-  out->set_vocab(c.vocab);
-  out->set_mlp_ratio(c.mlp_ratio);
 }
 
 absl::Status CheckFinite(absl::string_view field, float v) {
@@ -243,7 +225,10 @@ grpc::Status WorkerService::Status(grpc::ServerContext*, const pb::WorkerStatusR
   absl::MutexLock lock(&status_mu_);
   response->set_loaded(config_.has_value());
   response->set_root(root_);
-  if (config_) ToProto(*config_, response->mutable_config());
+  if (config_) {
+    ModelConfigToProto(*config_, response->mutable_config());
+    response->set_kind(std::string(ModelFamilyName(config_->family)));
+  }
   return grpc::Status::OK;
 }
 
@@ -299,14 +284,8 @@ absl::Status WorkerService::DoInitModel(const pb::InitModelRequest& request,
                                         pb::InitModelResponse* response) {
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: missing");
   const pb::ModelSpec& spec = request.spec();
-  if (spec.kind().empty()) return absl::InvalidArgumentError("spec.kind: missing");
-  if (spec.kind() != kModelKindGpt) {
-    return Invalid("spec.kind", Quoted(spec.kind()),
-                   absl::StrCat("is not a known model kind (known: \"", kModelKindGpt, "\")"));
-  }
   if (!spec.has_config()) return absl::InvalidArgumentError("spec.config: missing");
-  const ModelConfig config = FromProto(spec.config());
-  TS_RETURN_IF_ERROR(Prefixed("spec.config.", ValidateModelConfig(config)));
+  TS_ASSIGN_OR_RETURN(const ModelConfig config, ModelConfigFromSpec(spec, "spec."));
   const uint64_t params = ParameterCount(config);
   if (CheckpointValueBytes(params) > options_.file_bytes_max) {
     return Invalid("spec.config", ModelConfigString(config),
@@ -350,7 +329,8 @@ absl::Status WorkerService::DoLoadCheckpoint(const pb::LoadCheckpointRequest& re
                     checkpoint.status());
   }
   response->set_root(root);
-  ToProto(checkpoint->config, response->mutable_config());
+  ModelConfigToProto(checkpoint->config, response->mutable_config());
+  response->set_kind(std::string(ModelFamilyName(checkpoint->config.family)));
   response->set_parameters(checkpoint->params.size());
   response->set_has_momentum(checkpoint->momentum.has_value());
   SetCurrent(*std::move(checkpoint), root);

@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint.h"
 #include "worker/corpus.h"
+#include "worker/model.h"
 #include "worker/outer_step.h"
 #include "worker/tokenizer.h"
 #include "worker/trainer.h"
@@ -49,10 +50,45 @@ absl::Status WriteNpy(const std::filesystem::path& path, std::span<const T> valu
   return absl::OkStatus();
 }
 
-absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner_steps,
-                       int threads) {
-  const ModelConfig config{
+// The reference model of each family: small, with every feature on (llama: grouped-query
+// attention, an untied head unless `tied`).
+ModelConfig ReferenceConfig(const std::string& family, bool tied) {
+  if (family == "llama") {
+    return ModelConfig{.family = ModelFamily::kLlama,
+                       .layers = 2,
+                       .d_model = 32,
+                       .heads = 4,
+                       .context = 16,
+                       .vocab = 64,
+                       .mlp_ratio = 0,
+                       .kv_heads = 2,
+                       .mlp_hidden = 48,
+                       .rope_theta = 10000,
+                       .norm_eps = 1e-5f,
+                       .tie_embeddings = tied};
+  }
+  return ModelConfig{
       .layers = 2, .d_model = 32, .heads = 4, .context = 16, .vocab = 64, .mlp_ratio = 4};
+}
+
+// The logits of `params` on the inputs of the first batch, [rows, context, vocab].
+absl::StatusOr<std::vector<float>> ReferenceLogits(const ModelConfig& config,
+                                                   std::span<const float> params,
+                                                   const TokenBatch& batch) {
+  torch::NoGradGuard no_grad;
+  std::shared_ptr<LanguageModel> model = MakeModel(config);
+  TS_RETURN_IF_ERROR(LoadParams(*model, params));
+  model->eval();
+  std::vector<int64_t> tokens(batch.tokens.begin(), batch.tokens.end());
+  const torch::Tensor all =
+      torch::from_blob(tokens.data(), {int64_t{batch.rows}, int64_t{batch.cols}}, torch::kLong);
+  const torch::Tensor logits = model->Logits(all.slice(1, 0, int64_t{batch.cols} - 1)).contiguous();
+  return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
+}
+
+absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner_steps, int threads,
+                       const std::string& family, bool tied) {
+  const ModelConfig config = ReferenceConfig(family, tied);
   const AdamWOptions adamw{.lr = 1e-3f};
   const OuterOptions outer{};
   const RuntimeOptions runtime{.num_threads = threads};
@@ -75,6 +111,8 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
     }
     all_tokens.insert(all_tokens.end(), b.tokens.begin(), b.tokens.end());
   }
+  torch::set_num_threads(threads);
+  TS_ASSIGN_OR_RETURN(std::vector<float> logits, ReferenceLogits(config, init, batches[0]));
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, adamw, runtime));
   TS_ASSIGN_OR_RETURN(InnerResult inner, trainer->InnerSteps(init, batches));
 
@@ -87,6 +125,8 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
   const uint64_t n = init.size();
   const uint32_t cols = config.context + 1;
   TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "init.npy", init, {n}, "<f4"));
+  TS_RETURN_IF_ERROR(
+      WriteNpy<float>(dir / "logits.npy", logits, {4, config.context, config.vocab}, "<f4"));
   TS_RETURN_IF_ERROR(
       WriteNpy<int64_t>(dir / "batches.npy", all_tokens, {inner_steps, 4, cols}, "<i8"));
   TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "after_inner.npy", inner.local_params, {n}, "<f4"));
@@ -101,9 +141,18 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
   }
 
   nlohmann::json j;
-  j["config"] = {{"layers", config.layers}, {"d_model", config.d_model},
-                 {"heads", config.heads},   {"context", config.context},
-                 {"vocab", config.vocab},   {"mlp_ratio", config.mlp_ratio}};
+  j["family"] = std::string(ModelFamilyName(config.family));
+  j["config"] = {{"layers", config.layers},
+                 {"d_model", config.d_model},
+                 {"heads", config.heads},
+                 {"context", config.context},
+                 {"vocab", config.vocab},
+                 {"mlp_ratio", config.mlp_ratio},
+                 {"kv_heads", config.kv_heads},
+                 {"mlp_hidden", config.mlp_hidden},
+                 {"rope_theta", config.rope_theta},
+                 {"norm_eps", config.norm_eps},
+                 {"tie_embeddings", config.tie_embeddings}};
   j["adamw"] = {{"lr", adamw.lr},
                 {"beta1", adamw.beta1},
                 {"beta2", adamw.beta2},
@@ -123,6 +172,7 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
   }
   j["layout"] = layout;
   j["files"] = {{"init", "init.npy"},
+                {"logits", "logits.npy"},
                 {"batches", "batches.npy"},
                 {"after_inner", "after_inner.npy"},
                 {"delta", "delta.npy"},
@@ -224,6 +274,10 @@ int main(int argc, char** argv) {
   ref->add_option("--seed", seed, "initialization and batch seed");
   ref->add_option("--inner-steps", inner_steps, "inner AdamW steps")->check(CLI::Range(1, 100));
   ref->add_option("--threads", ref_threads, "torch threads")->check(CLI::Range(1, 256));
+  std::string ref_family = "gpt";
+  bool ref_tied = false;
+  ref->add_option("--family", ref_family, "gpt | llama")->check(CLI::IsMember({"gpt", "llama"}));
+  ref->add_flag("--tied", ref_tied, "llama: the head tied to the embedding");
 
   ts::worker::TrainArgs t;
   CLI::App* train = app.add_subcommand("train", "train on the real corpus and print figures");
@@ -239,7 +293,8 @@ int main(int argc, char** argv) {
   train->add_option("--threads", t.threads)->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
 
-  absl::Status s = ref->parsed() ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads)
+  absl::Status s = ref->parsed() ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads,
+                                                         ref_family, ref_tied)
                                  : ts::worker::Train(t);
   if (!s.ok()) {
     std::fprintf(stderr, "ts_worker_tool: %s\n", s.ToString().c_str());

@@ -6,6 +6,7 @@
 #include "common/crypto/hash.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/client/model_spec.h"
 #include "worker/model_config.h"
 
 namespace ts::sidecar {
@@ -36,31 +37,22 @@ absl::Status CheckUnit(absl::string_view field, float v) {
 
 absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
   if (spec.version() != 1) return Invalid("version", spec.version(), "is not 1");
-  if (spec.model().kind() != "gpt") {
-    return Invalid("model.kind", absl::StrCat("\"", spec.model().kind(), "\""),
-                   "is not a known model (known: gpt)");
+  auto model = worker::ModelConfigFromSpec(spec.model(), "model.");
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("run spec: ", model.status().message()));
   }
-  const pb::WorkerModelConfig& c = spec.model().config();
-  worker::ModelConfig config{.layers = c.layers(),
-                             .d_model = c.d_model(),
-                             .heads = c.heads(),
-                             .context = c.context(),
-                             .vocab = c.vocab(),
-                             .mlp_ratio = c.mlp_ratio()};
-  if (absl::Status valid = worker::ValidateModelConfig(config); !valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("run spec: model.config.", valid.message()));
-  }
+  const worker::ModelConfig& c = *model;
   const pb::DataSpec& d = spec.data();
   if (d.corpus() != "fortunes") {
     return Invalid("data.corpus", absl::StrCat("\"", d.corpus(), "\""),
                    "is not a known corpus (known: fortunes)");
   }
   TS_RETURN_IF_ERROR(CheckRange("data.files", d.files(), 1, 41));
-  if (d.vocab() != c.vocab()) {
-    return Invalid("data.vocab", d.vocab(), absl::StrCat("is not model.config.vocab ", c.vocab()));
+  if (d.vocab() != c.vocab) {
+    return Invalid("data.vocab", d.vocab(), absl::StrCat("is not model.config.vocab ", c.vocab));
   }
   TS_RETURN_IF_ERROR(CheckRange("data.vocab", d.vocab(), 8, 65536));
-  TS_RETURN_IF_ERROR(CheckRange("data.shard_tokens", d.shard_tokens(), c.context() + 1, 1u << 24));
+  TS_RETURN_IF_ERROR(CheckRange("data.shard_tokens", d.shard_tokens(), c.context + 1, 1u << 24));
   TS_RETURN_IF_ERROR(CheckRange("data.eval_every", d.eval_every(), 2, 1000));
   if (!d.dataset_root().empty() && d.dataset_root().size() != 32) {
     return Invalid("data.dataset_root", absl::StrCat(d.dataset_root().size(), " bytes"),

@@ -1,4 +1,4 @@
-"""The worker's maths against a PyTorch reference (issue acceptance point 1).
+"""The worker's maths against a PyTorch reference, for both model families.
 
 ts_worker_tool writes, for a tiny model and fixed batches, the initial parameters, the
 parameters after H inner AdamW steps, the pseudo-gradient, and the parameters and momentum after
@@ -14,6 +14,11 @@ within 1e-6. The two sides run the same libtorch kernels: the inner steps and th
 have come out bit-identical, and the outer step differs by at most 4e-9 (PyTorch's add with alpha
 fuses the multiply-add; the worker's outer step deliberately does not). The tolerances leave room
 for a few float ulps only.
+
+The llama family is rebuilt here from its formulas (RMSNorm, rotary position embeddings in Hugging
+Face's rotate-half form, grouped-query attention, SwiGLU, tied or untied head), not from the
+worker's code or any library's Llama: its logits, losses, parameters after the inner steps and the
+pseudo-gradient must agree within 1e-5 (fp32 on the CPU).
 """
 
 import hashlib
@@ -38,6 +43,7 @@ TOOL = os.path.join(BUILD_DIR, "worker", "ts_worker_tool")
 
 TOL_INNER = 1e-6
 TOL_OUTER = 1e-6
+TOL_LLAMA = 1e-5
 
 
 class Attention(nn.Module):
@@ -101,6 +107,107 @@ class Gpt(nn.Module):
         return torch.matmul(self.ln_f(x), self.wte.weight.t())  # tied head
 
 
+class RmsNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, self.heads, self.kv = c["d_model"], c["heads"], c["kv_heads"]
+        self.hd = d // self.heads
+        self.q_proj = nn.Linear(d, self.heads * self.hd, bias=False)
+        self.k_proj = nn.Linear(d, self.kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d, self.kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.hd, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        group = self.heads // self.kv  # query head j reads key-value head j // group
+        k = k[:, [j // group for j in range(self.heads)]]
+        v = v[:, [j // group for j in range(self.heads)]]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.hd)
+        future = torch.ones(t, t, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.hd))
+
+
+class LlamaMlp(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, f = c["d_model"], c["mlp_hidden"]
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.self_attn = LlamaAttention(c)
+        self.mlp = LlamaMlp(c)
+        self.input_layernorm = RmsNorm(c["d_model"], c["norm_eps"])
+        self.post_attention_layernorm = RmsNorm(c["d_model"], c["norm_eps"])
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c["vocab"], c["d_model"])
+        self.layers = nn.ModuleList([LlamaLayer(c) for _ in range(c["layers"])])
+        self.norm = RmsNorm(c["d_model"], c["norm_eps"])
+
+
+class Llama(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.model = LlamaBody(c)
+        if not c["tie_embeddings"]:
+            self.lm_head = nn.Linear(c["d_model"], c["vocab"], bias=False)
+
+    def forward(self, tokens):
+        c = self.c
+        t = tokens.shape[1]
+        hd = c["d_model"] // c["heads"]
+        # theta^(-2i/hd) for i < hd/2, each angle used for both halves (rotate-half form).
+        inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
+        angles = torch.outer(torch.arange(t).float(), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        cos, sin = angles.cos(), angles.sin()
+        x = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        x = self.model.norm(x)
+        if c["tie_embeddings"]:
+            return x @ self.model.embed_tokens.weight.t()
+        return self.lm_head(x)
+
+
 def load_flat(model, layout, flat):
     params = dict(model.named_parameters())
     with torch.no_grad():
@@ -118,9 +225,16 @@ def encode_checkpoint(ref, params, momentum):
     """docs/worker.md "Checkpoint encoding", written from the spec."""
     c = ref["config"]
     out = bytearray(b"TSCK")
-    out += struct.pack("<I", 1)
-    for key in ("layers", "d_model", "heads", "context", "vocab", "mlp_ratio"):
-        out += struct.pack("<I", c[key])
+    if ref["family"] == "gpt":
+        out += struct.pack("<I", 1)
+        for key in ("layers", "d_model", "heads", "context", "vocab", "mlp_ratio"):
+            out += struct.pack("<I", c[key])
+    else:
+        out += struct.pack("<I", 2) + struct.pack("<I", 2)  # version 2, family llama
+        for key in ("layers", "d_model", "heads", "kv_heads", "mlp_hidden", "context", "vocab"):
+            out += struct.pack("<I", c[key])
+        out += struct.pack("<f", c["rope_theta"]) + struct.pack("<f", c["norm_eps"])
+        out += struct.pack("<I", 1 if c["tie_embeddings"] else 0)
     out += struct.pack("<I", 1 if momentum is not None else 0)
     out += struct.pack("<I", len(ref["layout"]))
     for t in ref["layout"]:
@@ -135,11 +249,11 @@ def encode_checkpoint(ref, params, momentum):
 
 
 class WorkerReferenceTest(unittest.TestCase):
-    def run_case(self, inner_steps, threads):
+    def run_case(self, inner_steps, threads, family="gpt", tied=False):
         with tempfile.TemporaryDirectory() as out:
             result = subprocess.run(
                 [TOOL, "reference", "--out", out, "--inner-steps", str(inner_steps),
-                 "--threads", str(threads)],
+                 "--threads", str(threads), "--family", family] + (["--tied"] if tied else []),
                 capture_output=True, text=True, timeout=120)
             self.assertEqual(result.returncode, 0, result.stderr)
             with open(os.path.join(out, "reference.json")) as f:
@@ -151,11 +265,22 @@ class WorkerReferenceTest(unittest.TestCase):
         torch.set_num_threads(threads)
         c, a, o = ref["config"], ref["adamw"], ref["outer"]
 
-        model = Gpt(c)
+        model = Gpt(c) if family == "gpt" else Llama(c)
+        tol = TOL_INNER if family == "gpt" else TOL_LLAMA
         names = [n for n, _ in model.named_parameters()]
         self.assertEqual(names, [t["name"] for t in ref["layout"]], "parameter order")
         load_flat(model, ref["layout"], arrays["init"])
         np.testing.assert_array_equal(store_flat(model), arrays["init"])
+
+        def report(what, got, want):
+            diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+            print(f"  {family} H={inner_steps} threads={threads} {what}: max |diff| = {diff:.3g}")
+            return diff
+
+        with torch.no_grad():
+            first = torch.from_numpy(arrays["batches"][0])
+            logits = model(first[:, :-1]).numpy()
+        self.assertLess(report("logits", logits, arrays["logits"]), tol)
 
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -175,14 +300,9 @@ class WorkerReferenceTest(unittest.TestCase):
         local = store_flat(model)
         delta = arrays["init"] - local
 
-        def report(what, got, want):
-            diff = float(np.max(np.abs(got.astype(np.float64) - want)))
-            print(f"  H={inner_steps} threads={threads} {what}: max |diff| = {diff:.3g}")
-            return diff
-
-        self.assertLess(report("losses", np.array(losses), np.array(ref["losses"])), TOL_INNER)
-        self.assertLess(report("after_inner", local, arrays["after_inner"]), TOL_INNER)
-        self.assertLess(report("delta", delta, arrays["delta"]), TOL_INNER)
+        self.assertLess(report("losses", np.array(losses), np.array(ref["losses"])), tol)
+        self.assertLess(report("after_inner", local, arrays["after_inner"]), tol)
+        self.assertLess(report("delta", delta, arrays["delta"]), tol)
 
         # The outer step: SGD(momentum, nesterov) with Δ as the gradient, from the tool's
         # momentum buffer, applied to the base parameters.
@@ -206,6 +326,12 @@ class WorkerReferenceTest(unittest.TestCase):
 
     def test_several_inner_steps_one_thread(self):
         self.run_case(inner_steps=4, threads=1)
+
+    def test_llama_untied_grouped_query(self):
+        self.run_case(inner_steps=3, threads=2, family="llama")
+
+    def test_llama_tied(self):
+        self.run_case(inner_steps=2, threads=1, family="llama", tied=True)
 
 
 if __name__ == "__main__":
