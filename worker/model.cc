@@ -66,6 +66,12 @@ void LanguageModel::CheckLayout() {
   }
 }
 
+torch::Tensor LanguageModel::Logits(const torch::Tensor& tokens) {
+  torch::Tensor x = Embed(tokens);
+  for (int64_t i = 0; i < int64_t{config_.layers}; ++i) x = Layer(i, x);
+  return Head(x);
+}
+
 std::shared_ptr<LanguageModel> MakeModel(const ModelConfig& config) {
   TS_CHECK(ValidateModelConfig(config).ok());
   if (config.family == ModelFamily::kLlama) return std::make_shared<LlamaImpl>(config);
@@ -84,14 +90,19 @@ GptImpl::GptImpl(const ModelConfig& c) : LanguageModel(c) {
   CheckLayout();
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   const torch::Tensor pos =
       torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  torch::Tensor x = wte_->forward(tokens) + wpe_->forward(pos);
-  for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x);
-  x = ln_f_->forward(x);
-  return torch::matmul(x, wte_->weight.t());  // tied output head
+  return wte_->forward(tokens) + wpe_->forward(pos);
+}
+
+torch::Tensor GptImpl::Layer(int64_t i, const torch::Tensor& x) {
+  return (*blocks_)[static_cast<size_t>(i)]->as<BlockImpl>()->forward(x);
+}
+
+torch::Tensor GptImpl::Head(const torch::Tensor& x) {
+  return torch::matmul(ln_f_->forward(x), wte_->weight.t());  // tied output head
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -217,11 +228,9 @@ LlamaBodyImpl::LlamaBodyImpl(const ModelConfig& c) {
   norm_ = register_module("norm", RmsNorm(c.d_model, c.norm_eps));
 }
 
-torch::Tensor LlamaBodyImpl::forward(const torch::Tensor& tokens, const torch::Tensor& cos,
-                                     const torch::Tensor& sin) {
-  torch::Tensor x = embed_tokens_->forward(tokens);
-  for (const auto& layer : *layers_) x = layer->as<LlamaLayerImpl>()->forward(x, cos, sin);
-  return norm_->forward(x);
+torch::Tensor LlamaBodyImpl::Layer(int64_t i, const torch::Tensor& x, const torch::Tensor& cos,
+                                   const torch::Tensor& sin) {
+  return (*layers_)[static_cast<size_t>(i)]->as<LlamaLayerImpl>()->forward(x, cos, sin);
 }
 
 LlamaImpl::LlamaImpl(const ModelConfig& c) : LanguageModel(c) {
@@ -235,11 +244,17 @@ LlamaImpl::LlamaImpl(const ModelConfig& c) : LanguageModel(c) {
   CheckLayout();
 }
 
-torch::Tensor LlamaImpl::Logits(const torch::Tensor& tokens) {
-  const int64_t t = tokens.size(1);
-  const torch::Tensor x = model_->forward(tokens, cos_.slice(0, 0, t), sin_.slice(0, 0, t));
-  if (lm_head_) return lm_head_->forward(x);
-  return torch::matmul(x, model_->embedding().t());  // tied head
+torch::Tensor LlamaImpl::Embed(const torch::Tensor& tokens) { return model_->Embed(tokens); }
+
+torch::Tensor LlamaImpl::Layer(int64_t i, const torch::Tensor& x) {
+  const int64_t t = x.size(1);
+  return model_->Layer(i, x, cos_.slice(0, 0, t), sin_.slice(0, 0, t));
+}
+
+torch::Tensor LlamaImpl::Head(const torch::Tensor& x) {
+  const torch::Tensor h = model_->Norm(x);
+  if (lm_head_) return lm_head_->forward(h);
+  return torch::matmul(h, model_->embedding().t());  // tied head
 }
 
 // ---------------------------------------------------------------------------------------------

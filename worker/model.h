@@ -28,12 +28,20 @@
 
 namespace ts::worker {
 
-// What the trainer needs of a model, whatever its family.
+// What the trainer needs of a model, whatever its family. The forward pass in stages — the
+// embedding, each layer, the head — so the trainer can keep only the layers' inputs and
+// recompute each layer in the backward pass (activation checkpointing, trainer.cc).
 class LanguageModel : public torch::nn::Module {
  public:
   explicit LanguageModel(const ModelConfig& config) : config_(config) {}
-  // tokens [B, T] int64 with T <= context -> logits [B, T, vocab].
-  virtual torch::Tensor Logits(const torch::Tensor& tokens) = 0;
+  // tokens [B, T] int64 with T <= context -> logits [B, T, vocab]: Head(Layer(… Embed(tokens))).
+  torch::Tensor Logits(const torch::Tensor& tokens);
+  // tokens [B, T] -> the first layer's input [B, T, d].
+  virtual torch::Tensor Embed(const torch::Tensor& tokens) = 0;
+  // Layer i (0 <= i < config().layers) of x [B, T, d] -> [B, T, d].
+  virtual torch::Tensor Layer(int64_t i, const torch::Tensor& x) = 0;
+  // The final norm and the output head: [B, T, d] -> logits [B, T, vocab].
+  virtual torch::Tensor Head(const torch::Tensor& x) = 0;
   const ModelConfig& config() const { return config_; }
 
  protected:
@@ -89,8 +97,10 @@ class GptImpl : public LanguageModel {
  public:
   GptImpl(const ModelConfig& config);
   // tokens [B, T] int64 with T <= context -> logits [B, T, vocab].
-  torch::Tensor forward(const torch::Tensor& tokens);
-  torch::Tensor Logits(const torch::Tensor& tokens) override { return forward(tokens); }
+  torch::Tensor forward(const torch::Tensor& tokens) { return Logits(tokens); }
+  torch::Tensor Embed(const torch::Tensor& tokens) override;
+  torch::Tensor Layer(int64_t i, const torch::Tensor& x) override;
+  torch::Tensor Head(const torch::Tensor& x) override;
 
  private:
   torch::nn::Embedding wte_{nullptr};
@@ -152,9 +162,10 @@ TORCH_MODULE(LlamaLayer);
 class LlamaBodyImpl : public torch::nn::Module {
  public:
   LlamaBodyImpl(const ModelConfig& config);
-  // tokens [B, T] -> hidden states [B, T, d] after the final norm.
-  torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& cos,
-                        const torch::Tensor& sin);
+  torch::Tensor Embed(const torch::Tensor& tokens) { return embed_tokens_->forward(tokens); }
+  torch::Tensor Layer(int64_t i, const torch::Tensor& x, const torch::Tensor& cos,
+                      const torch::Tensor& sin);
+  torch::Tensor Norm(const torch::Tensor& x) { return norm_->forward(x); }
   const torch::Tensor& embedding() const { return embed_tokens_->weight; }
 
  private:
@@ -167,7 +178,9 @@ TORCH_MODULE(LlamaBody);
 class LlamaImpl : public LanguageModel {
  public:
   LlamaImpl(const ModelConfig& config);
-  torch::Tensor Logits(const torch::Tensor& tokens) override;
+  torch::Tensor Embed(const torch::Tensor& tokens) override;
+  torch::Tensor Layer(int64_t i, const torch::Tensor& x) override;
+  torch::Tensor Head(const torch::Tensor& x) override;
 
  private:
   LlamaBody model_{nullptr};

@@ -1,9 +1,12 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -23,6 +26,48 @@ auto Guard(absl::string_view what, Fn&& fn) -> decltype(fn()) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
 }
+
+absl::Status ValidateInnerOptions(const InnerOptions& o) {
+  const ScheduleOptions& s = o.schedule;
+  if (!(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule.min_lr_ratio: ", s.min_lr_ratio, " is outside 0..1"));
+  }
+  if (s.total_steps != 0 && s.total_steps < s.warmup_steps) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule.total_steps: ", s.total_steps,
+                                                   " is below warmup_steps ", s.warmup_steps));
+  }
+  return absl::OkStatus();
+}
+
+// bf16 autocast around the passes of one inner step, on CUDA only (InnerOptions.bf16).
+class Bf16Autocast {
+ public:
+  explicit Bf16Autocast(bool on) : on_(on) {
+    if (!on_) return;
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+#else
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+#endif
+  }
+  ~Bf16Autocast() {
+    if (!on_) return;
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+#else
+    at::autocast::set_enabled(false);
+#endif
+    at::autocast::clear_cache();
+  }
+  Bf16Autocast(const Bf16Autocast&) = delete;
+  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
+
+ private:
+  const bool on_;
+};
 
 absl::Status ValidateOptions(const AdamWOptions& a, const RuntimeOptions& r) {
   auto bad = [](absl::string_view field, double v) {
@@ -98,13 +143,57 @@ struct Trainer::Impl {
     return t.to(device, /*non_blocking=*/false, /*copy=*/true);
   }
 
+  torch::Tensor LossOfLogits(const torch::Tensor& logits, const torch::Tensor& target) const {
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, int64_t{config.vocab}}).to(torch::kFloat32), target.reshape({-1}));
+  }
+
   torch::Tensor Loss(const torch::Tensor& tokens) {
     const int64_t t = tokens.size(1) - 1;
-    const torch::Tensor input = tokens.slice(1, 0, t);
-    const torch::Tensor target = tokens.slice(1, 1, t + 1);
-    const torch::Tensor logits = model->Logits(input);
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, int64_t{config.vocab}}),
-                                                target.reshape({-1}));
+    return LossOfLogits(model->Logits(tokens.slice(1, 0, t)), tokens.slice(1, 1, t + 1));
+  }
+
+  void SetLr(double lr) {
+    for (auto& group : optimizer->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+  }
+
+  // The forward and backward passes of `tokens`, the gradients scaled by `scale` (its share of
+  // the step's rows) and added to the parameters' gradients. Returns the (unscaled) mean loss.
+  double Backward(const torch::Tensor& tokens, double scale, bool checkpointing) {
+    const int64_t t = tokens.size(1) - 1;
+    const torch::Tensor input = tokens.slice(1, 0, t), target = tokens.slice(1, 1, t + 1);
+    if (!checkpointing) {
+      torch::Tensor loss = LossOfLogits(model->Logits(input), target);
+      (scale == 1.0 ? loss : loss * scale).backward();
+      return loss.item<double>();
+    }
+    // Activation checkpointing: a forward pass that keeps only each layer's input, then the
+    // backward pass stage by stage from the head down, each layer computed again from its input
+    // with the gradient on, its output's gradient pushed through it.
+    std::vector<torch::Tensor> inputs;
+    torch::Tensor x;
+    {
+      torch::NoGradGuard no_grad;
+      x = model->Embed(input);
+      for (int64_t i = 0; i < int64_t{config.layers}; ++i) {
+        inputs.push_back(x);
+        x = model->Layer(i, x);
+      }
+    }
+    torch::Tensor h = x.detach().requires_grad_(true);
+    torch::Tensor loss = LossOfLogits(model->Head(h), target);
+    (scale == 1.0 ? loss : loss * scale).backward();
+    torch::Tensor grad = h.grad();
+    for (int64_t i = int64_t{config.layers} - 1; i >= 0; --i) {
+      torch::Tensor xi = inputs[static_cast<size_t>(i)].detach().requires_grad_(true);
+      inputs[static_cast<size_t>(i)] = torch::Tensor();
+      model->Layer(i, xi).backward(grad);
+      grad = xi.grad();
+    }
+    model->Embed(input).backward(grad);
+    return loss.item<double>();
   }
 };
 
@@ -140,27 +229,52 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
 
 void Trainer::ResetOptimizer() { impl_->MakeOptimizer(); }
 
+double ScheduledLr(double lr, const ScheduleOptions& s, uint64_t step) {
+  if (s.warmup_steps > 0 && step < s.warmup_steps) {
+    return lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  }
+  if (s.total_steps == 0) return lr;
+  const uint64_t decay_steps = std::max<uint64_t>(1, s.total_steps - s.warmup_steps);
+  const double progress =
+      std::min(1.0, static_cast<double>(step - s.warmup_steps) / static_cast<double>(decay_steps));
+  const double floor = s.min_lr_ratio;
+  return lr * (floor + (1.0 - floor) * 0.5 * (1.0 + std::cos(M_PI * progress)));
+}
+
 absl::StatusOr<InnerResult> Trainer::InnerSteps(std::span<const float> base,
-                                                std::span<const TokenBatch> batches) {
+                                                std::span<const TokenBatch> batches,
+                                                const InnerOptions& options) {
   Impl& m = *impl_;
   TS_RETURN_IF_ERROR(m.CheckLength(base));
   if (batches.empty()) return absl::InvalidArgumentError("inner steps: no batches");
+  TS_RETURN_IF_ERROR(ValidateInnerOptions(options));
   return Guard("inner steps", [&]() -> absl::StatusOr<InnerResult> {
     torch::set_num_threads(m.runtime.num_threads);
     m.model->train();
     m.Load(base);
     InnerResult result;
     result.losses.reserve(batches.size());
-    for (const TokenBatch& batch : batches) {
-      TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(batch));
+    const bool bf16 = options.bf16 && m.device.is_cuda();
+    for (size_t step = 0; step < batches.size(); ++step) {
+      TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(batches[step]));
       m.optimizer->zero_grad();
-      torch::Tensor loss = m.Loss(tokens);
-      loss.backward();
+      m.SetLr(ScheduledLr(m.adamw.lr, options.schedule, options.first_step + step));
+      const int64_t rows = tokens.size(0);
+      const int64_t micro =
+          options.micro_batch == 0 ? rows : std::min<int64_t>(options.micro_batch, rows);
+      double loss = 0;
+      for (int64_t start = 0; start < rows; start += micro) {
+        const int64_t end = std::min(rows, start + micro);
+        const double share = static_cast<double>(end - start) / static_cast<double>(rows);
+        Bf16Autocast autocast(bf16);
+        loss += share *
+                m.Backward(tokens.slice(0, start, end), share, options.activation_checkpointing);
+      }
       if (m.adamw.grad_clip_norm > 0) {
         torch::nn::utils::clip_grad_norm_(m.params, m.adamw.grad_clip_norm);
       }
       m.optimizer->step();
-      result.losses.push_back(loss.item<float>());
+      result.losses.push_back(static_cast<float>(loss));
     }
     result.local_params = m.Store();
     result.pseudo_gradient.resize(base.size());
@@ -270,9 +384,10 @@ bool Trainer::on_cuda() const { return impl_->device.is_cuda(); }
 
 absl::StatusOr<InnerResult> InnerSteps(const ModelConfig& config, std::span<const float> base,
                                        std::span<const TokenBatch> batches,
-                                       const AdamWOptions& adamw, const RuntimeOptions& runtime) {
+                                       const AdamWOptions& adamw, const RuntimeOptions& runtime,
+                                       const InnerOptions& options) {
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, adamw, runtime));
-  return trainer->InnerSteps(base, batches);
+  return trainer->InnerSteps(base, batches, options);
 }
 
 absl::StatusOr<std::string> SampleText(Trainer& trainer, std::span<const float> params,

@@ -51,6 +51,38 @@ struct AdamWOptions {
   float grad_clip_norm = 1.0f;
 };
 
+// The inner learning rate over the run's global inner steps (docs/worker.md "Training maths"):
+// a linear warm-up over the first warmup_steps, then a cosine decay to min_lr_ratio · lr at
+// total_steps (held there after); total_steps 0: constant after the warm-up. Keyed to the global
+// step (round · H + step), so every host, and a host that rejoins, uses the same rate.
+struct ScheduleOptions {
+  uint64_t warmup_steps = 0;
+  uint64_t total_steps = 0;
+  float min_lr_ratio = 0.1f;  // 0..1
+};
+
+// The rate at global step `step` (0-based) for a peak of `lr`.
+double ScheduledLr(double lr, const ScheduleOptions& schedule, uint64_t step);
+
+// How one InnerSteps call runs, beside the optimizer's options.
+struct InnerOptions {
+  // Rows per forward and backward pass: a batch of more rows is split into micro-batches whose
+  // gradients are accumulated (each weighted by its share of the rows) before the one optimizer
+  // step. 0: the whole batch at once.
+  uint32_t micro_batch = 0;
+  uint64_t first_step = 0;  // the global step of the first batch
+  ScheduleOptions schedule;
+  // Keep only each layer's input during the forward pass and recompute the layer in the backward
+  // pass: activation memory of one layer instead of all, for about a third more compute. The
+  // same gradients bit for bit for a whole batch; with micro-batches, within rounding (a tied
+  // embedding's two contributions are added to the accumulated gradient one after the other).
+  bool activation_checkpointing = false;
+  // bf16 autocast of the forward and backward passes, fp32 master weights and optimizer state.
+  // CUDA only: on the CPU the worker trains in fp32 whatever this says (bf16 there is slow and
+  // would make CPU hosts disagree with themselves across libtorch builds).
+  bool bf16 = false;
+};
+
 struct InnerResult {
   std::vector<float> local_params;     // θ_local after the steps
   std::vector<float> pseudo_gradient;  // θ_base − θ_local, elementwise in fp32
@@ -83,9 +115,10 @@ class Trainer {
 
   // Loads `base`, runs one AdamW step per batch (H = batches.size() >= 1) and returns the result.
   // INVALID_ARGUMENT for a base of the wrong length, an empty batch list, a batch whose width is
-  // not 2..context + 1, or a token >= vocab.
+  // not 2..context + 1, a token >= vocab, or bad options (naming the field).
   absl::StatusOr<InnerResult> InnerSteps(std::span<const float> base,
-                                         std::span<const TokenBatch> batches);
+                                         std::span<const TokenBatch> batches,
+                                         const InnerOptions& options = {});
   void ResetOptimizer();
 
   // Mean cross-entropy (nats per token) of `params` on the non-overlapping windows of
@@ -114,7 +147,8 @@ class Trainer {
 // One-shot inner steps with fresh AdamW state.
 absl::StatusOr<InnerResult> InnerSteps(const ModelConfig& config, std::span<const float> base,
                                        std::span<const TokenBatch> batches,
-                                       const AdamWOptions& adamw, const RuntimeOptions& runtime);
+                                       const AdamWOptions& adamw, const RuntimeOptions& runtime,
+                                       const InnerOptions& options = {});
 
 // Samples `count` tokens after the encoded `prompt` and returns prompt + continuation as text.
 absl::StatusOr<std::string> SampleText(Trainer& trainer, std::span<const float> params,

@@ -370,6 +370,22 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
                    absl::StrCat("is more than ", kAssignmentWindowsMax, " windows"));
   }
   TS_ASSIGN_OR_RETURN(AdamWOptions adamw, AdamWFromProto(request));
+  TS_ASSIGN_OR_RETURN(
+      TrainingChoice training,
+      TrainingFromSpec(request.training(), request.batch_size(),
+                       std::max(request.total_steps(), request.first_step() + request.steps())));
+  InnerOptions inner;
+  inner.micro_batch = training.micro_batch;
+  inner.first_step = request.first_step();
+  inner.schedule.warmup_steps = training.warmup_steps;
+  inner.schedule.total_steps = training.cosine ? request.total_steps() : 0;
+  inner.schedule.min_lr_ratio = training.cosine ? training.min_lr_ratio : 1.0f;
+  inner.activation_checkpointing = training.activation_checkpointing;
+  inner.bf16 = training.bf16;
+  if (training.cosine && request.total_steps() < training.warmup_steps) {
+    return Invalid("total_steps", request.total_steps(),
+                   absl::StrCat("is below training.warmup_steps ", training.warmup_steps));
+  }
   TS_RETURN_IF_ERROR(ValidateWorkFileName("delta_file", request.delta_file()));
   std::vector<float> rebased;
   if (!request.rebase_delta_file().empty()) {
@@ -412,8 +428,9 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   TS_ASSIGN_OR_RETURN(Trainer * trainer, TrainerFor(config, adamw));
   if (request.reset_optimizer()) trainer->ResetOptimizer();
   const auto start = std::chrono::steady_clock::now();
-  TS_ASSIGN_OR_RETURN(InnerResult result,
-                      trainer->InnerSteps(rebased.empty() ? current_->params : rebased, batches));
+  TS_ASSIGN_OR_RETURN(
+      InnerResult result,
+      trainer->InnerSteps(rebased.empty() ? current_->params : rebased, batches, inner));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

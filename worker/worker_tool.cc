@@ -87,7 +87,7 @@ absl::StatusOr<std::vector<float>> ReferenceLogits(const ModelConfig& config,
 }
 
 absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner_steps, int threads,
-                       const std::string& family, bool tied) {
+                       const std::string& family, bool tied, const InnerOptions& options) {
   const ModelConfig config = ReferenceConfig(family, tied);
   const AdamWOptions adamw{.lr = 1e-3f};
   const OuterOptions outer{};
@@ -114,7 +114,7 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
   torch::set_num_threads(threads);
   TS_ASSIGN_OR_RETURN(std::vector<float> logits, ReferenceLogits(config, init, batches[0]));
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, adamw, runtime));
-  TS_ASSIGN_OR_RETURN(InnerResult inner, trainer->InnerSteps(init, batches));
+  TS_ASSIGN_OR_RETURN(InnerResult inner, trainer->InnerSteps(init, batches, options));
 
   // The outer step from a non-zero momentum buffer, so that its μ·m term is checked too.
   std::vector<float> momentum_in(init.size());
@@ -161,6 +161,14 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
                 {"grad_clip_norm", adamw.grad_clip_norm},
                 {"decay", "tensors of rank 2"}};
   j["outer"] = {{"lr", outer.lr}, {"momentum", outer.momentum}, {"nesterov", outer.nesterov}};
+  j["inner"] = {{"micro_batch", options.micro_batch},
+                {"first_step", options.first_step},
+                {"warmup_steps", options.schedule.warmup_steps},
+                {"total_steps", options.schedule.total_steps},
+                {"min_lr_ratio", options.schedule.min_lr_ratio},
+                {"schedule", std::string("linear warm-up, then cosine to min_lr_ratio at "
+                                         "total_steps; constant after warm-up when total_steps "
+                                         "is 0")}};
   j["seed"] = seed;
   j["inner_steps"] = inner_steps;
   j["threads"] = threads;
@@ -278,6 +286,12 @@ int main(int argc, char** argv) {
   bool ref_tied = false;
   ref->add_option("--family", ref_family, "gpt | llama")->check(CLI::IsMember({"gpt", "llama"}));
   ref->add_flag("--tied", ref_tied, "llama: the head tied to the embedding");
+  ts::worker::InnerOptions ref_inner;
+  ref->add_option("--micro-batch", ref_inner.micro_batch, "rows per pass (0: the whole batch)");
+  ref->add_option("--first-step", ref_inner.first_step, "global step of the first batch");
+  ref->add_option("--warmup", ref_inner.schedule.warmup_steps, "warm-up steps");
+  ref->add_option("--total", ref_inner.schedule.total_steps, "last step of the cosine (0: none)");
+  ref->add_option("--min-lr-ratio", ref_inner.schedule.min_lr_ratio, "the cosine's floor");
 
   ts::worker::TrainArgs t;
   CLI::App* train = app.add_subcommand("train", "train on the real corpus and print figures");
@@ -294,7 +308,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   absl::Status s = ref->parsed() ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads,
-                                                         ref_family, ref_tied)
+                                                         ref_family, ref_tied, ref_inner)
                                  : ts::worker::Train(t);
   if (!s.ok()) {
     std::fprintf(stderr, "ts_worker_tool: %s\n", s.ToString().c_str());

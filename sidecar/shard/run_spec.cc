@@ -61,6 +61,11 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
   TS_RETURN_IF_ERROR(CheckRange("rounds", spec.rounds(), 1, 100000));
   TS_RETURN_IF_ERROR(CheckRange("inner_steps", spec.inner_steps(), 1, 100000));
   TS_RETURN_IF_ERROR(CheckRange("batch_size", spec.batch_size(), 1, 4096));
+  if (auto training = worker::TrainingFromSpec(spec.training(), spec.batch_size(),
+                                               uint64_t{spec.rounds()} * spec.inner_steps());
+      !training.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("run spec: ", training.status().message()));
+  }
   TS_RETURN_IF_ERROR(CheckPositive("inner.lr", spec.inner().lr()));
   TS_RETURN_IF_ERROR(CheckUnit("inner.beta1", spec.inner().beta1()));
   TS_RETURN_IF_ERROR(CheckUnit("inner.beta2", spec.inner().beta2()));

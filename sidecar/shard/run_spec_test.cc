@@ -44,6 +44,23 @@ TEST(RunSpec, ParsesAppliesDefaultsAndHashesTheExactBytes) {
   EXPECT_EQ(lossless->codec.kind, Compression::kFp32Zstd);
 }
 
+TEST(RunSpec, ALlamaPresetWithTrainingAtSize) {
+  const std::string doc = absl::StrReplaceAll(
+      kSpec, {{R"("model": {"kind": "gpt", "seed": "7",
+            "config": {"layers": 2, "dModel": 64, "heads": 4, "context": 32, "vocab": 512,
+                       "mlpRatio": 4}},)",
+               R"("model": {"kind": "llama", "preset": "tiny", "seed": "7",
+            "config": {"context": 32, "vocab": 512}},)"},
+              {R"("seed": "5")", R"("seed": "5", "training": {"microBatch": 4, "schedule":
+            "cosine", "warmupSteps": "4", "minLrRatio": 0.1, "activationCheckpointing": true,
+            "precision": "bf16"})"}});
+  ASSERT_NE(doc, kSpec);
+  auto parsed = ParseRunSpec(doc);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->spec.model().preset(), "tiny");
+  EXPECT_EQ(parsed->spec.training().micro_batch(), 4u);
+}
+
 TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
   struct Case {
     std::string from, to, want;
@@ -63,6 +80,14 @@ TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
       {R"("evalEvery": 2, )", R"("evalEvery": 0, )", "eval_every: 0"},
       {R"("seed": "5")", R"("seed": "5", "colour": "red")", "not a RunSpec document"},
       {R"("rounds": 4)", R"("rounds": "four")", "not a RunSpec document"},
+      {R"("kind": "gpt", "seed": "7",)", R"("kind": "llama", "seed": "7",)",
+       "model.config.mlp_ratio: not a field of the llama family"},
+      {R"("seed": "5")", R"("seed": "5", "training": {"microBatch": 3})",
+       "training.micro_batch: 3 does not divide batch_size 8"},
+      {R"("seed": "5")", R"("seed": "5", "training": {"warmupSteps": "41"})",
+       "training.warmup_steps: 41 is more than the run's 40 inner steps"},
+      {R"("seed": "5")", R"("seed": "5", "training": {"precision": "fp16"})",
+       "training.precision: \"fp16\""},
   };
   for (const Case& c : cases) {
     std::string doc = absl::StrReplaceAll(kSpec, {{c.from, c.to}});

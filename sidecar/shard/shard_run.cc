@@ -737,6 +737,11 @@ struct ShardRun::Impl {
     request.set_delta_file(DeltaName(round));
     request.set_rebase_delta_file(rebase_on);
     request.set_base_root(base);
+    // The schedule is keyed to the global inner step, so a host that rejoins at round r uses
+    // the rate every other host uses there.
+    *request.mutable_training() = spec.spec.training();
+    request.set_first_step((round - 1) * uint64_t{spec.spec.inner_steps()});
+    request.set_total_steps(uint64_t{spec.spec.rounds()} * spec.spec.inner_steps());
     if (spec.spec.overlap()) {
       deltas.erase(round);  // rewritten now, over round - 2's
       deltas.erase(round - 2);

@@ -249,11 +249,12 @@ def encode_checkpoint(ref, params, momentum):
 
 
 class WorkerReferenceTest(unittest.TestCase):
-    def run_case(self, inner_steps, threads, family="gpt", tied=False):
+    def run_case(self, inner_steps, threads, family="gpt", tied=False, extra=()):
         with tempfile.TemporaryDirectory() as out:
             result = subprocess.run(
                 [TOOL, "reference", "--out", out, "--inner-steps", str(inner_steps),
-                 "--threads", str(threads), "--family", family] + (["--tied"] if tied else []),
+                 "--threads", str(threads), "--family", family] + (["--tied"] if tied else []) +
+                list(extra),
                 capture_output=True, text=True, timeout=120)
             self.assertEqual(result.returncode, 0, result.stderr)
             with open(os.path.join(out, "reference.json")) as f:
@@ -288,15 +289,37 @@ class WorkerReferenceTest(unittest.TestCase):
             [{"params": decay, "weight_decay": a["weight_decay"]},
              {"params": no_decay, "weight_decay": 0.0}],
             lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"])
+        inner = ref["inner"]
+
+        def rate(step):
+            """The schedule, from its definition: linear warm-up, then a cosine to the floor."""
+            warmup, total = inner["warmup_steps"], inner["total_steps"]
+            if warmup > 0 and step < warmup:
+                return a["lr"] * (step + 1) / warmup
+            if total == 0:
+                return a["lr"]
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            floor = inner["min_lr_ratio"]
+            return a["lr"] * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
         losses = []
-        for batch in torch.from_numpy(arrays["batches"]):
+        for s, batch in enumerate(torch.from_numpy(arrays["batches"])):
             opt.zero_grad()
-            logits = model(batch[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), batch[:, 1:].reshape(-1))
-            loss.backward()
+            for group in opt.param_groups:
+                group["lr"] = rate(inner["first_step"] + s)
+            rows = batch.shape[0]
+            micro = inner["micro_batch"] or rows
+            total = 0.0
+            for start in range(0, rows, micro):
+                chunk = batch[start:start + micro]
+                share = chunk.shape[0] / rows
+                logits = model(chunk[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), chunk[:, 1:].reshape(-1))
+                (loss * share if share != 1 else loss).backward()
+                total += share * loss.item()
             torch.nn.utils.clip_grad_norm_(model.parameters(), a["grad_clip_norm"])
             opt.step()
-            losses.append(loss.item())
+            losses.append(total)
         local = store_flat(model)
         delta = arrays["init"] - local
 
@@ -332,6 +355,13 @@ class WorkerReferenceTest(unittest.TestCase):
 
     def test_llama_tied(self):
         self.run_case(inner_steps=2, threads=1, family="llama", tied=True)
+
+    def test_llama_micro_batches_and_schedule(self):
+        # Each step's 4 rows as two micro-batches of 2; steps 1..3 of a warm-up of 2 then a
+        # cosine to 0.1 at step 6, so the rate rises, peaks and falls within the call.
+        self.run_case(inner_steps=3, threads=2, family="llama",
+                      extra=("--micro-batch", "2", "--first-step", "1", "--warmup", "2",
+                             "--total", "6", "--min-lr-ratio", "0.1"))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,47 @@ absl::StatusOr<ModelConfig> ModelConfigFromSpec(const pb::ModelSpec& spec,
   return config;
 }
 
+absl::StatusOr<TrainingChoice> TrainingFromSpec(const pb::TrainingSpec& spec, uint32_t batch_size,
+                                                uint64_t total_steps, const std::string& prefix) {
+  TrainingChoice out;
+  if (spec.micro_batch() != 0 &&
+      (spec.micro_batch() > batch_size || batch_size % spec.micro_batch() != 0)) {
+    return Invalid(prefix + "micro_batch", absl::StrCat(spec.micro_batch()),
+                   absl::StrCat("does not divide batch_size ", batch_size));
+  }
+  out.micro_batch = spec.micro_batch();
+  if (spec.schedule().empty() || spec.schedule() == "constant") {
+    if (spec.min_lr_ratio() != 0) {
+      return Invalid(prefix + "min_lr_ratio", absl::StrCat(spec.min_lr_ratio()),
+                     "is for the \"cosine\" schedule only");
+    }
+  } else if (spec.schedule() == "cosine") {
+    out.cosine = true;
+  } else {
+    return Invalid(prefix + "schedule", Quoted(spec.schedule()),
+                   "is not \"constant\" or \"cosine\"");
+  }
+  // NaN fails both comparisons.
+  if (!(spec.min_lr_ratio() >= 0 && spec.min_lr_ratio() <= 1)) {
+    return Invalid(prefix + "min_lr_ratio", absl::StrCat(spec.min_lr_ratio()), "is outside 0..1");
+  }
+  out.min_lr_ratio = spec.min_lr_ratio();
+  if (spec.warmup_steps() > total_steps) {
+    return Invalid(prefix + "warmup_steps", absl::StrCat(spec.warmup_steps()),
+                   absl::StrCat("is more than the run's ", total_steps, " inner steps"));
+  }
+  out.warmup_steps = spec.warmup_steps();
+  out.activation_checkpointing = spec.activation_checkpointing();
+  if (spec.precision().empty() || spec.precision() == "fp32") {
+    out.bf16 = false;
+  } else if (spec.precision() == "bf16") {
+    out.bf16 = true;
+  } else {
+    return Invalid(prefix + "precision", Quoted(spec.precision()), "is not \"fp32\" or \"bf16\"");
+  }
+  return out;
+}
+
 void ModelConfigToProto(const ModelConfig& c, pb::WorkerModelConfig* out) {
   out->Clear();
   out->set_layers(c.layers);

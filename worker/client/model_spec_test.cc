@@ -88,5 +88,52 @@ TEST(ModelSpec, EveryBadFieldIsNamedWithItsValue) {
   ExpectRefused(preset, "model.preset: \"20m\" is a llama size");
 }
 
+TEST(TrainingSpec, ChecksEveryFieldAgainstTheRun) {
+  pb::TrainingSpec spec;
+  auto plain = TrainingFromSpec(spec, /*batch_size=*/8, /*total_steps=*/100);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->micro_batch, 0u);
+  EXPECT_FALSE(plain->cosine);
+  EXPECT_FALSE(plain->bf16);
+
+  spec.set_micro_batch(4);
+  spec.set_schedule("cosine");
+  spec.set_warmup_steps(10);
+  spec.set_min_lr_ratio(0.1f);
+  spec.set_activation_checkpointing(true);
+  spec.set_precision("bf16");
+  auto full = TrainingFromSpec(spec, 8, 100);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->micro_batch, 4u);
+  EXPECT_TRUE(full->cosine && full->activation_checkpointing && full->bf16);
+
+  auto refused = [](const pb::TrainingSpec& s, std::string_view want) {
+    auto r = TrainingFromSpec(s, 8, 100);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_THAT(r.status().message(), HasSubstr(want));
+  };
+  pb::TrainingSpec bad = spec;
+  bad.set_micro_batch(3);
+  refused(bad, "training.micro_batch: 3 does not divide batch_size 8");
+  bad = spec;
+  bad.set_micro_batch(16);
+  refused(bad, "training.micro_batch: 16");
+  bad = spec;
+  bad.set_schedule("linear");
+  refused(bad, "training.schedule: \"linear\"");
+  bad = spec;
+  bad.set_min_lr_ratio(1.5f);
+  refused(bad, "training.min_lr_ratio: 1.5 is outside 0..1");
+  bad = spec;
+  bad.set_schedule("constant");
+  refused(bad, "min_lr_ratio: 0.1 is for the \"cosine\" schedule only");
+  bad = spec;
+  bad.set_warmup_steps(101);
+  refused(bad, "training.warmup_steps: 101 is more than the run's 100 inner steps");
+  bad = spec;
+  bad.set_precision("fp8");
+  refused(bad, "training.precision: \"fp8\"");
+}
+
 }  // namespace
 }  // namespace ts::worker
