@@ -241,19 +241,98 @@ double ScheduledLr(double lr, const ScheduleOptions& s, uint64_t step) {
   return lr * (floor + (1.0 - floor) * 0.5 * (1.0 + std::cos(M_PI * progress)));
 }
 
-absl::StatusOr<InnerResult> Trainer::InnerSteps(std::span<const float> base,
-                                                std::span<const TokenBatch> batches,
-                                                const InnerOptions& options) {
+absl::Status Trainer::Load(ValueReader& params) {
   Impl& m = *impl_;
-  TS_RETURN_IF_ERROR(m.CheckLength(base));
+  if (params.remaining() < ParameterCount(m.config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("params: ", params.remaining(), " values, the model ",
+                     ModelConfigString(m.config), " has ", ParameterCount(m.config)));
+  }
+  return Guard("load", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    std::vector<float> chunk;
+    for (torch::Tensor& p : m.params) {
+      torch::Tensor flat = p.view({-1});
+      const int64_t n = flat.numel();
+      if (!m.device.is_cuda() && flat.is_contiguous()) {
+        // Straight into the tensor's memory: no copy of the model in between.
+        TS_RETURN_IF_ERROR(
+            params.Read(std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(n))));
+        continue;
+      }
+      for (int64_t start = 0; start < n; start += static_cast<int64_t>(kValueChunk)) {
+        const int64_t take = std::min<int64_t>(kValueChunk, n - start);
+        chunk.resize(static_cast<size_t>(take));
+        TS_RETURN_IF_ERROR(params.Read(chunk));
+        flat.slice(0, start, start + take)
+            .copy_(torch::from_blob(chunk.data(), {take}, torch::kFloat32));
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+
+// Calls fn(values) for the model's parameters in layout order, a chunk at a time (the tensor's
+// own memory on the CPU, a copy of a chunk from a device).
+template <typename Fn>
+absl::Status ForEachParamChunk(const std::vector<torch::Tensor>& params, Fn&& fn) {
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& p : params) {
+    const torch::Tensor flat = p.detach().view({-1});
+    const int64_t n = flat.numel();
+    if (flat.device().is_cpu() && flat.is_contiguous()) {
+      TS_RETURN_IF_ERROR(
+          fn(std::span<const float>(flat.data_ptr<float>(), static_cast<size_t>(n))));
+      continue;
+    }
+    for (int64_t start = 0; start < n; start += static_cast<int64_t>(kValueChunk)) {
+      const int64_t take = std::min<int64_t>(kValueChunk, n - start);
+      const torch::Tensor cpu = flat.slice(0, start, start + take).to(torch::kCPU).contiguous();
+      TS_RETURN_IF_ERROR(
+          fn(std::span<const float>(cpu.data_ptr<float>(), static_cast<size_t>(take))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Trainer::WriteParams(ValueWriter& out) {
+  return Guard("store", [&]() -> absl::Status {
+    return ForEachParamChunk(impl_->params,
+                             [&](std::span<const float> values) { return out.Write(values); });
+  });
+}
+
+absl::Status Trainer::WritePseudoGradient(ValueReader& base, ValueWriter& out) {
+  return Guard("pseudo-gradient", [&]() -> absl::Status {
+    std::vector<float> delta;
+    return ForEachParamChunk(impl_->params, [&](std::span<const float> local) -> absl::Status {
+      // Within a tensor, in chunks of at most kValueChunk: Δ = base − θ, elementwise in fp32.
+      for (size_t start = 0; start < local.size(); start += kValueChunk) {
+        const size_t take = std::min<size_t>(kValueChunk, local.size() - start);
+        delta.resize(take);
+        TS_RETURN_IF_ERROR(base.Read(delta));
+        for (size_t i = 0; i < take; ++i) delta[i] = delta[i] - local[start + i];
+        TS_RETURN_IF_ERROR(out.Write(delta));
+      }
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::StatusOr<std::vector<float>> Trainer::Steps(std::span<const TokenBatch> batches,
+                                                  const InnerOptions& options) {
+  Impl& m = *impl_;
   if (batches.empty()) return absl::InvalidArgumentError("inner steps: no batches");
   TS_RETURN_IF_ERROR(ValidateInnerOptions(options));
-  return Guard("inner steps", [&]() -> absl::StatusOr<InnerResult> {
+  return Guard("inner steps", [&]() -> absl::StatusOr<std::vector<float>> {
     torch::set_num_threads(m.runtime.num_threads);
     m.model->train();
-    m.Load(base);
-    InnerResult result;
-    result.losses.reserve(batches.size());
+    std::vector<float> losses;
+    losses.reserve(batches.size());
     const bool bf16 = options.bf16 && m.device.is_cuda();
     for (size_t step = 0; step < batches.size(); ++step) {
       TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(batches[step]));
@@ -274,21 +353,34 @@ absl::StatusOr<InnerResult> Trainer::InnerSteps(std::span<const float> base,
         torch::nn::utils::clip_grad_norm_(m.params, m.adamw.grad_clip_norm);
       }
       m.optimizer->step();
-      result.losses.push_back(static_cast<float>(loss));
+      losses.push_back(static_cast<float>(loss));
     }
-    result.local_params = m.Store();
-    result.pseudo_gradient.resize(base.size());
-    for (size_t i = 0; i < base.size(); ++i) {
-      result.pseudo_gradient[i] = base[i] - result.local_params[i];
-    }
-    return result;
+    // The gradients are not needed between calls: their memory goes back now.
+    for (torch::Tensor& p : m.params) p.mutable_grad() = torch::Tensor();
+    return losses;
   });
 }
 
-absl::StatusOr<double> Trainer::Evaluate(std::span<const float> params, const DataShard& eval,
-                                         const EvalOptions& options) {
+absl::StatusOr<InnerResult> Trainer::InnerSteps(std::span<const float> base,
+                                                std::span<const TokenBatch> batches,
+                                                const InnerOptions& options) {
   Impl& m = *impl_;
-  TS_RETURN_IF_ERROR(m.CheckLength(params));
+  TS_RETURN_IF_ERROR(m.CheckLength(base));
+  VectorReader reader(base);
+  TS_RETURN_IF_ERROR(Load(reader));
+  InnerResult result;
+  TS_ASSIGN_OR_RETURN(result.losses, Steps(batches, options));
+  VectorWriter local(&result.local_params);
+  TS_RETURN_IF_ERROR(WriteParams(local));
+  result.pseudo_gradient.resize(base.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    result.pseudo_gradient[i] = base[i] - result.local_params[i];
+  }
+  return result;
+}
+
+absl::StatusOr<double> Trainer::EvaluateLoaded(const DataShard& eval, const EvalOptions& options) {
+  Impl& m = *impl_;
   if (eval.vocab != m.config.vocab) {
     return absl::InvalidArgumentError(absl::StrCat("evaluate: eval set vocab ", eval.vocab,
                                                    " is not the model's ", m.config.vocab));
@@ -302,7 +394,6 @@ absl::StatusOr<double> Trainer::Evaluate(std::span<const float> params, const Da
     torch::set_num_threads(m.runtime.num_threads);
     torch::NoGradGuard no_grad;
     m.model->eval();
-    m.Load(params);
     // Windows of context + 1 tokens starting every `context` tokens; the last may be shorter.
     const uint64_t n = eval.tokens.size(), step = m.config.context;
     std::vector<uint64_t> starts;
@@ -331,12 +422,18 @@ absl::StatusOr<double> Trainer::Evaluate(std::span<const float> params, const Da
   });
 }
 
-absl::StatusOr<std::vector<uint32_t>> Trainer::Sample(std::span<const float> params,
-                                                      std::span<const uint32_t> prompt,
-                                                      uint32_t count, uint64_t seed,
-                                                      const SampleOptions& options) {
+absl::StatusOr<double> Trainer::Evaluate(std::span<const float> params, const DataShard& eval,
+                                         const EvalOptions& options) {
+  TS_RETURN_IF_ERROR(impl_->CheckLength(params));
+  VectorReader reader(params);
+  TS_RETURN_IF_ERROR(Load(reader));
+  return EvaluateLoaded(eval, options);
+}
+
+absl::StatusOr<std::vector<uint32_t>> Trainer::SampleLoaded(std::span<const uint32_t> prompt,
+                                                            uint32_t count, uint64_t seed,
+                                                            const SampleOptions& options) {
   Impl& m = *impl_;
-  TS_RETURN_IF_ERROR(m.CheckLength(params));
   if (prompt.empty()) return absl::InvalidArgumentError("sample: empty prompt");
   if (!(options.temperature > 0) || !std::isfinite(options.temperature)) {
     return absl::InvalidArgumentError(
@@ -352,7 +449,6 @@ absl::StatusOr<std::vector<uint32_t>> Trainer::Sample(std::span<const float> par
     torch::set_num_threads(m.runtime.num_threads);
     torch::NoGradGuard no_grad;
     m.model->eval();
-    m.Load(params);
     // Sampling runs on the CPU generator whatever the device, so a seed means the same draws.
     torch::Generator gen = at::detail::createCPUGenerator(seed);
     std::vector<int64_t> seq(prompt.begin(), prompt.end());
@@ -376,6 +472,16 @@ absl::StatusOr<std::vector<uint32_t>> Trainer::Sample(std::span<const float> par
     }
     return out;
   });
+}
+
+absl::StatusOr<std::vector<uint32_t>> Trainer::Sample(std::span<const float> params,
+                                                      std::span<const uint32_t> prompt,
+                                                      uint32_t count, uint64_t seed,
+                                                      const SampleOptions& options) {
+  TS_RETURN_IF_ERROR(impl_->CheckLength(params));
+  VectorReader reader(params);
+  TS_RETURN_IF_ERROR(Load(reader));
+  return SampleLoaded(prompt, count, seed, options);
 }
 
 std::vector<float> Trainer::Params() const { return impl_->Store(); }

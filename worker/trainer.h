@@ -25,6 +25,7 @@
 #include "worker/data_shard.h"
 #include "worker/model_config.h"
 #include "worker/tokenizer.h"
+#include "worker/value_stream.h"
 
 namespace ts::worker {
 
@@ -120,6 +121,26 @@ class Trainer {
                                          std::span<const TokenBatch> batches,
                                          const InnerOptions& options = {});
   void ResetOptimizer();
+
+  // The streaming forms, for models too large to hold a second copy in memory (docs/worker.md
+  // "Files at size"): the parameters go from a reader straight into the model's tensors and
+  // out of them to a writer, a chunk at a time.
+  //
+  // Loads ParameterCount values (layout order) into the model; errors of the reader.
+  absl::Status Load(ValueReader& params);
+  // One AdamW step per batch from the loaded parameters, which stay in the model; each step's
+  // loss. INVALID_ARGUMENT as InnerSteps.
+  absl::StatusOr<std::vector<float>> Steps(std::span<const TokenBatch> batches,
+                                           const InnerOptions& options = {});
+  // Writes Δ = base − θ elementwise in fp32, reading the base from `base`.
+  absl::Status WritePseudoGradient(ValueReader& base, ValueWriter& out);
+  // Writes the model's parameters (layout order).
+  absl::Status WriteParams(ValueWriter& out);
+  // Evaluate and Sample on the loaded parameters.
+  absl::StatusOr<double> EvaluateLoaded(const DataShard& eval, const EvalOptions& options = {});
+  absl::StatusOr<std::vector<uint32_t>> SampleLoaded(std::span<const uint32_t> prompt,
+                                                     uint32_t count, uint64_t seed,
+                                                     const SampleOptions& options = {});
 
   // Mean cross-entropy (nats per token) of `params` on the non-overlapping windows of
   // context + 1 tokens of `eval`. INVALID_ARGUMENT when eval holds fewer than 2 tokens, its vocab

@@ -47,7 +47,12 @@ int Main(int argc, char** argv) {
   app.add_option("--socket", socket_path, "Unix socket path to serve on")->required();
   app.add_option("--work-dir", work_dir, "directory of the files requests name")->required();
   app.add_option("--threads", threads, "torch threads, 1..256 (fixes the bits on CPU)");
-  app.add_option("--file-bytes-max", file_bytes_max, "cap on any one input file");
+  app.add_option("--file-bytes-max", file_bytes_max,
+                 "cap on a data shard, eval set or tokenizer file (checkpoints and deltas are "
+                 "streamed and sized by their model)");
+  uint64_t memory_bytes_max = 0;
+  app.add_option("--memory-bytes-max", memory_bytes_max,
+                 "memory the model's fp32 training state may take (0: physical memory)");
   app.add_option("--log-level", log_level, "debug | info | warn | error");
   try {
     app.parse(argc, argv);
@@ -66,6 +71,10 @@ int Main(int argc, char** argv) {
     return Fail(kExitBadFlag, absl::StrCat("socket: \"", socket_path, "\" must hold 1..",
                                            common::kUnixSocketPathMax, " bytes"));
   }
+  if (memory_bytes_max != 0 && memory_bytes_max < 1024) {
+    return Fail(kExitBadFlag,
+                absl::StrCat("memory-bytes-max: ", memory_bytes_max, " is below 1024"));
+  }
   if (file_bytes_max < 1024) {
     return Fail(kExitBadFlag, absl::StrCat("file-bytes-max: ", file_bytes_max, " is below 1024"));
   }
@@ -79,8 +88,10 @@ int Main(int argc, char** argv) {
 
   // A socket left by a worker that was killed would make the bind fail.
   ::unlink(socket_path.c_str());
-  WorkerService service(
-      {.work_dir = work_dir, .num_threads = threads, .file_bytes_max = file_bytes_max});
+  WorkerService service({.work_dir = work_dir,
+                         .num_threads = threads,
+                         .file_bytes_max = file_bytes_max,
+                         .memory_bytes_max = memory_bytes_max});
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(kWorkerMessageBytesMax);

@@ -367,7 +367,7 @@ TEST_F(WorkerProcessTest, TwoWorkersWithTheSameInputsGiveTheSameRoots) {
 
 TEST_F(WorkerProcessTest, BadInputIsRefusedClearlyAndTheWorkerStillServes) {
   const std::string work = MakeWorkDir("work");
-  auto worker = Start("w", work, {"--file-bytes-max", "1048576"});
+  auto worker = Start("w", work, {"--file-bytes-max", "1048576", "--memory-bytes-max", "1048576"});
   ASSERT_NE(worker, nullptr);
   WorkerClient& client = worker->client();
   auto expect_refused = [](const absl::Status& s, absl::StatusCode code, const std::string& text) {
@@ -403,8 +403,9 @@ TEST_F(WorkerProcessTest, BadInputIsRefusedClearlyAndTheWorkerStillServes) {
   init = InitRequest("ckpt.tsck");
   init.mutable_spec()->mutable_config()->set_d_model(4096);
   init.mutable_spec()->mutable_config()->set_heads(4);
-  expect_refused(client.InitModel(init).status(), absl::StatusCode::kInvalidArgument,
-                 "would exceed the worker's file cap of 1048576");
+  // A model whose fp32 training state would not fit the memory the worker may use.
+  expect_refused(client.InitModel(init).status(), absl::StatusCode::kResourceExhausted,
+                 "bytes of fp32 training state (16 per parameter), more than the 1048576");
   expect_refused(client.InitModel(InitRequest("../ckpt.tsck")).status(),
                  absl::StatusCode::kInvalidArgument, "checkpoint_file: \"../ckpt.tsck\"");
 
@@ -445,12 +446,21 @@ TEST_F(WorkerProcessTest, BadInputIsRefusedClearlyAndTheWorkerStillServes) {
   expect_refused(client.InnerSteps(InnerRequest(std::string(32, 'x'), 1, "d.bin")).status(),
                  absl::StatusCode::kFailedPrecondition, "is not the current checkpoint");
 
-  // An oversized file is refused before it is read; a Δ of the wrong size too.
+  // A checkpoint is refused from its header, before its values are read: not one; one whose size
+  // is not what its header implies. A Δ of the wrong size too.
   ASSERT_TRUE(WriteWorkFile(work, "f", "big.tsck", std::string(2 << 20, 'x')).ok());
   pb::LoadCheckpointRequest load;
   load.set_checkpoint_file("big.tsck");
   expect_refused(client.LoadCheckpoint(load).status(), absl::StatusCode::kInvalidArgument,
-                 "holds 2097152 bytes, more than the cap of 1048576");
+                 "checkpoint_file: \"big.tsck\": checkpoint: wrong magic");
+  {
+    auto bytes = ReadWorkFile(work, "f", "ckpt.tsck", 1 << 30);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_TRUE(WriteWorkFile(work, "f", "long.tsck", *bytes + "1234").ok());
+  }
+  load.set_checkpoint_file("long.tsck");
+  expect_refused(client.LoadCheckpoint(load).status(), absl::StatusCode::kInvalidArgument,
+                 "bytes of values, expected");
   ASSERT_TRUE(WriteWorkFile(work, "f", "short.bin", std::string(12, '\0')).ok());
   expect_refused(client.OuterStep(OuterRequest(root, "short.bin", "c.tsck")).status(),
                  absl::StatusCode::kInvalidArgument, "holds 12 bytes, not 4 x");
@@ -476,6 +486,22 @@ TEST_F(WorkerProcessTest, BadInputIsRefusedClearlyAndTheWorkerStillServes) {
   auto inner_ok = client.InnerSteps(InnerRequest(root, 1, "d.bin"));
   EXPECT_TRUE(inner_ok.ok()) << inner_ok.status();
   EXPECT_TRUE(worker->Running());
+
+  // The current checkpoint is the file it was checked as: one replaced under its name since is
+  // refused, not trained from, until it is loaded (and checked) again.
+  auto bytes = ReadWorkFile(work, "f", "ckpt.tsck", 1 << 30);
+  ASSERT_TRUE(bytes.ok());
+  std::string other = *bytes;
+  other[other.size() - 1] ^= 1;  // a different last parameter, still finite
+  ASSERT_TRUE(WriteWorkFile(work, "f", "ckpt.tsck", other).ok());
+  expect_refused(client.InnerSteps(InnerRequest(root, 1, "d.bin")).status(),
+                 absl::StatusCode::kFailedPrecondition, "was replaced or changed");
+  pb::LoadCheckpointRequest again;
+  again.set_checkpoint_file("ckpt.tsck");
+  auto reloaded = client.LoadCheckpoint(again);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_NE(reloaded->root(), root);
+  EXPECT_TRUE(client.InnerSteps(InnerRequest(reloaded->root(), 1, "d.bin")).ok());
 }
 
 TEST_F(WorkerProcessTest, KilledMidCallIsUnavailableWithinTheDeadlineAndARestartServes) {

@@ -141,9 +141,6 @@ absl::Status CheckRoot(absl::string_view field, absl::string_view root) {
   return absl::OkStatus();
 }
 
-// Bytes of a checkpoint of `params` parameters with its momentum, without the tensor table.
-uint64_t CheckpointValueBytes(uint64_t params) { return 8 * params; }
-
 }  // namespace
 
 WorkerService::WorkerService(WorkerServiceOptions options) : options_(std::move(options)) {}
@@ -232,13 +229,36 @@ grpc::Status WorkerService::Status(grpc::ServerContext*, const pb::WorkerStatusR
   return grpc::Status::OK;
 }
 
-void WorkerService::SetCurrent(Checkpoint checkpoint, std::string root) {
-  {
-    absl::MutexLock lock(&status_mu_);
-    root_ = root;
-    config_ = checkpoint.config;
+namespace {
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+absl::Status WorkerService::SetCurrent(const ModelConfig& config, bool has_momentum,
+                                       std::string_view name, std::string root) {
+  // The file stays where the sidecar named it (a hard link of the worker's own would make it
+  // unpublishable: the artifact store refuses hard-linked files); its identity is kept so that a
+  // file replaced or rewritten under the name is noticed.
+  const std::string path = absl::StrCat(options_.work_dir, "/", common::AsAbsl(name));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint_file: ", Quoted(name), ": stat: ", std::strerror(errno)));
   }
-  current_ = std::move(checkpoint);
+  current_ = Current{.config = config,
+                     .has_momentum = has_momentum,
+                     .name = std::string(name),
+                     .device = static_cast<uint64_t>(st.st_dev),
+                     .inode = static_cast<uint64_t>(st.st_ino),
+                     .size = static_cast<uint64_t>(st.st_size),
+                     .mtime_ns = MtimeNs(st)};
+  absl::MutexLock lock(&status_mu_);
+  root_ = std::move(root);
+  config_ = config;
+  return absl::OkStatus();
 }
 
 absl::Status WorkerService::CheckBase(std::string_view base_root) {
@@ -256,17 +276,60 @@ absl::Status WorkerService::CheckBase(std::string_view base_root) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Checkpoint> WorkerService::ReadCheckpoint(std::string_view field,
-                                                         std::string_view name, std::string* root) {
-  TS_ASSIGN_OR_RETURN(std::string bytes,
-                      ReadWorkFile(options_.work_dir, field, name, options_.file_bytes_max));
-  auto checkpoint = DecodeCheckpoint(bytes, options_.file_bytes_max);
-  if (!checkpoint.ok()) {
-    return Prefixed(absl::StrCat(common::AsAbsl(field), ": ", Quoted(name), ": "),
-                    checkpoint.status());
+absl::StatusOr<std::unique_ptr<CheckpointFileReader>> WorkerService::OpenCheckpoint(
+    std::string_view field, std::string_view name) {
+  TS_ASSIGN_OR_RETURN(OpenedWorkFile file, OpenWorkFile(options_.work_dir, field, name));
+  return CheckpointFileReader::Open(file.fd, file.size, file.description);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointFileReader>> WorkerService::OpenCurrent() {
+  TS_CHECK(current_.has_value());
+  TS_ASSIGN_OR_RETURN(OpenedWorkFile file,
+                      OpenWorkFile(options_.work_dir, "current checkpoint", current_->name));
+  struct stat st {};
+  const bool same =
+      ::fstat(file.fd, &st) == 0 && static_cast<uint64_t>(st.st_dev) == current_->device &&
+      static_cast<uint64_t>(st.st_ino) == current_->inode &&
+      static_cast<uint64_t>(st.st_size) == current_->size && MtimeNs(st) == current_->mtime_ns;
+  if (!same) {
+    ::close(file.fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the current checkpoint ", Quoted(current_->name),
+        " was replaced or changed since it was checked; load it again (LoadCheckpoint)"));
   }
-  *root = CheckpointRoot(bytes);
-  return checkpoint;
+  return CheckpointFileReader::Open(file.fd, file.size, file.description);
+}
+
+absl::StatusOr<std::unique_ptr<RawValuesReader>> WorkerService::OpenDelta(const char* field,
+                                                                          const std::string& name) {
+  TS_ASSIGN_OR_RETURN(OpenedWorkFile file, OpenWorkFile(options_.work_dir, field, name));
+  return RawValuesReader::Open(file.fd, file.size, ParameterCount(current_->config),
+                               file.description);
+}
+
+absl::Status WorkerService::CheckMemory(std::string_view field, const ModelConfig& config) const {
+  uint64_t cap = options_.memory_bytes_max;
+  if (cap == 0) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    cap = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  }
+  // Parameters, gradients and AdamW's two moments, fp32: 16 bytes a parameter.
+  const uint64_t need = 16 * ParameterCount(config);
+  if (cap != 0 && need > cap) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(common::AsAbsl(field), ": ", ModelConfigString(config), " needs ", need,
+                     " bytes of fp32 training state (16 per parameter), more than the ", cap,
+                     " bytes this worker may use"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Trainer*> WorkerService::AnyTrainerFor(const ModelConfig& config,
+                                                      std::unique_ptr<Trainer>* other) {
+  if (trainer_ != nullptr && trainer_->config() == config) return trainer_.get();
+  TS_ASSIGN_OR_RETURN(
+      *other, Trainer::Create(config, AdamWOptions{}, {.num_threads = options_.num_threads}));
+  return other->get();
 }
 
 absl::StatusOr<Trainer*> WorkerService::TrainerFor(const ModelConfig& config,
@@ -286,25 +349,26 @@ absl::Status WorkerService::DoInitModel(const pb::InitModelRequest& request,
   const pb::ModelSpec& spec = request.spec();
   if (!spec.has_config()) return absl::InvalidArgumentError("spec.config: missing");
   TS_ASSIGN_OR_RETURN(const ModelConfig config, ModelConfigFromSpec(spec, "spec."));
-  const uint64_t params = ParameterCount(config);
-  if (CheckpointValueBytes(params) > options_.file_bytes_max) {
-    return Invalid("spec.config", ModelConfigString(config),
-                   absl::StrCat("has ", params, " parameters: its checkpoint would exceed the ",
-                                "worker's file cap of ", options_.file_bytes_max, " bytes"));
-  }
+  TS_RETURN_IF_ERROR(CheckMemory("spec.config", config));
   TS_RETURN_IF_ERROR(ValidateWorkFileName("checkpoint_file", request.checkpoint_file()));
 
-  Checkpoint checkpoint;
-  checkpoint.config = config;
-  checkpoint.params = InitParams(config, spec.seed());
-  const std::string bytes = EncodeCheckpoint(checkpoint);
-  const std::string root = CheckpointRoot(bytes);
-  TS_RETURN_IF_ERROR(
-      WriteWorkFile(options_.work_dir, "checkpoint_file", request.checkpoint_file(), bytes));
-  SetCurrent(std::move(checkpoint), root);
+  // The initial parameters are made once (plain C++), written straight to the file.
+  const std::vector<float> params = InitParams(config, spec.seed());
+  TS_ASSIGN_OR_RETURN(
+      WorkFileCreator file,
+      WorkFileCreator::Create(options_.work_dir, "checkpoint_file", request.checkpoint_file()));
+  FileByteWriter out(file.TakeFd(), file.description());
+  const std::string header = EncodeCheckpointHeader(config, /*has_momentum=*/false);
+  TS_RETURN_IF_ERROR(out.WriteBytes(header.data(), header.size()));
+  FileValueWriter values(&out, params.size());
+  TS_RETURN_IF_ERROR(values.Write(params));
+  TS_ASSIGN_OR_RETURN(const std::string root, out.Close());
+  const uint64_t bytes = out.written();
+  TS_RETURN_IF_ERROR(file.Commit());
+  TS_RETURN_IF_ERROR(SetCurrent(config, false, request.checkpoint_file(), root));
   response->set_root(root);
-  response->set_parameters(params);
-  response->set_checkpoint_bytes(bytes.size());
+  response->set_parameters(params.size());
+  response->set_checkpoint_bytes(bytes);
   return absl::OkStatus();
 }
 
@@ -313,28 +377,23 @@ absl::Status WorkerService::DoLoadCheckpoint(const pb::LoadCheckpointRequest& re
   if (!request.expected_root().empty()) {
     TS_RETURN_IF_ERROR(CheckRoot("expected_root", request.expected_root()));
   }
-  TS_ASSIGN_OR_RETURN(std::string bytes,
-                      ReadWorkFile(options_.work_dir, "checkpoint_file", request.checkpoint_file(),
-                                   options_.file_bytes_max));
-  const std::string root = CheckpointRoot(bytes);
+  // Every value is read and checked and the root taken on the way; nothing is kept.
+  TS_ASSIGN_OR_RETURN(auto reader, OpenCheckpoint("checkpoint_file", request.checkpoint_file()));
+  const CheckpointHeader header = reader->header();
+  TS_RETURN_IF_ERROR(CheckMemory("checkpoint_file", header.config));
+  TS_ASSIGN_OR_RETURN(const std::string root, reader->Finish());
   if (!request.expected_root().empty() && root != request.expected_root()) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint_file: ", Quoted(request.checkpoint_file()), " has root ",
                      absl::BytesToHexString(root), ", not the expected ",
                      absl::BytesToHexString(request.expected_root())));
   }
-  auto checkpoint = DecodeCheckpoint(bytes, options_.file_bytes_max);
-  if (!checkpoint.ok()) {
-    return Prefixed(absl::StrCat("checkpoint_file: ", Quoted(request.checkpoint_file()), ": "),
-                    checkpoint.status());
-  }
   response->set_root(root);
-  ModelConfigToProto(checkpoint->config, response->mutable_config());
-  response->set_kind(std::string(ModelFamilyName(checkpoint->config.family)));
-  response->set_parameters(checkpoint->params.size());
-  response->set_has_momentum(checkpoint->momentum.has_value());
-  SetCurrent(*std::move(checkpoint), root);
-  return absl::OkStatus();
+  ModelConfigToProto(header.config, response->mutable_config());
+  response->set_kind(std::string(ModelFamilyName(header.config.family)));
+  response->set_parameters(ParameterCount(header.config));
+  response->set_has_momentum(header.has_momentum);
+  return SetCurrent(header.config, header.has_momentum, request.checkpoint_file(), root);
 }
 
 absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
@@ -387,12 +446,29 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
                    absl::StrCat("is below training.warmup_steps ", training.warmup_steps));
   }
   TS_RETURN_IF_ERROR(ValidateWorkFileName("delta_file", request.delta_file()));
-  std::vector<float> rebased;
   if (!request.rebase_delta_file().empty()) {
-    TS_ASSIGN_OR_RETURN(rebased, ReadDeltaFile("rebase_delta_file", request.rebase_delta_file()));
-    const std::vector<float>& global = current_->params;
-    for (size_t i = 0; i < rebased.size(); ++i) rebased[i] = global[i] - rebased[i];
+    // Checked before the data and the steps: the same file is read again for the Δ.
+    TS_RETURN_IF_ERROR(OpenDelta("rebase_delta_file", request.rebase_delta_file()).status());
   }
+  // The steps' base: the current checkpoint, or (overlap) it minus this host's own Δ in flight.
+  // Opened once to load the model and once more for Δ = base − θ after the steps.
+  struct Base {
+    std::unique_ptr<CheckpointFileReader> global;
+    std::unique_ptr<RawValuesReader> own;
+    std::unique_ptr<DifferenceReader> difference;
+    ValueReader* reader = nullptr;
+  };
+  auto open_base = [&]() -> absl::StatusOr<Base> {
+    Base base;
+    TS_ASSIGN_OR_RETURN(base.global, OpenCurrent());
+    base.reader = base.global.get();
+    if (!request.rebase_delta_file().empty()) {
+      TS_ASSIGN_OR_RETURN(base.own, OpenDelta("rebase_delta_file", request.rebase_delta_file()));
+      base.difference = std::make_unique<DifferenceReader>(base.global.get(), base.own.get());
+      base.reader = base.difference.get();
+    }
+    return base;
+  };
 
   std::vector<DataShard> shards;
   AssignmentRequest assign{.data_seed = request.data_seed(),
@@ -427,40 +503,32 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
 
   TS_ASSIGN_OR_RETURN(Trainer * trainer, TrainerFor(config, adamw));
   if (request.reset_optimizer()) trainer->ResetOptimizer();
+  {
+    TS_ASSIGN_OR_RETURN(Base base, open_base());
+    TS_RETURN_IF_ERROR(trainer->Load(*base.reader));
+  }
   const auto start = std::chrono::steady_clock::now();
-  TS_ASSIGN_OR_RETURN(
-      InnerResult result,
-      trainer->InnerSteps(rebased.empty() ? current_->params : rebased, batches, inner));
+  TS_ASSIGN_OR_RETURN(std::vector<float> losses, trainer->Steps(batches, inner));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::string delta;
-  delta.reserve(result.pseudo_gradient.size() * sizeof(float));
-  internal::PutFloats(&delta, result.pseudo_gradient);
-  const std::string sha = common::Sha256(delta);
-  TS_RETURN_IF_ERROR(WriteWorkFile(options_.work_dir, "delta_file", request.delta_file(), delta));
+  // Δ = base − θ, streamed from the base file and the model's tensors to the Δ file.
+  const uint64_t count = ParameterCount(config);
+  TS_ASSIGN_OR_RETURN(WorkFileCreator file, WorkFileCreator::Create(options_.work_dir, "delta_file",
+                                                                    request.delta_file()));
+  FileByteWriter out(file.TakeFd(), file.description());
+  FileValueWriter values(&out, count);
+  {
+    TS_ASSIGN_OR_RETURN(Base base, open_base());
+    TS_RETURN_IF_ERROR(trainer->WritePseudoGradient(*base.reader, values));
+  }
+  TS_ASSIGN_OR_RETURN(const std::string sha, out.Close());
+  TS_RETURN_IF_ERROR(file.Commit());
   response->set_delta_sha256(sha);
-  response->set_delta_bytes(delta.size());
-  for (float loss : result.losses) response->add_losses(loss);
+  response->set_delta_bytes(count * sizeof(float));
+  for (float loss : losses) response->add_losses(loss);
   response->set_seconds(seconds);
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<float>> WorkerService::ReadDeltaFile(const char* field,
-                                                                const std::string& name) {
-  TS_RETURN_IF_ERROR(ValidateWorkFileName(field, name));
-  const uint64_t n = current_->params.size();
-  TS_ASSIGN_OR_RETURN(std::string bytes, ReadWorkFile(options_.work_dir, field, name, 4 * n));
-  if (bytes.size() != 4 * n) {
-    return Invalid(field, Quoted(name),
-                   absl::StrCat("holds ", bytes.size(), " bytes, not 4 x ", n, " parameters"));
-  }
-  std::vector<float> delta(n);
-  internal::GetFloats(bytes.data(), delta);
-  for (float v : delta) {
-    if (!std::isfinite(v)) return Invalid(field, Quoted(name), "holds a value that is not finite");
-  }
-  return delta;
 }
 
 absl::Status WorkerService::DoOuterStep(const pb::OuterStepRequest& request,
@@ -475,25 +543,55 @@ absl::Status WorkerService::DoOuterStep(const pb::OuterStepRequest& request,
     return Invalid("outer.momentum", o.momentum(), "is outside [0, 1)");
   }
   TS_RETURN_IF_ERROR(ValidateWorkFileName("checkpoint_file", request.checkpoint_file()));
-  TS_ASSIGN_OR_RETURN(std::vector<float> delta, ReadDeltaFile("delta_file", request.delta_file()));
-
-  Checkpoint next;
-  next.config = current_->config;
-  next.params = current_->params;
-  std::vector<float> momentum =
-      current_->momentum ? *current_->momentum : std::vector<float>(delta.size(), 0.0f);
-  TS_RETURN_IF_ERROR(Prefixed(
-      "delta_file: ",
-      ts::worker::OuterStep(next.params, momentum, delta,
-                            {.lr = o.lr(), .momentum = o.momentum(), .nesterov = o.nesterov()})));
-  next.momentum = std::move(momentum);
-  const std::string encoded = EncodeCheckpoint(next);
-  const std::string root = CheckpointRoot(encoded);
-  TS_RETURN_IF_ERROR(
-      WriteWorkFile(options_.work_dir, "checkpoint_file", request.checkpoint_file(), encoded));
-  SetCurrent(std::move(next), root);
+  const OuterOptions outer{.lr = o.lr(), .momentum = o.momentum(), .nesterov = o.nesterov()};
+  const ModelConfig config = current_->config;
+  const uint64_t count = ParameterCount(config);
+  // The Δ is read and checked through once before anything is written, so a bad Δ changes
+  // nothing.
+  {
+    TS_ASSIGN_OR_RETURN(auto delta, OpenDelta("delta_file", request.delta_file()));
+    std::vector<float> chunk;
+    for (uint64_t left = count; left > 0; left -= chunk.size()) {
+      chunk.resize(std::min(left, kValueChunk));
+      TS_RETURN_IF_ERROR(Prefixed("delta_file: ", delta->Read(chunk)));
+    }
+  }
+  TS_ASSIGN_OR_RETURN(
+      WorkFileCreator file,
+      WorkFileCreator::Create(options_.work_dir, "checkpoint_file", request.checkpoint_file()));
+  FileByteWriter out(file.TakeFd(), file.description());
+  const std::string header = EncodeCheckpointHeader(config, /*has_momentum=*/true);
+  TS_RETURN_IF_ERROR(out.WriteBytes(header.data(), header.size()));
+  FileValueWriter values(&out, 2 * count);
+  // The new checkpoint is the new parameters, then the new momentum: two passes over the inputs,
+  // the first writing θ', the second m' (the elementwise step computed again: the same bits).
+  for (int pass = 0; pass < 2; ++pass) {
+    TS_ASSIGN_OR_RETURN(auto params, OpenCurrent());
+    std::unique_ptr<CheckpointFileReader> momentum;
+    if (current_->has_momentum) {
+      TS_ASSIGN_OR_RETURN(momentum, OpenCurrent());
+      TS_RETURN_IF_ERROR(momentum->SeekValue(count));
+    }
+    TS_ASSIGN_OR_RETURN(auto delta, OpenDelta("delta_file", request.delta_file()));
+    std::vector<float> theta, m, d;
+    for (uint64_t left = count; left > 0; left -= theta.size()) {
+      const uint64_t take = std::min(left, kValueChunk);
+      theta.resize(take);
+      m.assign(take, 0.0f);
+      d.resize(take);
+      TS_RETURN_IF_ERROR(params->Read(theta));
+      if (momentum) TS_RETURN_IF_ERROR(momentum->Read(m));
+      TS_RETURN_IF_ERROR(delta->Read(d));
+      TS_RETURN_IF_ERROR(Prefixed("delta_file: ", ts::worker::OuterStep(theta, m, d, outer)));
+      TS_RETURN_IF_ERROR(values.Write(pass == 0 ? theta : m));
+    }
+  }
+  TS_ASSIGN_OR_RETURN(const std::string root, out.Close());
+  const uint64_t bytes = out.written();
+  TS_RETURN_IF_ERROR(file.Commit());
+  TS_RETURN_IF_ERROR(SetCurrent(config, /*has_momentum=*/true, request.checkpoint_file(), root));
   response->set_root(root);
-  response->set_checkpoint_bytes(encoded.size());
+  response->set_checkpoint_bytes(bytes);
   return absl::OkStatus();
 }
 
@@ -504,20 +602,25 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
     return Invalid("batch_size", request.batch_size(),
                    absl::StrCat("is outside 1..", kBatchSizeMax));
   }
-  std::optional<Checkpoint> loaded;
+  // The checkpoint to evaluate, streamed into a trainer of its config; its root is taken on the
+  // way for a file named here, known for the current one.
+  std::unique_ptr<CheckpointFileReader> reader;
   std::string root;
   if (!request.checkpoint_file().empty()) {
-    TS_ASSIGN_OR_RETURN(loaded,
-                        ReadCheckpoint("checkpoint_file", request.checkpoint_file(), &root));
+    TS_ASSIGN_OR_RETURN(reader, OpenCheckpoint("checkpoint_file", request.checkpoint_file()));
+    TS_RETURN_IF_ERROR(CheckMemory("checkpoint_file", reader->header().config));
   } else if (!current_) {
     return absl::FailedPreconditionError(
         "no checkpoint is loaded and checkpoint_file is empty: call InitModel or LoadCheckpoint "
         "first");
   } else {
+    TS_ASSIGN_OR_RETURN(reader, OpenCurrent());
     absl::MutexLock lock(&status_mu_);
     root = root_;
   }
-  const Checkpoint& checkpoint = loaded ? *loaded : *current_;
+  struct {
+    ModelConfig config;
+  } checkpoint{reader->header().config};
   TS_ASSIGN_OR_RETURN(
       std::string bytes,
       ReadWorkFile(options_.work_dir, "eval_file", request.eval_file(), options_.file_bytes_max));
@@ -535,17 +638,14 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
                    absl::StrCat("holds ", eval->tokens.size(), " tokens, fewer than 2"));
   }
   // Keeps the training trainer (and its AdamW state) when the config matches.
-  Trainer* trainer = nullptr;
   std::unique_ptr<Trainer> other;
-  if (trainer_ != nullptr && trainer_->config() == checkpoint.config) {
-    trainer = trainer_.get();
-  } else {
-    TS_ASSIGN_OR_RETURN(other, Trainer::Create(checkpoint.config, AdamWOptions{},
-                                               {.num_threads = options_.num_threads}));
-    trainer = other.get();
+  TS_ASSIGN_OR_RETURN(Trainer * trainer, AnyTrainerFor(checkpoint.config, &other));
+  TS_RETURN_IF_ERROR(trainer->Load(*reader));
+  if (root.empty()) {
+    TS_ASSIGN_OR_RETURN(root, reader->Finish());
   }
-  TS_ASSIGN_OR_RETURN(double loss, trainer->Evaluate(checkpoint.params, *eval,
-                                                     {.batch_size = request.batch_size(),
+  TS_ASSIGN_OR_RETURN(double loss,
+                      trainer->EvaluateLoaded(*eval, {.batch_size = request.batch_size(),
                                                       .windows_max = request.windows_max()}));
   // The predicted tokens of the windows Trainer::Evaluate uses (trainer.h).
   const uint64_t n = eval->tokens.size(), step = checkpoint.config.context;
@@ -692,18 +792,14 @@ absl::Status WorkerService::DoSample(const pb::SampleRequest& request,
     }
     prompt.assign(request.prompt_tokens().begin(), request.prompt_tokens().end());
   }
-  Trainer* trainer = nullptr;
   std::unique_ptr<Trainer> other;
-  if (trainer_ != nullptr && trainer_->config() == config) {
-    trainer = trainer_.get();
-  } else {
-    TS_ASSIGN_OR_RETURN(
-        other, Trainer::Create(config, AdamWOptions{}, {.num_threads = options_.num_threads}));
-    trainer = other.get();
+  TS_ASSIGN_OR_RETURN(Trainer * trainer, AnyTrainerFor(config, &other));
+  {
+    TS_ASSIGN_OR_RETURN(auto reader, OpenCurrent());
+    TS_RETURN_IF_ERROR(trainer->Load(*reader));
   }
-  TS_ASSIGN_OR_RETURN(
-      std::vector<uint32_t> more,
-      trainer->Sample(current_->params, prompt, request.count(), request.seed(), options));
+  TS_ASSIGN_OR_RETURN(std::vector<uint32_t> more,
+                      trainer->SampleLoaded(prompt, request.count(), request.seed(), options));
   prompt.insert(prompt.end(), more.begin(), more.end());
   for (uint32_t t : prompt) response->add_tokens(t);
   if (tokenizer != nullptr) {

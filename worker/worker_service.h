@@ -1,9 +1,11 @@
 // The Worker gRPC service (proto/gonka/trainshard/v1/worker.proto, docs/worker.md "Worker
-// protocol"): the worker process's side. It holds the current checkpoint (parameters and outer
-// momentum) and one Trainer (whose AdamW state persists across rounds), reads its inputs from
-// and writes its outputs to the work directory, and checks every request field before any
-// libtorch code runs. Errors are absl::Status inside, converted to grpc::Status at the edge;
-// exceptions (c10::Error, std::bad_alloc) are caught at the edge and answered INTERNAL.
+// protocol"): the worker process's side. It knows the current checkpoint (a file of its own in
+// the work directory, never a copy in memory) and holds one Trainer (the model and its AdamW
+// state, which persists across rounds); it streams checkpoints and Δ files between the trainer
+// and the work directory a chunk at a time (value_stream.h), so the model is in memory once,
+// and checks every request field before any libtorch code runs. Errors are absl::Status inside,
+// converted to grpc::Status at the edge; exceptions (c10::Error, std::bad_alloc) are caught at the
+// edge and answered INTERNAL.
 //
 // Thread-safety: thread-safe. Model calls run one at a time (torch::set_num_threads is
 // process-wide and the state is shared); Status answers while a model call runs.
@@ -22,6 +24,7 @@
 #include "gonka/trainshard/v1/worker.grpc.pb.h"
 #include "worker/checkpoint.h"
 #include "worker/trainer.h"
+#include "worker/value_stream.h"
 
 namespace ts::worker {
 
@@ -40,9 +43,13 @@ inline constexpr uint64_t kTokenizerBytesMax = uint64_t{64} << 20;
 struct WorkerServiceOptions {
   std::string work_dir;  // every file name in a request is relative to it
   int num_threads = 2;   // torch::set_num_threads for every model call
-  // Cap on any one file the worker reads (checkpoint, data shard, Δ); a model whose checkpoint
-  // with momentum would exceed it is refused at InitModel.
+  // Cap on the small files the worker reads whole (data shards, the eval set, a tokenizer).
+  // Checkpoints and Δ files are streamed and must be exactly the size their model implies.
   uint64_t file_bytes_max = kCheckpointBytesMax;
+  // Memory the model's fp32 training state (16 bytes a parameter) may take; a model that needs
+  // more is refused at InitModel and LoadCheckpoint naming both numbers. 0: the machine's
+  // physical memory.
+  uint64_t memory_bytes_max = 0;
 };
 
 class WorkerService final : public pb::Worker::Service {
@@ -91,22 +98,44 @@ class WorkerService final : public pb::Worker::Service {
   absl::Status DoSample(const pb::SampleRequest& request, pb::SampleResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The current checkpoint: its config, the work dir file holding it, and that file's identity
+  // when it was checked (device, inode, size, modification time), so a file replaced or changed
+  // under the name since is refused instead of trained from.
+  struct Current {
+    ModelConfig config;
+    bool has_momentum = false;
+    std::string name;
+    uint64_t device = 0, inode = 0, size = 0;
+    int64_t mtime_ns = 0;
+  };
+
   // FAILED_PRECONDITION without a current checkpoint, or when base_root is not its root.
   absl::Status CheckBase(std::string_view base_root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A Δ file of the current model's size, every value finite.
-  absl::StatusOr<std::vector<float>> ReadDeltaFile(const char* field, const std::string& name)
+  // A reader of a checkpoint file of the work dir (header checked, size exact).
+  absl::StatusOr<std::unique_ptr<CheckpointFileReader>> OpenCheckpoint(std::string_view field,
+                                                                       std::string_view name);
+  // A reader of the current checkpoint's values.
+  absl::StatusOr<std::unique_ptr<CheckpointFileReader>> OpenCurrent()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reads and decodes a checkpoint file of the work dir; sets *root to its root.
-  absl::StatusOr<Checkpoint> ReadCheckpoint(std::string_view field, std::string_view name,
-                                            std::string* root);
+  // A reader of a Δ file of the current model's size (every value finite).
+  absl::StatusOr<std::unique_ptr<RawValuesReader>> OpenDelta(const char* field,
+                                                             const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `config`'s fp32 training state exceeds the memory cap.
+  absl::Status CheckMemory(std::string_view field, const ModelConfig& config) const;
   // The trainer for `config` with `adamw`: kept when both match, else made anew (fresh AdamW).
   absl::StatusOr<Trainer*> TrainerFor(const ModelConfig& config, const AdamWOptions& adamw)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetCurrent(Checkpoint checkpoint, std::string root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The training trainer when its config is `config` (its AdamW state kept), else a new one.
+  absl::StatusOr<Trainer*> AnyTrainerFor(const ModelConfig& config, std::unique_ptr<Trainer>* other)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the work dir file `name` (a checkpoint of `config` with root `root`) current.
+  absl::Status SetCurrent(const ModelConfig& config, bool has_momentum, std::string_view name,
+                          std::string root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerServiceOptions options_;
   absl::Mutex mu_;  // one model call at a time
-  std::optional<Checkpoint> current_ ABSL_GUARDED_BY(mu_);
+  std::optional<Current> current_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(mu_);
   AdamWOptions trainer_adamw_ ABSL_GUARDED_BY(mu_);
 

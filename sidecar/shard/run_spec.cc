@@ -1,5 +1,6 @@
 #include "sidecar/shard/run_spec.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -91,7 +92,25 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
   TS_RETURN_IF_ERROR(CheckRange("join_window_ms", spec.join_window_ms(), 100, 600000));
   TS_RETURN_IF_ERROR(CheckRange("planner_timeout_ms", spec.planner_timeout_ms(), 100, 600000));
   TS_RETURN_IF_ERROR(CheckRange("exchange_timeout_ms", spec.exchange_timeout_ms(), 1000, 3600000));
+  if (spec.inner_timeout_ms() != 0) {
+    TS_RETURN_IF_ERROR(
+        CheckRange("inner_timeout_ms", spec.inner_timeout_ms(), 1000, 30ull * 24 * 3600 * 1000));
+  }
   return absl::OkStatus();
+}
+
+int64_t InnerStepsTimeoutMs(const pb::RunSpec& spec) {
+  constexpr int64_t kDayMs = 24 * 3600 * 1000;
+  if (spec.inner_timeout_ms() != 0) {
+    return static_cast<int64_t>(std::min<uint64_t>(spec.inner_timeout_ms(), 30 * kDayMs));
+  }
+  const auto model = worker::ModelConfigFromSpec(spec.model());
+  if (!model.ok()) return 600'000;
+  const double tokens = static_cast<double>(spec.inner_steps()) * spec.batch_size() *
+                        static_cast<double>(model->context);
+  const double flops = 6.0 * static_cast<double>(worker::ParameterCount(*model)) * tokens;
+  const double ms = 600'000.0 + flops / 1e6;  // 1 GFLOP/s = 1e6 FLOP a millisecond
+  return static_cast<int64_t>(std::min(ms, static_cast<double>(30 * kDayMs)));
 }
 
 absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {

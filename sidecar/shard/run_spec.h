@@ -34,6 +34,11 @@ struct ParsedRunSpec {
 // Parses and checks a run spec document. INVALID_ARGUMENT naming the field and value.
 absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document);
 
+// How long a round's inner steps may take: the spec's inner_timeout_ms, or, when 0,
+// 600 s plus the round's training compute (6 · parameters · tokens) at 1 GFLOP/s — a floor far
+// below any host's, so only a wedged worker runs into it. At most 30 days.
+int64_t InnerStepsTimeoutMs(const ::gonka::trainshard::v1::RunSpec& spec);
+
 // The checks of ParseRunSpec on a message (defaults already applied).
 absl::Status ValidateRunSpec(const ::gonka::trainshard::v1::RunSpec& spec);
 

@@ -12,6 +12,7 @@ namespace ts::sidecar {
 namespace {
 
 using ::testing::HasSubstr;
+namespace pb = ::gonka::trainshard::v1;
 
 constexpr char kSpec[] = R"({
   "version": 1,
@@ -61,6 +62,24 @@ TEST(RunSpec, ALlamaPresetWithTrainingAtSize) {
   EXPECT_EQ(parsed->spec.training().micro_batch(), 4u);
 }
 
+TEST(RunSpec, TheInnerStepsTimeoutFollowsTheModel) {
+  auto small = ParseRunSpec(kSpec);
+  ASSERT_TRUE(small.ok());
+  // ~0.1 M parameters × 10 steps × 8 × 32 tokens: the 600 s floor and a little.
+  EXPECT_GE(InnerStepsTimeoutMs(small->spec), 600'000);
+  EXPECT_LT(InnerStepsTimeoutMs(small->spec), 610'000);
+  pb::RunSpec large = small->spec;
+  large.mutable_model()->Clear();
+  large.mutable_model()->set_kind("llama");
+  large.mutable_model()->set_preset("1b");
+  large.mutable_model()->mutable_config()->set_vocab(32000);
+  large.mutable_model()->mutable_config()->set_context(1024);
+  // 1.04 B parameters × 10 × 8 × 1024 tokens × 6 at 1 GFLOP/s: about 51,000 s.
+  EXPECT_NEAR(InnerStepsTimeoutMs(large) / 1000.0, 600 + 6 * 1038682112.0 * 81920 / 1e9, 1.0);
+  large.set_inner_timeout_ms(120'000);
+  EXPECT_EQ(InnerStepsTimeoutMs(large), 120'000);
+}
+
 TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
   struct Case {
     std::string from, to, want;
@@ -88,6 +107,8 @@ TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
        "training.warmup_steps: 41 is more than the run's 40 inner steps"},
       {R"("seed": "5")", R"("seed": "5", "training": {"precision": "fp16"})",
        "training.precision: \"fp16\""},
+      {R"("seed": "5")", R"("seed": "5", "innerTimeoutMs": "10")",
+       "inner_timeout_ms: 10 is outside"},
   };
   for (const Case& c : cases) {
     std::string doc = absl::StrReplaceAll(kSpec, {{c.from, c.to}});

@@ -746,7 +746,8 @@ struct ShardRun::Impl {
       deltas.erase(round);  // rewritten now, over round - 2's
       deltas.erase(round - 2);
     }
-    TS_ASSIGN_OR_RETURN(pb::InnerStepsResponse done, worker->client().InnerSteps(request));
+    TS_ASSIGN_OR_RETURN(pb::InnerStepsResponse done,
+                        worker->client().InnerSteps(request, InnerStepsTimeoutMs(spec.spec)));
     delta_round = round;
     last_train_loss = done.losses().empty() ? 0 : done.losses(done.losses_size() - 1);
     round_inner_seconds = done.seconds();
@@ -840,16 +841,12 @@ struct ShardRun::Impl {
     Collective& collective = *r.collective;
     AbortOnStop guard(this, r.mesh.get());
 
-    const std::string delta_name = DeltaName(round);
-    TS_ASSIGN_OR_RETURN(std::string raw,
-                        worker::ReadWorkFile(work_dir, "delta_file", delta_name, 4 * parameters));
-    if (raw.size() != 4 * parameters) {
-      return absl::InternalError(
-          absl::StrCat(delta_name, ": ", raw.size(), " bytes, want ", 4 * parameters));
-    }
+    // Read straight into the buffer the collective reduces in place: one copy of the Δ here.
     std::vector<float>& delta = r.aggregate;
     delta.resize(parameters);
-    std::memcpy(delta.data(), raw.data(), raw.size());
+    TS_RETURN_IF_ERROR(worker::ReadWorkFileInto(
+        work_dir, "delta_file", DeltaName(round),
+        std::span<char>(reinterpret_cast<char*>(delta.data()), 4 * delta.size())));
     OpOptions op;
     op.op_id = 1;
     op.codec = spec.codec;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -57,12 +58,13 @@ absl::Status ValidateWorkFileName(std::string_view field, std::string_view name)
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadWorkFile(const std::string& work_dir, std::string_view field,
-                                         std::string_view name, uint64_t bytes_max) {
+absl::StatusOr<OpenedWorkFile> OpenWorkFile(const std::string& work_dir, std::string_view field,
+                                            std::string_view name) {
   if (absl::Status s = ValidateWorkFileName(field, name); !s.ok()) return s;
   const std::string path = absl::StrCat(work_dir, "/", AsAbsl(name));
   const std::string what = absl::StrCat(AsAbsl(field), ": ", Quoted(name));
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO planted under the name is refused below instead of waited on.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(what, " not found in work dir"));
     if (errno == ELOOP) return absl::InvalidArgumentError(absl::StrCat(what, " is a symlink"));
@@ -78,7 +80,56 @@ absl::StatusOr<std::string> ReadWorkFile(const std::string& work_dir, std::strin
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(what, " is not a regular file"));
   }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return OpenedWorkFile{fd, static_cast<uint64_t>(st.st_size), what};
+}
+
+absl::StatusOr<WorkFileCreator> WorkFileCreator::Create(const std::string& work_dir,
+                                                        std::string_view field,
+                                                        std::string_view name) {
+  if (absl::Status s = ValidateWorkFileName(field, name); !s.ok()) return s;
+  std::string path = absl::StrCat(work_dir, "/", AsAbsl(name));
+  std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
+  std::string what = absl::StrCat(AsAbsl(field), ": ", Quoted(name));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat(what, ": create: ", Errno()));
+  return WorkFileCreator(std::move(tmp), std::move(path), std::move(what), fd);
+}
+
+WorkFileCreator::WorkFileCreator(WorkFileCreator&& other) noexcept
+    : tmp_(std::move(other.tmp_)),
+      path_(std::move(other.path_)),
+      description_(std::move(other.description_)),
+      fd_(std::exchange(other.fd_, -1)),
+      committed_(std::exchange(other.committed_, true)) {}
+
+WorkFileCreator::~WorkFileCreator() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+int WorkFileCreator::TakeFd() { return std::exchange(fd_, -1); }
+
+absl::Status WorkFileCreator::Commit() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat(description_, ": rename: ", Errno()));
+  }
+  committed_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWorkFile(const std::string& work_dir, std::string_view field,
+                                         std::string_view name, uint64_t bytes_max) {
+  auto opened = OpenWorkFile(work_dir, field, name);
+  if (!opened.ok()) return opened.status();
+  const int fd = opened->fd;
+  const std::string& what = opened->description;
+  const uint64_t size = opened->size;
   if (size > bytes_max) {
     ::close(fd);
     return absl::InvalidArgumentError(
@@ -98,6 +149,31 @@ absl::StatusOr<std::string> ReadWorkFile(const std::string& work_dir, std::strin
   }
   ::close(fd);
   return data;
+}
+
+absl::Status ReadWorkFileInto(const std::string& work_dir, std::string_view field,
+                              std::string_view name, std::span<char> out) {
+  auto opened = OpenWorkFile(work_dir, field, name);
+  if (!opened.ok()) return opened.status();
+  const int fd = opened->fd;
+  if (opened->size != out.size()) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(opened->description, " holds ", opened->size, " bytes, not ", out.size()));
+  }
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::string e = n < 0 ? Errno() : "file shrank while reading";
+      ::close(fd);
+      return absl::InternalError(absl::StrCat(opened->description, ": read: ", e));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return absl::OkStatus();
 }
 
 absl::Status WriteWorkFile(const std::string& work_dir, std::string_view field,

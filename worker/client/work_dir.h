@@ -9,6 +9,7 @@
 #define TS_WORKER_CLIENT_WORK_DIR_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -30,11 +31,55 @@ absl::Status ValidateWorkFileName(std::string_view field, std::string_view name)
 absl::StatusOr<std::string> ReadWorkFile(const std::string& work_dir, std::string_view field,
                                          std::string_view name, uint64_t bytes_max);
 
+// Reads work_dir/name, which must hold exactly out.size() bytes, into `out` (no copy in between).
+// Errors as ReadWorkFile; INVALID_ARGUMENT naming both sizes for another size.
+absl::Status ReadWorkFileInto(const std::string& work_dir, std::string_view field,
+                              std::string_view name, std::span<char> out);
+
 // Writes work_dir/name through a temporary file and a rename, so a reader sees the old file or
 // the whole new one. The parent directory must exist. INVALID_ARGUMENT for a bad name, INTERNAL
 // for I/O errors.
 absl::Status WriteWorkFile(const std::string& work_dir, std::string_view field,
                            std::string_view name, std::string_view data);
+
+// A work dir file opened for reading: an owned descriptor of a regular file (not a symlink), its
+// size, and "field: \"name\"" for messages.
+struct OpenedWorkFile {
+  int fd = -1;  // the caller takes it (closes it)
+  uint64_t size = 0;
+  std::string description;
+};
+// Errors as ReadWorkFile, without the size cap (the caller checks the size against what the
+// file must hold).
+absl::StatusOr<OpenedWorkFile> OpenWorkFile(const std::string& work_dir, std::string_view field,
+                                            std::string_view name);
+
+// A work dir file being written: a temporary file beside it, renamed over the name by Commit,
+// removed by the destructor otherwise, so a reader sees the old file or the whole new one.
+class WorkFileCreator {
+ public:
+  // INVALID_ARGUMENT for a bad name, INTERNAL naming the file when it cannot be created.
+  static absl::StatusOr<WorkFileCreator> Create(const std::string& work_dir, std::string_view field,
+                                                std::string_view name);
+  WorkFileCreator(WorkFileCreator&& other) noexcept;
+  WorkFileCreator& operator=(WorkFileCreator&&) = delete;
+  ~WorkFileCreator();
+
+  // The temporary file's descriptor; the caller takes it and must close it before Commit.
+  int TakeFd();
+  const std::string& description() const { return description_; }
+  absl::Status Commit();
+
+ private:
+  WorkFileCreator(std::string tmp, std::string path, std::string description, int fd)
+      : tmp_(std::move(tmp)),
+        path_(std::move(path)),
+        description_(std::move(description)),
+        fd_(fd) {}
+  std::string tmp_, path_, description_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 
 }  // namespace ts::worker
 
