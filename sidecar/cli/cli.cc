@@ -40,6 +40,9 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   AddShardCommands(app, table);
   AddHostCommands(app, table);
   AddArtifactCommands(app, table);
+#ifdef TS_HAVE_DATA_COMMANDS
+  AddDataCommands(app, table);
+#endif
 
   // CLI11 reports parse errors by throwing; this is the one place they are caught.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -70,6 +70,8 @@ absl::StatusOr<gonka::trainshard::v1::Settlement> DraftFromHost(const std::strin
                                                                 int64_t timeout_ms);
 
 void AddKeysCommands(CLI::App& root, CommandTable& table);
+// Only in builds with the tokenizer (GCC: TS_HAVE_DATA_COMMANDS).
+void AddDataCommands(CLI::App& root, CommandTable& table);
 void AddDevnetCommands(CLI::App& root, CommandTable& table);
 void AddChainCommands(CLI::App& root, CommandTable& table);
 void AddBankCommands(CLI::App& root, CommandTable& table);
