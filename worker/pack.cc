@@ -30,8 +30,6 @@ namespace fs = std::filesystem;
 // One input file is read whole; larger ones are refused with the advice to split them.
 constexpr uint64_t kInputFileBytesMax = uint64_t{1} << 30;
 constexpr uint64_t kTokenizerFileBytesMax = uint64_t{64} << 20;
-constexpr uint64_t kManifestBytesMax = uint64_t{16} << 20;
-constexpr char kRootDomain[] = "gonka-trainshard/v1/dataset";
 
 absl::Status Bad(const std::string& where, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", why));
@@ -210,10 +208,6 @@ absl::Status WriteFile(const std::string& path, std::string_view data) {
   return absl::OkStatus();
 }
 
-nlohmann::ordered_json ShardJson(const PackedShard& s) {
-  return {{"file", s.file}, {"id", common::HexEncode(s.id)}, {"tokens", s.tokens}};
-}
-
 // Removes a folder on every path out of PackDataset but the successful one.
 class TempFolder {
  public:
@@ -232,16 +226,6 @@ class TempFolder {
 };
 
 }  // namespace
-
-std::string PackedDatasetRoot(const std::string& tokenizer_sha256,
-                              const std::vector<PackedShard>& train, const PackedShard& eval) {
-  common::Sha256Hasher hasher;
-  hasher.Update(kRootDomain);
-  hasher.Update(tokenizer_sha256);
-  for (const PackedShard& s : train) hasher.Update(s.id);
-  hasher.Update(eval.id);
-  return hasher.Finish();
-}
 
 absl::StatusOr<PackedDataset> PackDataset(const PackOptions& options, const std::string& out_dir) {
   // Options first, then every input, before anything is written.
@@ -362,79 +346,11 @@ absl::StatusOr<PackedDataset> PackDataset(const PackOptions& options, const std:
   }
   out.root = PackedDatasetRoot(out.tokenizer_sha256, out.train, out.eval);
 
-  nlohmann::ordered_json manifest;
-  manifest["version"] = 1;
-  manifest["vocab"] = out.vocab;
-  manifest["tokenizer"] = kDatasetTokenizerFile;
-  manifest["tokenizer_sha256"] = common::HexEncode(out.tokenizer_sha256);
-  manifest["documents"] = out.documents;
-  manifest["input_files"] = out.input_files;
-  manifest["input_bytes"] = out.input_bytes;
-  manifest["train"] = nlohmann::ordered_json::array();
-  for (const PackedShard& s : out.train) manifest["train"].push_back(ShardJson(s));
-  manifest["eval"] = ShardJson(out.eval);
-  manifest["root"] = common::HexEncode(out.root);
-  TS_RETURN_IF_ERROR(WriteFile(temp.path() + "/" + kDatasetManifestFile, manifest.dump(1) + "\n"));
+  TS_RETURN_IF_ERROR(WriteFile(temp.path() + "/" + kDatasetManifestFile, DatasetManifestJson(out)));
   if (::rename(temp.path().c_str(), out_dir.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("--out ", out_dir, ": rename: ", std::strerror(errno)));
   }
   temp.Release();
-  return out;
-}
-
-absl::StatusOr<PackedDataset> ReadPackedDataset(const std::string& dir) {
-  const std::string manifest_path = dir + "/" + kDatasetManifestFile;
-  TS_ASSIGN_OR_RETURN(std::string text, common::ReadRegularFile("dataset manifest", manifest_path,
-                                                                kManifestBytesMax));
-  nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  auto bad = [&](const std::string& why) { return Bad(manifest_path, why); };
-  if (m.is_discarded() || !m.is_object()) return bad("not a JSON object");
-  if (m.value("version", 0) != 1) return bad("version is not 1");
-  PackedDataset out;
-  if (!m.contains("vocab") || !m["vocab"].is_number_unsigned()) return bad("vocab missing");
-  out.vocab = m["vocab"].get<uint32_t>();
-  if (out.vocab < 8 || out.vocab > 65536) return bad("vocab outside 8..65536");
-  out.documents = m.value("documents", uint64_t{0});
-  // A file named by the manifest: a plain name in the folder, its SHA-256 from its bytes.
-  auto hash_file =
-      [&](const nlohmann::json& name) -> absl::StatusOr<std::pair<std::string, std::string>> {
-    if (!name.is_string()) return bad("a file name is not a string");
-    const std::string file = name.get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file[0] == '.') {
-      return bad(absl::StrCat("file \"", file, "\" is not a plain name in the folder"));
-    }
-    TS_ASSIGN_OR_RETURN(std::string bytes, common::ReadRegularFile("dataset file", dir + "/" + file,
-                                                                   uint64_t{4} << 30));
-    return std::make_pair(file, common::Sha256(bytes));
-  };
-  auto shard = [&](const nlohmann::json& j) -> absl::StatusOr<PackedShard> {
-    if (!j.is_object()) return bad("a shard entry is not an object");
-    TS_ASSIGN_OR_RETURN(auto hashed, hash_file(j.value("file", nlohmann::json())));
-    const std::string claimed = j.value("id", std::string());
-    if (common::HexEncode(hashed.second) != claimed) {
-      return Bad(dir + "/" + hashed.first, absl::StrCat("has id ", common::HexEncode(hashed.second),
-                                                        ", the manifest says ", claimed));
-    }
-    return PackedShard{hashed.first, hashed.second, j.value("tokens", uint64_t{0})};
-  };
-  TS_ASSIGN_OR_RETURN(auto tokenizer, hash_file(m.value("tokenizer", nlohmann::json())));
-  if (common::HexEncode(tokenizer.second) != m.value("tokenizer_sha256", std::string())) {
-    return Bad(dir + "/" + tokenizer.first, "does not have the manifest's tokenizer_sha256");
-  }
-  out.tokenizer_sha256 = tokenizer.second;
-  if (!m.contains("train") || !m["train"].is_array() || m["train"].empty()) {
-    return bad("train: no shards");
-  }
-  for (const auto& j : m["train"]) {
-    TS_ASSIGN_OR_RETURN(PackedShard s, shard(j));
-    out.train.push_back(std::move(s));
-  }
-  TS_ASSIGN_OR_RETURN(out.eval, shard(m.value("eval", nlohmann::json())));
-  out.root = PackedDatasetRoot(out.tokenizer_sha256, out.train, out.eval);
-  if (common::HexEncode(out.root) != m.value("root", std::string())) {
-    return bad(absl::StrCat("root is ", m.value("root", std::string()), ", the files give ",
-                            common::HexEncode(out.root)));
-  }
   return out;
 }
 

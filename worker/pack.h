@@ -21,11 +21,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/dataset_manifest.h"
 
 namespace ts::worker {
 
-inline constexpr char kDatasetManifestFile[] = "dataset.json";
-inline constexpr char kDatasetTokenizerFile[] = "tokenizer.model";
 inline constexpr uint64_t kPackLineBytesDefault = 1 << 20;
 
 struct PackOptions {
@@ -44,38 +43,10 @@ struct PackOptions {
   uint64_t tokenizer_sample_bytes = uint64_t{64} << 20;
 };
 
-struct PackedShard {
-  std::string file;  // name in the folder
-  std::string id;    // DataShardId: SHA-256 of the file
-  uint64_t tokens = 0;
-};
-
-struct PackedDataset {
-  uint32_t vocab = 0;
-  std::string tokenizer_sha256;  // raw 32 bytes
-  std::vector<PackedShard> train;
-  PackedShard eval;
-  uint64_t documents = 0;
-  uint64_t input_files = 0;
-  uint64_t input_bytes = 0;
-  // SHA-256("gonka-trainshard/v1/dataset" || tokenizer_sha256 || train ids in order || eval id):
-  // what a run spec's data.dataset_root pins.
-  std::string root;
-};
-
 // Packs `options.inputs` into a new folder `out_dir` (which must not exist). INVALID_ARGUMENT
 // naming the option, the file and the line for bad input (above); ALREADY_EXISTS for an existing
 // out_dir; errors of the tokenizer (FAILED_PRECONDITION when SentencePiece is not available).
 absl::StatusOr<PackedDataset> PackDataset(const PackOptions& options, const std::string& out_dir);
-
-// Reads a packed folder's manifest and checks it against the files: every shard's id recomputed
-// from its bytes, the tokenizer's hash, the root. INVALID_ARGUMENT naming the file for anything
-// that does not match or is missing.
-absl::StatusOr<PackedDataset> ReadPackedDataset(const std::string& dir);
-
-// The root of a packed dataset, from its parts.
-std::string PackedDatasetRoot(const std::string& tokenizer_sha256,
-                              const std::vector<PackedShard>& train, const PackedShard& eval);
 
 }  // namespace ts::worker
 

@@ -1,6 +1,7 @@
 #include "sidecar/artifacts/operator_service.h"
 
 #include <functional>
+#include <map>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -505,6 +506,48 @@ grpc::Status ArtifactOperatorService::Gc(grpc::ServerContext*,
   auto result = (*store)->Gc(drops, request->drop_incomplete());
   if (!result.ok()) return ToGrpc(result.status());
   *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+grpc::Status ArtifactOperatorService::Find(grpc::ServerContext*,
+                                           const pb::FindArtifactsRequest* request,
+                                           pb::FindArtifactsResponse* response) {
+  absl::Status valid = CheckShardId(request->shard_id());
+  if (valid.ok() && !request->kind().empty()) valid = CheckKind(request->kind());
+  if (!valid.ok()) return ToGrpc(valid);
+  auto store = stores_->StoreFor(request->shard_id());
+  if (!store.ok()) return ToGrpc(store.status());
+  auto view = directory_->Get(request->shard_id());
+  if (!view.ok()) return ToGrpc(view.status());
+  std::vector<FetchPeer> peers;
+  for (const ShardMember& member : view->members) {
+    if (member.address == self_address_ || member.endpoint.empty()) continue;
+    peers.push_back({member.address, member.endpoint});
+  }
+  FetchContext context;
+  context.key = &key_;
+  context.self_address = self_address_;
+  context.store = *store;
+  context.directory = directory_;
+  context.clock = clock_;
+  const std::vector<PeerArtifacts> answers = ListPeerArtifacts(
+      context, request->shard_id(), peers, clock_->MonotonicMs() + kFindDeadlineMs);
+  // One entry per artifact, with every member that holds it complete.
+  std::map<std::string, pb::FoundArtifact> found;
+  for (const PeerArtifacts& answer : answers) {
+    if (!answer.artifacts.ok()) {
+      response->add_unanswered(
+          absl::StrCat(answer.address, ": ", answer.artifacts.status().message()));
+      continue;
+    }
+    for (const pb::ArtifactSummary& a : *answer.artifacts) {
+      if (!request->kind().empty() && a.kind() != request->kind()) continue;
+      pb::FoundArtifact& entry = found[a.artifact_id()];
+      if (!entry.has_summary()) *entry.mutable_summary() = a;
+      entry.add_holders(answer.address);
+    }
+  }
+  for (auto& [id, entry] : found) *response->add_artifacts() = std::move(entry);
   return grpc::Status::OK;
 }
 

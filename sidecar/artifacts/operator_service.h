@@ -43,6 +43,7 @@ inline constexpr int64_t kProgressHeartbeatMs = 1000;
 inline constexpr size_t kMaxOperatorPathBytes = 4096;
 inline constexpr size_t kMaxFetchPeers = 256;
 inline constexpr size_t kMaxGcDrops = 10000;
+inline constexpr int64_t kFindDeadlineMs = 10000;
 
 struct ShardStoreRegistryOptions {
   // Absolute; each shard's store is <artifacts_dir>/<shard_id>.
@@ -133,6 +134,12 @@ class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
   // (NOT_FOUND: no such complete artifact here).
   grpc::Status Export(grpc::ServerContext* context, const pb::ExportArtifactRequest* request,
                       pb::ArtifactProgress* response) override;
+  // The complete artifacts of `kind` (empty: any) the shard's other members hold, each with the
+  // members that hold it, asked of every member at once within kFindDeadlineMs; members that do
+  // not answer are listed with why. INVALID_ARGUMENT for shard 0 or a bad kind; errors of
+  // StoreFor and the directory.
+  grpc::Status Find(grpc::ServerContext* context, const pb::FindArtifactsRequest* request,
+                    pb::FindArtifactsResponse* response) override;
 
  private:
   // OK without a file policy; else CheckOperatorPath.

@@ -1202,4 +1202,48 @@ absl::StatusOr<pb::ArtifactProgress> FetchArtifact(const FetchContext& context,
   return fetcher.Run();
 }
 
+std::vector<PeerArtifacts> ListPeerArtifacts(const FetchContext& context, uint64_t shard_id,
+                                             const std::vector<FetchPeer>& peers,
+                                             int64_t deadline_ms) {
+  std::vector<PeerArtifacts> out(peers.size());
+  std::vector<std::thread> threads;
+  threads.reserve(peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      PeerArtifacts& answer = out[i];
+      answer.address = peers[i].address;
+      answer.artifacts = [&]() -> absl::StatusOr<std::vector<pb::ArtifactSummary>> {
+        pb::ListArtifactsRequest request;
+        request.set_shard_id(shard_id);
+        TS_ASSIGN_OR_RETURN(
+            *request.mutable_auth(),
+            SignPeerRequest(*context.key, context.store->chain_id(), shard_id, kMethodListArtifacts,
+                            peers[i].address, request, context.clock->NowUnixMs(),
+                            kDefaultPeerRequestLifetimeMs));
+        auto stub = pb::ArtifactTransfer::NewStub(PeerChannel(peers[i].endpoint));
+        grpc::ClientContext call;
+        call.set_deadline(
+            DeadlineAfter(std::max<int64_t>(1, deadline_ms - context.clock->MonotonicMs())));
+        pb::ListArtifactsResponse response;
+        grpc::Status status = stub->ListArtifacts(&call, request, &response);
+        if (!status.ok()) return bridge::FromGrpcStatus(status);
+        if (static_cast<size_t>(response.artifacts_size()) > kMaxListedArtifacts) {
+          return absl::OutOfRangeError(absl::StrCat(
+              response.artifacts_size(), " artifacts listed, more than ", kMaxListedArtifacts));
+        }
+        std::vector<pb::ArtifactSummary> listed;
+        for (pb::ArtifactSummary& a : *response.mutable_artifacts()) {
+          // A peer's claims are only hints for what to fetch: the fetch verifies everything.
+          if (a.complete() && a.artifact_id().size() == 32 && a.shard_id() == shard_id) {
+            listed.push_back(std::move(a));
+          }
+        }
+        return listed;
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
 }  // namespace ts::sidecar

@@ -217,6 +217,21 @@ struct FetchContext {
 // NOT_FOUND (no peer has the manifest), the manifest checks of VerifyManifest, PERMISSION_DENIED
 // (publisher not a member), RESOURCE_EXHAUSTED (quota), UNAVAILABLE (every peer dropped, the
 // message naming each with its reason), CANCELLED.
+// One member's answer to a signed ListArtifacts: its complete artifacts, or why not.
+struct PeerArtifacts {
+  std::string address;
+  absl::StatusOr<std::vector<pb::ArtifactSummary>> artifacts;
+};
+
+// Asks every peer (in parallel, each within `deadline_ms` of the context's clock's monotonic
+// time) for the complete artifacts it holds of the shard, with a request signed by the context's
+// key. The answers in peer order; a peer that does not answer, or answers with more than
+// kMaxListedArtifacts, carries its error.
+std::vector<PeerArtifacts> ListPeerArtifacts(const FetchContext& context, uint64_t shard_id,
+                                             const std::vector<FetchPeer>& peers,
+                                             int64_t deadline_ms);
+inline constexpr size_t kMaxListedArtifacts = 10000;
+
 absl::StatusOr<pb::ArtifactProgress> FetchArtifact(const FetchContext& context,
                                                    const FetchRequest& request,
                                                    const FetcherOptions& options = {});

@@ -178,6 +178,18 @@ absl::StatusOr<std::vector<pb::ArtifactSummary>> HostLink::List(uint64_t shard_i
   return out;
 }
 
+absl::StatusOr<pb::FindArtifactsResponse> HostLink::Find(uint64_t shard_id, std::string_view kind) {
+  pb::FindArtifactsRequest request;
+  request.set_shard_id(shard_id);
+  request.set_kind(std::string(kind));
+  pb::FindArtifactsResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kHostCallTimeoutMs);
+  grpc::Status status = artifacts_->Find(&context, request, &response);
+  if (!status.ok()) return bridge::FromGrpcStatus(status, "ArtifactOperator/Find");
+  return response;
+}
+
 absl::Status HostLink::Drop(uint64_t shard_id, const std::vector<std::string>& artifact_ids) {
   pb::GcArtifactsRequest request;
   request.set_shard_id(shard_id);

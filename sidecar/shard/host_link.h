@@ -53,6 +53,9 @@ class ShardArtifacts {
       uint64_t shard_id) = 0;
   // Drops the artifacts and removes the chunks no other artifact names.
   virtual absl::Status Drop(uint64_t shard_id, const std::vector<std::string>& artifact_ids) = 0;
+  // The complete artifacts of `kind` the shard's other members hold, with who holds each.
+  virtual absl::StatusOr<::gonka::trainshard::v1::FindArtifactsResponse> Find(
+      uint64_t shard_id, std::string_view kind) = 0;
 };
 
 inline constexpr int64_t kHostCallTimeoutMs = 60'000;
@@ -79,6 +82,8 @@ class HostLink final : public ShardArtifacts {
   absl::StatusOr<std::vector<::gonka::trainshard::v1::ArtifactSummary>> List(
       uint64_t shard_id) override;
   absl::Status Drop(uint64_t shard_id, const std::vector<std::string>& artifact_ids) override;
+  absl::StatusOr<::gonka::trainshard::v1::FindArtifactsResponse> Find(
+      uint64_t shard_id, std::string_view kind) override;
 
   // The host checks the draft against its own records before it signs.
   absl::StatusOr<::gonka::trainshard::v1::SettlementSignature> SignSettlement(

@@ -44,20 +44,36 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
   }
   const worker::ModelConfig& c = *model;
   const pb::DataSpec& d = spec.data();
-  if (d.corpus() != "fortunes") {
+  if (d.corpus() == "packed") {
+    // A dataset packed from the user's text (docs/training.md "Data"): pinned by its root, found
+    // among the members' dataset artifacts; the packing options are the pack's, not the spec's.
+    if (d.dataset_root().size() != 32) {
+      return Invalid("data.dataset_root", absl::StrCat(d.dataset_root().size(), " bytes"),
+                     "must be the packed dataset's 32-byte root (trainshard data show)");
+    }
+    if (d.files() != 0 || d.shard_tokens() != 0 || d.eval_every() != 0) {
+      return Invalid("data", "files, shard_tokens and eval_every",
+                     "are the fortunes corpus's; a packed dataset has its own");
+    }
+    if (d.vocab() != c.vocab) {
+      return Invalid("data.vocab", d.vocab(), absl::StrCat("is not model.config.vocab ", c.vocab));
+    }
+    TS_RETURN_IF_ERROR(CheckRange("data.vocab", d.vocab(), 8, 65536));
+  } else if (d.corpus() == "fortunes") {
+    TS_RETURN_IF_ERROR(CheckRange("data.files", d.files(), 1, 41));
+    if (d.vocab() != c.vocab) {
+      return Invalid("data.vocab", d.vocab(), absl::StrCat("is not model.config.vocab ", c.vocab));
+    }
+    TS_RETURN_IF_ERROR(CheckRange("data.vocab", d.vocab(), 8, 65536));
+    TS_RETURN_IF_ERROR(CheckRange("data.shard_tokens", d.shard_tokens(), c.context + 1, 1u << 24));
+    TS_RETURN_IF_ERROR(CheckRange("data.eval_every", d.eval_every(), 2, 1000));
+    if (!d.dataset_root().empty() && d.dataset_root().size() != 32) {
+      return Invalid("data.dataset_root", absl::StrCat(d.dataset_root().size(), " bytes"),
+                     "is not 32 bytes");
+    }
+  } else {
     return Invalid("data.corpus", absl::StrCat("\"", d.corpus(), "\""),
-                   "is not a known corpus (known: fortunes)");
-  }
-  TS_RETURN_IF_ERROR(CheckRange("data.files", d.files(), 1, 41));
-  if (d.vocab() != c.vocab) {
-    return Invalid("data.vocab", d.vocab(), absl::StrCat("is not model.config.vocab ", c.vocab));
-  }
-  TS_RETURN_IF_ERROR(CheckRange("data.vocab", d.vocab(), 8, 65536));
-  TS_RETURN_IF_ERROR(CheckRange("data.shard_tokens", d.shard_tokens(), c.context + 1, 1u << 24));
-  TS_RETURN_IF_ERROR(CheckRange("data.eval_every", d.eval_every(), 2, 1000));
-  if (!d.dataset_root().empty() && d.dataset_root().size() != 32) {
-    return Invalid("data.dataset_root", absl::StrCat(d.dataset_root().size(), " bytes"),
-                   "is not 32 bytes");
+                   "is not a known corpus (known: fortunes, packed)");
   }
   TS_RETURN_IF_ERROR(CheckRange("rounds", spec.rounds(), 1, 100000));
   TS_RETURN_IF_ERROR(CheckRange("inner_steps", spec.inner_steps(), 1, 100000));

@@ -88,6 +88,7 @@ TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
       {R"("kind": "gpt")", R"("kind": "rnn")", "model.kind: \"rnn\" is not a known model"},
       {R"("heads": 4)", R"("heads": 3)", "model.config.heads: 3"},
       {R"("corpus": "fortunes")", R"("corpus": "wiki")", "data.corpus: \"wiki\""},
+      {R"("corpus": "fortunes")", R"("corpus": "packed")", "data.dataset_root: 0 bytes"},
       {R"("files": 4)", R"("files": 99)", "data.files: 99 is outside 1..41"},
       {R"("vocab": 512, "shardTokens")", R"("vocab": 256, "shardTokens")",
        "data.vocab: 256 is not model.config.vocab 512"},

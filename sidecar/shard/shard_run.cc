@@ -37,6 +37,7 @@
 #include "sidecar/shard/ledger.h"
 #include "worker/client/work_dir.h"
 #include "worker/client/worker_client.h"
+#include "worker/dataset_manifest.h"
 
 namespace ts::sidecar {
 namespace {
@@ -366,9 +367,11 @@ struct ShardRun::Impl {
   }
 
   // Builds the run's data through the worker (deterministic: the same bytes on every host)
-  // and checks it against the spec's pinned root.
+  // and checks it against the spec's pinned root; for a packed dataset, finds it among the
+  // members' dataset artifacts instead (PreparePacked).
   absl::Status PrepareData() {
     const pb::DataSpec& d = spec.spec.data();
+    if (d.corpus() == "packed") return PreparePacked();
     pb::PrepareDataRequest prep;
     prep.set_corpus(d.corpus());
     prep.set_files(d.files());
@@ -391,6 +394,115 @@ struct ShardRun::Impl {
                             " held-out tokens, root ", Hex8(dataset_root),
                             data.reused() ? " (the files on disk, re-verified)" : ""));
     if (!data_published) PublishData();
+    return absl::OkStatus();
+  }
+
+  // A packed dataset (docs/training.md "Data"): the run's data is the dataset artifact whose
+  // files give the spec's root. This host's store is looked in first (its operator may have
+  // published it), then the other members' (ArtifactOperator.Find); each candidate is fetched
+  // from the members that hold it, exported, and checked — every file's hash and the root —
+  // before it is used. Tried again every few seconds until one is found or the run stops.
+  absl::Status PreparePacked() {
+    const std::string want = spec.spec.data().dataset_root();
+    const std::string data_dir = Path("data");
+    std::set<std::string> tried;
+    int64_t last_report_ms = 0;
+    while (!stopping) {
+      // A dataset exported before (a restart) is checked again like any other.
+      if (std::filesystem::exists(data_dir + "/" + worker::kDatasetManifestFile)) {
+        auto here = worker::ReadPackedDataset(data_dir);
+        if (here.ok() && here->root == want) return UsePacked(*here);
+        std::error_code ec;
+        std::filesystem::remove_all(data_dir, ec);
+      }
+      std::vector<std::pair<std::string, std::vector<std::string>>> candidates;  // id, holders
+      if (auto local = host.artifacts->List(shard_id); local.ok()) {
+        for (const auto& a : *local) {
+          if (a.kind() == "dataset") candidates.push_back({a.artifact_id(), {}});
+        }
+      }
+      std::string unanswered;
+      if (auto found = host.artifacts->Find(shard_id, "dataset"); found.ok()) {
+        for (const auto& f : found->artifacts()) {
+          candidates.push_back(
+              {f.summary().artifact_id(), {f.holders().begin(), f.holders().end()}});
+        }
+        unanswered = absl::StrJoin(found->unanswered(), "; ");
+      } else {
+        unanswered = std::string(found.status().message());
+      }
+      for (const auto& [id, holders] : candidates) {
+        if (stopping) break;
+        if (!tried.insert(id).second) continue;
+        if (!holders.empty()) {
+          auto fetched =
+              host.artifacts->Fetch(shard_id, id, holders, [this] { return !!stopping; });
+          if (!fetched.ok()) {
+            tried.erase(id);  // a fetch may fail for now and work later
+            Transition(
+                absl::StrCat("dataset ", Hex8(id), " not fetched: ", fetched.status().message()));
+            continue;
+          }
+        }
+        const std::string candidate_dir = Path(absl::StrCat("data-", Hex8(id)));
+        std::error_code ec;
+        std::filesystem::remove_all(candidate_dir, ec);
+        if (absl::Status exported = host.artifacts->Export(shard_id, id, candidate_dir);
+            !exported.ok()) {
+          Transition(absl::StrCat("dataset ", Hex8(id), " not exported: ", exported.message()));
+          continue;
+        }
+        auto dataset = worker::ReadPackedDataset(candidate_dir);
+        if (!dataset.ok() || dataset->root != want) {
+          Transition(absl::StrCat("dataset artifact ", Hex8(id), " is not the run's: ",
+                                  dataset.ok() ? absl::StrCat("root ", Hex8(dataset->root))
+                                               : dataset.status().message()));
+          std::filesystem::remove_all(candidate_dir, ec);
+          continue;
+        }
+        std::filesystem::rename(candidate_dir, data_dir, ec);
+        if (ec) return absl::InternalError(absl::StrCat(data_dir, ": ", ec.message()));
+        auto moved = worker::ReadPackedDataset(data_dir);
+        if (!moved.ok()) return moved.status();
+        Transition(absl::StrCat("dataset ", Hex8(want), " fetched as artifact ", Hex8(id)));
+        data_published = true;  // it is an artifact of the shard already
+        return UsePacked(*moved);
+      }
+      const int64_t now = host.clock->MonotonicMs();
+      if (now - last_report_ms > 30'000) {
+        Transition(absl::StrCat("waiting for the dataset ", Hex8(want),
+                                " to be published by a member",
+                                unanswered.empty() ? "" : absl::StrCat(" (", unanswered, ")")));
+        last_report_ms = now;
+      }
+      Sleep(2000);
+    }
+    return Stopping();
+  }
+
+  // The run's data files from a checked packed dataset in <work>/data.
+  absl::Status UsePacked(const worker::PackedDataset& dataset) {
+    if (dataset.vocab != spec.spec.data().vocab()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("data: the packed dataset's tokenizer has ", dataset.vocab,
+                       " pieces, the run spec's data.vocab is ", spec.spec.data().vocab()));
+    }
+    data.Clear();
+    data.set_tokenizer_file(absl::StrCat("data/", worker::kDatasetTokenizerFile));
+    uint64_t train_tokens = 0;
+    for (const worker::PackedShard& s : dataset.train) {
+      data.add_shard_files(absl::StrCat("data/", s.file));
+      data.add_shard_ids(s.id);
+      train_tokens += s.tokens;
+    }
+    data.set_eval_file(absl::StrCat("data/", dataset.eval.file));
+    data.set_eval_id(dataset.eval.id);
+    data.set_train_tokens(train_tokens);
+    data.set_eval_tokens(dataset.eval.tokens);
+    data.set_documents(dataset.documents);
+    Transition(absl::StrCat("data: packed dataset ", Hex8(dataset.root), ", ", dataset.train.size(),
+                            " training shards, ", train_tokens, " + ", dataset.eval.tokens,
+                            " held-out tokens"));
     return absl::OkStatus();
   }
 

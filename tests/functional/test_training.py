@@ -14,6 +14,7 @@ their ts_worker processes, the CLI.
   corrupt data shard, a killed worker and a killed shard process are recovered from.
 """
 
+import base64
 import json
 import os
 import signal
@@ -201,6 +202,51 @@ class TrainTest(unittest.TestCase):
         again = net.train_status(net.hosts[0], sid2)
         self.assertEqual(again["root"], s["root"],
                          "the same seed with the lossless codec gave another final root")
+
+    def test_packed_dataset_trains_a_llama(self):
+        """A user's text packed into a dataset by one host's operator, published as an artifact;
+        a llama run spec pins it by root; the other members find it, fetch it, check it, and
+        the three hosts train the tiny llama on it to settlement, the loss down, one root."""
+        net = self.net
+        # The user's files: paragraphs of English (fortunes, one per paragraph), in a folder.
+        src = os.path.join(net.root, "my-text")
+        os.makedirs(src)
+        for name in ("fortunes", "literature", "wisdom", "people", "science"):
+            with open(os.path.join("/usr/share/games/fortunes", name), errors="replace") as f:
+                entries = [e.strip() for e in f.read().split("\n%\n") if e.strip()]
+            with open(os.path.join(src, f"{name}.txt"), "w") as f:
+                f.write("\n\n".join(entries) + "\n")
+        dataset = os.path.join(net.root, "my-dataset")
+        packed = net.cli("data", "pack", "--input", src, "--vocab", "384", "--shard-tokens",
+                         "16384", "--eval-every", "20", "--out", dataset)
+        self.assertGreater(int(packed["train_tokens"]), 100000, packed)
+        root_b64 = base64.b64encode(bytes.fromhex(packed["root"])).decode()
+        run_spec = net.write_run_spec(
+            "packed", rounds=4, innerSteps=30,
+            model={"kind": "llama", "preset": "tiny", "seed": "7",
+                   "config": {"vocab": 384, "context": 32}},
+            data={"corpus": "packed", "vocab": 384, "datasetRoot": root_b64},
+            training={"microBatch": 4, "schedule": "cosine", "warmupSteps": "10",
+                      "minLrRatio": 0.1})
+        sid = open_shard(net, "packed", run_spec, min_nodes=3, max_nodes=3)
+        # Host 1's operator publishes the dataset into the shard; the others find it there.
+        published = net.artifact(net.hosts[0], "publish", "--shard", sid, "--dir", dataset,
+                                 "--kind", "dataset")
+        self.assertTrue(published["done"], published)
+        for h in net.hosts:
+            net.start_run(h, sid, run_spec)
+        wait_settled(net, sid)
+        harness.wait_for(lambda: all(net.train_status(h, sid, check=False).get("state") == "done"
+                                     for h in net.hosts), 60, "every run done")
+        statuses = [net.train_status(h, sid) for h in net.hosts]
+        self.assertEqual(len({s["root"] for s in statuses}), 1, "hosts hold different roots")
+        s = statuses[0]
+        initial = int(s["initial_eval_loss_micro"]) / 1e6
+        final = int(s["rounds"][-1]["eval_loss_micro"]) / 1e6
+        self.assertLess(final, initial - LOSS_MARGIN, f"eval loss {initial:.3f} -> {final:.3f}")
+        for h, st in zip(net.hosts[1:], statuses[1:]):
+            self.assertTrue(any("fetched as artifact" in t for t in st.get("transitions", [])),
+                            f"{h.name} did not fetch the dataset: {st.get('transitions')}")
 
     def test_overlap_trains_and_settles(self):
         """The one-step-delayed outer update (docs/training.md "Overlap"): each round's
