@@ -133,8 +133,9 @@ TEST_F(PackTest, TextFoldersAndJsonLinesBecomeADatasetWhoseRootTheFilesGive) {
 TEST_F(PackTest, BadInputIsNamedWithFileAndLineAndLeavesNothing) {
   Write("ok.txt", Paragraphs(40, 3));
   ExpectRefused(Options({Write("empty.txt", "")}), "empty.txt: is empty");
-  ExpectRefused(Options({dir_ + "/ok.txt", Write("bin.txt", std::string("text\nmore\0text\n", 15))}),
-                "bin.txt:2: holds a NUL byte");
+  ExpectRefused(
+      Options({dir_ + "/ok.txt", Write("bin.txt", std::string("text\nmore\0text\n", 15))}),
+      "bin.txt:2: holds a NUL byte");
   ExpectRefused(Options({Write("latin1.txt", "caf\xe9 au lait\n")}),
                 "latin1.txt:1: invalid UTF-8 at byte 4");
   PackOptions long_lines = Options({Write("long.txt", std::string(300, 'a') + "\n")});
