@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <random>
 #include <set>
@@ -743,14 +744,13 @@ TEST_F(HostCoreTest, SigkillAtRandomPointsNeverMissesOrRepeatsADecision) {
   const std::string db = dir_ + "/state";
   bool finished = false;
   int kills = 0;
-  for (int round = 0; round < 40 && !finished; ++round) {
+  auto run_child = [&](const std::string& path) {
     pid_t pid = fork();
-    ASSERT_GE(pid, 0);
     if (pid == 0) {
       FakeChainClient chain(kChainId);
       ScriptKillChain(&chain, address_);
       FakeClock clock;
-      auto core = HostCore::Open(db, key_, options_, &chain, &clock);
+      auto core = HostCore::Open(path, key_, options_, &chain, &clock);
       if (!core.ok()) _exit(3);
       for (int i = 0; i < 1000; ++i) {
         if (!(*core)->Step().ok()) _exit(4);
@@ -758,9 +758,25 @@ TEST_F(HostCoreTest, SigkillAtRandomPointsNeverMissesOrRepeatsADecision) {
       }
       _exit(5);
     }
-    // The last rounds run to the end; the others die somewhere in the middle.
+    return pid;
+  };
+  // A whole run from an empty store, timed, so the kills land inside a run on any machine.
+  auto probe_start = std::chrono::steady_clock::now();
+  pid_t probe = run_child(dir_ + "/probe");
+  ASSERT_GE(probe, 0);
+  int probe_status = 0;
+  ASSERT_EQ(waitpid(probe, &probe_status, 0), probe);
+  ASSERT_TRUE(WIFEXITED(probe_status) && WEXITSTATUS(probe_status) == 0);
+  const int whole_run_us = static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                std::chrono::steady_clock::now() - probe_start)
+                                                .count());
+  for (int round = 0; round < 40 && !finished; ++round) {
+    pid_t pid = run_child(db);
+    ASSERT_GE(pid, 0);
+    // The last rounds run to the end; the others die somewhere in the middle. Each killed round
+    // resumes from the last one's records, so a kill lands early in what is left of the run.
     if (round < 30) {
-      usleep(std::uniform_int_distribution<int>(5000, 60000)(rng));
+      usleep(std::uniform_int_distribution<int>(whole_run_us / 20, whole_run_us / 3)(rng));
       kill(pid, SIGKILL);
     }
     int status = 0;
