@@ -52,6 +52,10 @@ std::string StopProcess(pid_t pid, int64_t grace_ms);
 // ignores SIGPIPE (a peer that goes away is an error on the write, not the end of the process).
 sigset_t BlockStopSignals();
 
+// The machine's physical memory in bytes (sysconf), 0 if it cannot be told: what a worker and a
+// host assume they may use for training when nothing smaller is configured.
+uint64_t PhysicalMemoryBytes();
+
 }  // namespace ts::common
 
 #endif  // TS_COMMON_PROCESS_H_

@@ -21,7 +21,6 @@
 
 namespace ts::worker {
 
-inline constexpr std::string_view kFortunesDir = "/usr/share/games/fortunes";
 // Cap on one corpus file (the largest fortune file is under 0.5 MiB).
 inline constexpr uint64_t kCorpusFileBytesMax = uint64_t{64} << 20;
 

@@ -17,6 +17,10 @@
 
 namespace ts::worker {
 
+// Where Debian's `fortunes` package puts the files of the embedded default corpus
+// (worker/corpus.h); a host checks it is there before it reserves a shard that trains on it.
+inline constexpr std::string_view kFortunesDir = "/usr/share/games/fortunes";
+
 inline constexpr char kDataShardMagic[4] = {'T', 'S', 'D', 'S'};
 inline constexpr uint32_t kDataShardVersion = 1;
 inline constexpr size_t kDataShardHeaderSize = 24;

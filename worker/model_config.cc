@@ -235,6 +235,8 @@ uint64_t ParameterCount(const ModelConfig& c) {
   return CountUnchecked(c);
 }
 
+uint64_t TrainingStateBytes(const ModelConfig& c) { return 16 * ParameterCount(c); }
+
 std::vector<float> InitParams(const ModelConfig& c, uint64_t seed) {
   const std::vector<TensorSpec> layout = ParameterLayout(c);
   std::vector<float> params(ParameterCount(c), 0.0f);

@@ -106,6 +106,12 @@ std::vector<TensorSpec> ParameterLayout(const ModelConfig& config);
 // Total number of fp32 parameters (sum of numel over ParameterLayout). `config` must be valid.
 uint64_t ParameterCount(const ModelConfig& config);
 
+// The fp32 training state a worker holds for the model: parameters, gradients and AdamW's two
+// moments, 16 bytes a parameter (activations come on top and follow the micro-batch). The figure
+// a host's declared memory is checked against before it reserves (docs/host-sidecar.md) and a
+// worker's --memory-bytes-max before it trains. `config` must be valid.
+uint64_t TrainingStateBytes(const ModelConfig& config);
+
 // Initial parameters, a pure function of (config, seed) computed in plain C++ (no libtorch), in
 // ParameterLayout order. GPT-2's scheme: embeddings and Linear weights ~ N(0, 0.02²), the two
 // residual projections (gpt: attn.proj, mlp.proj; llama: o_proj, down_proj)

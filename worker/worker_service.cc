@@ -18,6 +18,7 @@
 #include "common/absl_view.h"
 #include "common/crypto/hash.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status.h"
 #include "worker/bytes.h"
 #include "worker/client/model_spec.h"
@@ -309,12 +310,8 @@ absl::StatusOr<std::unique_ptr<RawValuesReader>> WorkerService::OpenDelta(const 
 
 absl::Status WorkerService::CheckMemory(std::string_view field, const ModelConfig& config) const {
   uint64_t cap = options_.memory_bytes_max;
-  if (cap == 0) {
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-    cap = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-  }
-  // Parameters, gradients and AdamW's two moments, fp32: 16 bytes a parameter.
-  const uint64_t need = 16 * ParameterCount(config);
+  if (cap == 0) cap = common::PhysicalMemoryBytes();
+  const uint64_t need = TrainingStateBytes(config);
   if (cap != 0 && need > cap) {
     return absl::ResourceExhaustedError(
         absl::StrCat(common::AsAbsl(field), ": ", ModelConfigString(config), " needs ", need,

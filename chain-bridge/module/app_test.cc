@@ -9,6 +9,7 @@
 #include "chain-bridge/module/member_key.h"
 #include "chain-bridge/module/proto_util.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/validation.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/crypto/signing.h"
@@ -1085,6 +1086,21 @@ TEST_F(ChainTest, OpenShardWhoseWindowEndsAtItsDeadlineExpiresOnce) {
   EXPECT_EQ(expired[0]["reason"], "not_enough_nodes");
 }
 
+TEST_F(ChainTest, ShardKeepsItsRunSpecAndReaders) {
+  pb::ShardSpec spec = DefaultSpec();
+  spec.set_run_spec(R"({"model": {"family": "llama", "preset": "tiny"}})");
+  spec.set_run_spec_hash(common::Sha256(spec.run_spec()));
+  spec.add_readers(Addr(Key("reader-a")));
+  spec.add_readers(Addr(Key("reader-b")));
+  uint64_t shard = OpenShard(spec);
+  auto record = app_->GetShard(shard);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->spec().run_spec(), spec.run_spec());
+  EXPECT_EQ(record->spec().run_spec_hash(), spec.run_spec_hash());
+  ASSERT_EQ(record->spec().readers_size(), 2);
+  EXPECT_EQ(record->spec().readers(1), Addr(Key("reader-b")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Governance
 
@@ -1120,6 +1136,25 @@ TEST_F(ChainTest, MalformedSpecsAreRefusedNamingTheField) {
        "spec.reward_policy.max_host_share_bps: 3000 times max_nodes 3 is below 10000"},
       {[](pb::ShardSpec* s) { s->mutable_reward_policy()->set_max_host_share_bps(10001); },
        "spec.reward_policy.max_host_share_bps: 10001 is outside 1..10000"},
+      {[](pb::ShardSpec* s) { s->set_run_spec("another run spec"); },
+       "spec.run_spec: its SHA-256 is not spec.run_spec_hash"},
+      {[](pb::ShardSpec* s) {
+         s->set_run_spec(std::string(kRunSpecBytesMax + 1, 'x'));
+         s->set_run_spec_hash(common::Sha256(s->run_spec()));
+       },
+       "spec.run_spec: 65537 bytes is more than 65536"},
+      {[](pb::ShardSpec* s) { s->add_readers("cosmos1qqqq"); }, "spec.readers[0]"},
+      {[](pb::ShardSpec* s) {
+         for (size_t i = 0; i <= kReadersMax; ++i)
+           s->add_readers(Addr(Key(absl::StrCat("reader-", i))));
+       },
+       "spec.readers: 17 addresses is more than 16"},
+      {[](pb::ShardSpec* s) {
+         std::string reader = Addr(Key("reader"));
+         s->add_readers(reader);
+         s->add_readers(reader);
+       },
+       "spec.readers[1]: gonka1"},
   };
   for (const auto& c : cases) {
     pb::ShardSpec spec = DefaultSpec();

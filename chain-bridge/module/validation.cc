@@ -108,6 +108,25 @@ absl::Status ValidateSpec(const pb::ShardSpec& spec, const pb::Params& params) {
   if (spec.artifact_quota().files_max() == 0) {
     return Invalid("spec.artifact_quota.files_max", "0 must be positive");
   }
+  if (spec.run_spec().size() > kRunSpecBytesMax) {
+    return Invalid("spec.run_spec", spec.run_spec().size(), " bytes is more than ",
+                   kRunSpecBytesMax);
+  }
+  if (!spec.run_spec().empty() && common::Sha256(spec.run_spec()) != spec.run_spec_hash()) {
+    return Invalid("spec.run_spec", "its SHA-256 is not spec.run_spec_hash");
+  }
+  if (spec.readers_size() > static_cast<int>(kReadersMax)) {
+    return Invalid("spec.readers", spec.readers_size(), " addresses is more than ", kReadersMax);
+  }
+  for (int i = 0; i < spec.readers_size(); ++i) {
+    const std::string field = Cat("spec.readers[", i, "]");
+    TS_RETURN_IF_ERROR(common::ParseAddress(field, spec.readers(i)).status());
+    for (int j = 0; j < i; ++j) {
+      if (spec.readers(j) == spec.readers(i)) {
+        return Invalid(field, spec.readers(i), " is named twice");
+      }
+    }
+  }
   const auto& policy = spec.reward_policy();
   if (policy.kind() != pb::RewardPolicy::KIND_VERIFIED_WORK &&
       policy.kind() != pb::RewardPolicy::KIND_EQUAL_SHARE) {

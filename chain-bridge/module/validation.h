@@ -26,6 +26,9 @@ inline constexpr size_t kMaxProposalTitleBytes = 256;
 inline constexpr size_t kMaxProposalSummaryBytes = 10'000;
 inline constexpr size_t kMaxMetadataBytes = 255;
 inline constexpr int kMaxProposalMessages = 4;
+// A shard spec's run spec document, and the readers it may name (docs/chain-module.md).
+inline constexpr size_t kRunSpecBytesMax = 64 << 10;
+inline constexpr size_t kReadersMax = 16;
 
 // A bech32 "gonka" account address with a 20-byte payload, in its canonical lower-case form
 // (an upper-case spelling of the same account is refused so that one account has one key).

@@ -244,6 +244,23 @@ TEST(UsageTest, AFifoAsSpecOrKeyIsRefusedAtOnce) {
   }
 }
 
+// The run spec a proposal carries on chain is checked before any key is loaded or deposit
+// locked: a document the hosts would refuse, or one the chain would not carry, is named here.
+TEST(UsageTest, AProposalsRunSpecIsCheckedBeforeSubmitting) {
+  TempDir dir;
+  WriteFile(dir.File("spec.json"), R"({"hardware_profile": "cpu-small"})", 0600);
+  WriteFile(dir.File("bad.json"), R"({"version": 1, "model": {"kind": "mamba"}})", 0600);
+  WriteFile(dir.File("huge.json"), std::string(65537, ' '), 0600);
+  for (const auto& [file, mention] : std::vector<std::pair<std::string, std::string>>{
+           {"bad.json", "model.kind"}, {"huge.json", "65537 bytes"}}) {
+    CliResult r = Cli({"proposal", "submit", "--spec", dir.File("spec.json"), "--run-spec",
+                       dir.File(file), "--deposit", "5"});
+    EXPECT_EQ(r.code, kExitUsage) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr("--run-spec \"" + dir.File(file) + "\"")) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr(mention)) << Describe(r);
+  }
+}
+
 TEST(UsageTest, SignedCommandsNeedAKey) {
   CliResult r = Cli({"bank", "send", "--to", kGoodAddress, "--amount", "5"});
   EXPECT_EQ(r.code, kExitUsage) << Describe(r);

@@ -1,8 +1,11 @@
 // `trainshard proposal submit|vote|show`: governance proposals that open shards.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/validation.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
@@ -12,6 +15,7 @@
 #include "sidecar/cli/commands.h"
 #include "sidecar/cli/output.h"
 #include "sidecar/cli/parse.h"
+#include "sidecar/shard/run_spec.h"
 
 namespace ts::sidecar {
 namespace pb = ::gonka::trainshard::v1;
@@ -20,6 +24,7 @@ namespace {
 struct SubmitArgs {
   std::string spec_file;
   std::string run_spec_file;
+  std::vector<std::string> readers;
   std::string deposit;
   std::string title;
   std::string summary;
@@ -54,11 +59,25 @@ int RunSubmit(Context& ctx, const SubmitArgs& args) {
   auto spec = ReadSpec(args.spec_file);
   if (!spec.ok()) return ctx.BadInput(spec.status());
   if (!args.run_spec_file.empty()) {
-    // The shard pins the run spec by the SHA-256 of its exact bytes (docs/training.md).
+    // The shard pins the run spec by the SHA-256 of its exact bytes and carries the bytes, so
+    // every host reads and checks the same document before it reserves (docs/training.md). A
+    // document the hosts would refuse is refused here, before any deposit is locked.
     auto doc = ReadInputFile("--run-spec", args.run_spec_file);
     if (!doc.ok()) return ctx.BadInput(doc.status());
-    spec->set_run_spec_hash(common::Sha256(*doc));
+    if (doc->size() > bridge::kRunSpecBytesMax) {
+      return ctx.BadInput(absl::InvalidArgumentError(
+          absl::StrCat("--run-spec \"", args.run_spec_file, "\": ", doc->size(),
+                       " bytes, the chain carries at most ", bridge::kRunSpecBytesMax)));
+    }
+    auto parsed = ParseRunSpec(*doc);
+    if (!parsed.ok()) {
+      return ctx.BadInput(absl::InvalidArgumentError(
+          absl::StrCat("--run-spec \"", args.run_spec_file, "\": ", parsed.status().message())));
+    }
+    spec->set_run_spec_hash(parsed->hash);
+    spec->set_run_spec(*doc);
   }
+  for (const std::string& reader : args.readers) spec->add_readers(reader);
   auto deposit = ParseAmountFlag("--deposit", args.deposit);
   if (!deposit.ok()) return ctx.BadInput(deposit.status());
   auto key = ctx.LoadKey("proposal submit");
@@ -180,7 +199,11 @@ void AddProposalCommands(CLI::App& root, CommandTable& table) {
       proposal->add_subcommand("submit", "propose a shard (the --key account funds the escrow)");
   submit->add_option("--spec", submit_args->spec_file, "protobuf-JSON ShardSpec file")->required();
   submit->add_option("--run-spec", submit_args->run_spec_file,
-                     "run spec document: the shard's run_spec_hash becomes its SHA-256");
+                     "run spec document: carried on chain with its SHA-256 as run_spec_hash; the "
+                     "hosts start the run from it");
+  submit->add_option("--reader", submit_args->readers,
+                     "an address that may fetch the shard's checkpoints besides the creator "
+                     "(repeatable)");
   submit->add_option("--deposit", submit_args->deposit, "initial deposit, ngonka")->required();
   submit->add_option("--title", submit_args->title, "proposal title");
   submit->add_option("--summary", submit_args->summary, "proposal summary");

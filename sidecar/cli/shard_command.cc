@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "chain-bridge/module/tx.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
@@ -73,6 +74,12 @@ int RunStatus(Context& ctx, uint64_t id) {
       {"nodes", absl::StrCat(spec.min_nodes(), "-", spec.max_nodes())},
       {"min_host_weight", std::to_string(spec.min_host_weight())},
       {"run_spec_hash", common::HexEncode(spec.run_spec_hash())},
+      {"run_spec", spec.run_spec().empty()
+                       ? std::string("not on chain (the hosts' operators run it)")
+                       : absl::StrCat(spec.run_spec().size(), " bytes on chain")},
+      {"readers", spec.readers().empty()
+                      ? std::string("creator only")
+                      : absl::StrCat("creator, ", absl::StrJoin(spec.readers(), ", "))},
       {"escrow", absl::StrCat(spec.escrow().amount(), " ", spec.escrow().denom())},
       {"escrow_held", escrow->shard_escrow()},
       {"escrow_address", escrow->escrow_address()},

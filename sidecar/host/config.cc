@@ -220,6 +220,13 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
       TS_ASSIGN_OR_RETURN(config.shard_binary, GetString(key, node));
     } else if (key == "worker_threads") {
       TS_ASSIGN_OR_RETURN(config.worker_threads, GetInteger(key, node, 1, 256));
+    } else if (key == "worker_memory_bytes_max") {
+      TS_ASSIGN_OR_RETURN(int64_t v, GetInteger(key, node, 0, int64_t{1} << 50));
+      if (v != 0 && v < (int64_t{1} << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            common::AsAbsl(key), ": ", v, " is below 1048576 (0 means the machine's memory)"));
+      }
+      config.worker_memory_bytes_max = static_cast<uint64_t>(v);
     } else if (key == "log_level") {
       TS_ASSIGN_OR_RETURN(config.log_level, GetString(key, node));
     } else if (key == "policy") {

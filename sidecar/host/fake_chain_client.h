@@ -85,6 +85,12 @@ class FakeChainClient final : public bridge::ChainClient {
     w->set_weight(weight);
   }
   // Calls fail with UNAVAILABLE while set.
+  // What Shard(id) answers; shards never set are NotFound.
+  void SetShard(pb::Shard shard) {
+    absl::MutexLock l(&mu_);
+    uint64_t id = shard.id();
+    shards_[id] = std::move(shard);
+  }
   void SetUnavailable(bool v) {
     absl::MutexLock l(&mu_);
     unavailable_ = v;
@@ -187,7 +193,13 @@ class FakeChainClient final : public bridge::ChainClient {
     return *account_;
   }
   absl::StatusOr<uint64_t> Balance(const std::string&) override { return 0; }
-  absl::StatusOr<pb::Shard> Shard(uint64_t) override { return absl::UnimplementedError("fake"); }
+  absl::StatusOr<pb::Shard> Shard(uint64_t id) override {
+    absl::MutexLock l(&mu_);
+    if (unavailable_) return Down();
+    auto it = shards_.find(id);
+    if (it == shards_.end()) return absl::NotFoundError(absl::StrCat("shard ", id));
+    return it->second;
+  }
   absl::StatusOr<std::vector<pb::Shard>> Shards(pb::ShardStatus) override {
     return absl::UnimplementedError("fake");
   }
@@ -280,6 +292,7 @@ class FakeChainClient final : public bridge::ChainClient {
   std::map<int64_t, std::vector<tendermint::abci::Event>> events_ ABSL_GUARDED_BY(mu_);
   std::string account_address_ ABSL_GUARDED_BY(mu_);
   std::optional<bridge::AccountInfo> account_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, pb::Shard> shards_ ABSL_GUARDED_BY(mu_);
   uint64_t mempool_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   pb::EpochWeights weights_ ABSL_GUARDED_BY(mu_);
   bool unavailable_ ABSL_GUARDED_BY(mu_) = false;

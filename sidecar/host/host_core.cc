@@ -504,6 +504,16 @@ absl::StatusOr<std::string> HostCore::PolicySkipReason(HeightContext& ctx,
   return std::string();
 }
 
+absl::StatusOr<std::string> HostCore::RunSkipReason(uint64_t shard_id) {
+  if (!options_.run_check) return std::string();
+  auto shard = chain_->Shard(shard_id);
+  // A shard the chain no longer knows cannot be reserved either; any other error is the chain's
+  // and the height is tried again.
+  if (absl::IsNotFound(shard.status())) return absl::StrCat("shard ", shard_id, " not on chain");
+  if (!shard.ok()) return shard.status();
+  return options_.run_check(shard->spec());
+}
+
 absl::StatusOr<std::string> HostCore::OnShardOpened(HeightContext& ctx,
                                                     const tendermint::abci::Event& event) {
   auto e = ParseShardOpened(event);
@@ -521,6 +531,9 @@ absl::StatusOr<std::string> HostCore::OnShardOpened(HeightContext& ctx,
   if (skip.empty() && e->reservation_deadline_height < chain_height_) {
     skip = absl::StrCat("reservation window closed at height ", e->reservation_deadline_height,
                         " (chain is at ", chain_height_, ")");
+  }
+  if (skip.empty()) {
+    TS_ASSIGN_OR_RETURN(skip, RunSkipReason(e->shard_id));
   }
   if (skip.empty()) {
     size_t pending = 0;
@@ -788,6 +801,10 @@ absl::StatusOr<std::string> HostCore::Reserve(uint64_t shard_id) {
   if (pending.size() >= options_.max_pending_txs) {
     return absl::ResourceExhaustedError(
         absl::StrCat(pending.size(), " txs pending, the cap is ", options_.max_pending_txs));
+  }
+  TS_ASSIGN_OR_RETURN(std::string cannot_run, RunSkipReason(shard_id));
+  if (!cannot_run.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", shard_id, ": ", cannot_run));
   }
   TS_ASSIGN_OR_RETURN(bridge::ChainStatus status, chain_->Status());
   chain_height_ = std::max(chain_height_, status.latest_height);

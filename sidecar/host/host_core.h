@@ -17,6 +17,7 @@
 #define TS_SIDECAR_HOST_HOST_CORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,6 +56,10 @@ struct HostCoreOptions {
   size_t max_settlement_entries = 1024;
   // How often Step refreshes the host's own PoC weight for Status.
   int64_t weight_refresh_interval_ms = 10000;
+  // Whether the host can run a shard's run spec (sidecar/host/run_check.h): empty, or the reason
+  // it does not reserve. Asked with the shard's spec read from the chain, before the policy's
+  // reservation and before a manual one. Unset: no check.
+  std::function<std::string(const ::gonka::trainshard::v1::ShardSpec&)> run_check;
   // Tests only: makes the records' file writes fail as on a full disk (state::DbOptions).
   std::shared_ptr<state::DiskFullFault> disk_full_fault;
 };
@@ -156,6 +161,9 @@ class HostCore {
   absl::StatusOr<std::string> PolicySkipReason(HeightContext& ctx, const pb::HostShardRecord& rec,
                                                uint64_t min_host_weight, uint32_t max_nodes,
                                                uint64_t escrow);
+  // Why this host cannot run the shard's chain-pinned run spec (options_.run_check), read from
+  // the chain; empty if it can or no check is set.
+  absl::StatusOr<std::string> RunSkipReason(uint64_t shard_id);
   absl::StatusOr<uint64_t> OwnWeight(HeightContext& ctx);
   // Account number and next free sequence: the chain's sequence, past every pending tx of this
   // host that has not yet been included (those in `extra` too), skipping `exclude_txhash`.

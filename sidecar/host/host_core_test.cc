@@ -548,6 +548,59 @@ TEST_F(HostCoreTest, ManualReserve) {
   EXPECT_THAT(std::string(reserved.status().message()), HasSubstr("already reserved"));
 }
 
+// The run check sees the spec the chain holds for the shard (its run spec document); a shard
+// whose run this host cannot train is skipped with the check's reason, before any weight is
+// frozen, and a manual reservation of it is refused with the same reason.
+TEST_F(HostCoreTest, ASpecTheHostCannotRunIsSkippedAndRefusedWithItsReason) {
+  options_.run_check = [](const pb::ShardSpec& spec) {
+    return spec.run_spec() == "too big" ? std::string("run spec: model needs more memory")
+                                        : std::string();
+  };
+  for (uint64_t id : {1, 2, 3}) {
+    pb::Shard shard;
+    shard.set_id(id);
+    shard.set_status(pb::SHARD_STATUS_OPEN);
+    shard.mutable_spec()->set_run_spec(id == 2 ? "fits" : "too big");
+    chain_.SetShard(shard);
+  }
+  chain_.AddEvent(1, Opened(1));
+  chain_.AddEvent(1, Opened(2));
+  chain_.AddEvent(1, Opened(4));  // the chain does not know it (any more)
+  Open();
+  Step();
+  auto actions = Actions();
+  ASSERT_EQ(actions.size(), 3u);
+  EXPECT_EQ(actions[0], "skip:run spec: model needs more memory");
+  EXPECT_EQ(actions[1], "reserve");
+  EXPECT_EQ(actions[2], "skip:shard 4 not on chain");
+  EXPECT_EQ(Shard(1).skip_reason(), "run spec: model needs more memory");
+  EXPECT_EQ(chain_.broadcasts().size(), 1u);
+
+  chain_.AddEvent(2, Opened(3, {.min_host_weight = 1000}));  // skipped by policy, not by the check
+  Step();
+  auto refused = core_->Reserve(3);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(), "shard 3: run spec: model needs more memory");
+  EXPECT_EQ(chain_.broadcasts().size(), 1u);
+
+  // The chain is down while a shard opens: the height is not decided, and is decided once it is
+  // back.
+  chain_.SetShard([] {
+    pb::Shard shard;
+    shard.set_id(5);
+    shard.set_status(pb::SHARD_STATUS_OPEN);
+    return shard;
+  }());
+  chain_.AddEvent(3, Opened(5));
+  chain_.SetUnavailable(true);
+  EXPECT_FALSE(core_->Step().ok());
+  EXPECT_EQ(Cursor(), 2);
+  chain_.SetUnavailable(false);
+  Step();
+  EXPECT_EQ(Cursor(), 3);
+  EXPECT_EQ(Actions().back(), "reserve");
+}
+
 TEST_F(HostCoreTest, SignsASettlementThatMatchesItsRecordsOnce) {
   options_.policy.auto_reserve = false;
   MakeRunningShard(1, 1);

@@ -32,9 +32,12 @@
 #include "sidecar/host/host_core.h"
 #include "sidecar/host/host_daemon.h"
 #include "sidecar/host/operator_service.h"
+#include "sidecar/host/run_check.h"
+#include "sidecar/host/run_starter.h"
 #include "sidecar/host/shard_processes.h"
 #include "sidecar/host/shard_server.h"
 #include "sidecar/peer/shard_directory.h"
+#include "worker/data_shard.h"
 
 namespace ts::sidecar {
 namespace {
@@ -224,6 +227,13 @@ int Main(int argc, char** argv) {
   options.shard_endpoint = config.shard_endpoint;
   options.tls_cert_sha256 = config.tls_cert_sha256;
   options.policy = config.policy;
+  // Before it reserves, the host checks it can run the shard's chain-pinned run spec.
+  RunCheckLimits run_limits;
+  run_limits.worker_memory_bytes_max = config.worker_memory_bytes_max;
+  run_limits.fortunes_dir = std::string(worker::kFortunesDir);
+  options.run_check = [run_limits](const pb::ShardSpec& spec) {
+    return RunSpecSkipReason(spec, run_limits);
+  };
   auto core = HostCore::Open(config.data_dir + "/state", *key, options, chain_client.get(),
                              &common::SystemClock());
   if (!core.ok()) {
@@ -286,6 +296,7 @@ int Main(int argc, char** argv) {
   process_options.worker_binary =
       SiblingBinary(config.worker_binary, "ts_worker", "../../worker/ts_worker");
   process_options.worker_threads = static_cast<int>(config.worker_threads);
+  process_options.worker_memory_bytes_max = config.worker_memory_bytes_max;
   process_options.collective_host = EndpointHost(ShardListenAddress(config));
   if (process_options.collective_host == "0.0.0.0" || process_options.collective_host.empty()) {
     process_options.collective_host = EndpointHost(config.shard_endpoint);
@@ -319,6 +330,17 @@ int Main(int argc, char** argv) {
   }
   daemon.Start();
   if (!chain_id.empty()) runs.Activate(chain_id);
+  // The runs of shards this host reserved start by themselves once RUNNING, with the run spec
+  // the chain pins (through a chain client of its own, like the directory's).
+  std::unique_ptr<bridge::ChainClient> starter_chain =
+      bridge::NewGrpcChainClient(config.chain_endpoint);
+  RunStarter starter(
+      &(*core)->store(), starter_chain.get(),
+      [&runs](uint64_t shard_id) { return runs.Info(shard_id).has_value(); },
+      [&runs](uint64_t shard_id, const std::string& run_spec) {
+        return runs.StartRun(shard_id, run_spec).status();
+      });
+  starter.Start();
   std::vector<std::pair<std::string, std::string>> addr_files = {
       {"operator.addr", server->address}, {"shard.addr", (*shard_server)->address()}};
   if (!server->query_address.empty()) addr_files.emplace_back("query.addr", server->query_address);
@@ -369,6 +391,7 @@ int Main(int argc, char** argv) {
   // consistent, as a SIGKILL would.
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(1);
   runs.StopAll();
+  starter.Stop();
   (*shard_server)->Shutdown(grace);
   server->Shutdown(grace);
   daemon.Stop();

@@ -306,6 +306,8 @@ void ShardProcesses::Supervise(uint64_t shard_id, Child& child, int64_t now_ms) 
                 options_.worker_binary,
                 "--worker-threads",
                 absl::StrCat(options_.worker_threads),
+                "--worker-memory-bytes-max",
+                absl::StrCat(options_.worker_memory_bytes_max),
                 "--collective-host",
                 options_.collective_host,
                 "--log-level",
@@ -401,6 +403,18 @@ grpc::Status ShardProcesses::Start(grpc::ServerContext* context,
     if (auto it = children_.find(shard_id); it != children_.end()) it->second.stop = true;
   }
   return status;
+}
+
+absl::StatusOr<pb::StartShardRunResponse> ShardProcesses::StartRun(uint64_t shard_id,
+                                                                   const std::string& run_spec) {
+  pb::StartShardRunRequest request;
+  request.set_shard_id(shard_id);
+  request.set_run_spec(run_spec);
+  pb::StartShardRunResponse response;
+  grpc::ServerContext context;  // no deadline of its own: Start's caps apply
+  grpc::Status status = Start(&context, &request, &response);
+  if (!status.ok()) return bridge::FromGrpcStatus(status);
+  return response;
 }
 
 grpc::Status ShardProcesses::Status(grpc::ServerContext* context,

@@ -57,6 +57,7 @@ struct ShardProcessOptions {
   std::string chain_endpoint;
   std::string worker_binary;
   int worker_threads = 2;
+  uint64_t worker_memory_bytes_max = 0;  // each worker's --memory-bytes-max; 0: the machine's
   std::string collective_host = "127.0.0.1";
   std::string log_level = "info";
   int64_t start_timeout_ms = 30'000;  // a Start waits this long for a new process to serve
@@ -133,6 +134,11 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   // again until the deadline. FAILED_PRECONDITION for a shard without a process on this host.
   absl::StatusOr<::gonka::trainshard::v1::Settlement> CertifiedDraft(uint64_t shard_id,
                                                                      absl::Time deadline) override;
+
+  // Start for the host itself (sidecar/host/run_starter.h): the run of `shard_id` with the run
+  // spec document the chain pins. Errors as Start's, as absl::Status.
+  absl::StatusOr<::gonka::trainshard::v1::StartShardRunResponse> StartRun(
+      uint64_t shard_id, const std::string& run_spec);
 
   // The socket a shard's process serves on.
   std::string SocketPath(uint64_t shard_id) const;

@@ -13,13 +13,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "chain-bridge/module/validation.h"
 #include "gonka/trainshard/v1/training.pb.h"
 #include "sidecar/collective/aggregate.h"
 #include "sidecar/collective/codec.h"
 
 namespace ts::sidecar {
 
-inline constexpr size_t kRunSpecBytesMax = 64 << 10;
+// The chain holds a run spec of at most this many bytes (ShardSpec.run_spec).
+using ::ts::bridge::kRunSpecBytesMax;
 inline constexpr uint32_t kDefaultJoinWindowMs = 2000;
 inline constexpr uint32_t kDefaultPlannerTimeoutMs = 3000;
 inline constexpr uint32_t kDefaultExchangeTimeoutMs = 60000;

@@ -68,6 +68,7 @@ int Main(int argc, char** argv) {
   std::string shards_dir, socket, host_socket, key_file, chain, chain_id, worker_binary;
   std::string collective_host = "127.0.0.1", log_level = "info";
   int worker_threads = 2;
+  uint64_t worker_memory_bytes_max = 0;
   int64_t heartbeat_ms = 500;
   app.add_option("--shard-id", shard_id, "the shard")->required();
   app.add_option("--shards-dir", shards_dir, "absolute; this shard's folder is <dir>/<id>")
@@ -79,6 +80,8 @@ int Main(int argc, char** argv) {
   app.add_option("--chain-id", chain_id, "the chain id")->required();
   app.add_option("--worker-binary", worker_binary, "the ts_worker executable")->required();
   app.add_option("--worker-threads", worker_threads, "worker threads")->check(CLI::Range(1, 256));
+  app.add_option("--worker-memory-bytes-max", worker_memory_bytes_max,
+                 "the worker's --memory-bytes-max (0: the machine's memory)");
   app.add_option("--collective-host", collective_host, "host the collective listener binds");
   app.add_option("--heartbeat-ms", heartbeat_ms, "collective heartbeat interval")
       ->check(CLI::Range(int64_t{50}, int64_t{60'000}));
@@ -157,6 +160,7 @@ int Main(int argc, char** argv) {
   ShardRunOptions run_options;
   run_options.worker_binary = worker_binary;
   run_options.worker_threads = worker_threads;
+  run_options.worker_memory_bytes_max = worker_memory_bytes_max;
   run_options.work_root = shards_dir;
   run_options.collective_host = collective_host;
   run_options.heartbeat_interval_ms = heartbeat_ms;

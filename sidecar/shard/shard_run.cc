@@ -347,6 +347,9 @@ struct ShardRun::Impl {
     wo.socket_path = socket;
     wo.work_dir = work_dir;
     wo.threads = options.worker_threads;
+    if (options.worker_memory_bytes_max != 0) {
+      wo.extra_args = {"--memory-bytes-max", absl::StrCat(options.worker_memory_bytes_max)};
+    }
     wo.log_file = dir + "/worker.log";
     TS_ASSIGN_OR_RETURN(worker, worker::WorkerProcess::Start(wo));
     worker_pid = worker->pid();

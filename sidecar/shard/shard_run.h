@@ -84,6 +84,8 @@ struct ShardRunHost {
 struct ShardRunOptions {
   std::string worker_binary;  // the ts_worker executable
   int worker_threads = 2;
+  // The worker's --memory-bytes-max (its fp32 training state must fit); 0: the machine's memory.
+  uint64_t worker_memory_bytes_max = 0;
   std::string work_root;  // absolute; this run's files go under <work_root>/<shard_id>/
   // The host the collective listener binds (port chosen by the kernel); announced to members.
   std::string collective_host = "127.0.0.1";
