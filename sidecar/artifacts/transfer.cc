@@ -120,6 +120,14 @@ std::chrono::system_clock::time_point DeadlineAfter(int64_t ms) {
 // ---------------------------------------------------------------------------------------------
 // ArtifactTransferService
 
+absl::Status ArtifactTransferService::CheckReadable(ShardRole role, std::string_view kind,
+                                                    std::string_view artifact_id) {
+  if (role == ShardRole::kMember || kind == kReaderKind) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("artifact ", Hex(artifact_id), " is a ", common::AsAbsl(kind).substr(0, 32),
+                   "; a reader of the shard may fetch checkpoints only"));
+}
+
 ArtifactTransferService::ArtifactTransferService(StoreRegistry* stores, ShardDirectory* directory,
                                                  PeerRequestVerifier* verifier,
                                                  TransferServiceOptions options)
@@ -137,11 +145,12 @@ grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
                                                   const pb::GetManifestRequest* request,
                                                   pb::GetManifestResponse* response) {
   return Serve([&]() -> absl::Status {
-    TS_RETURN_IF_ERROR(Authorize(*request, kMethodGetManifest).status());
+    TS_ASSIGN_OR_RETURN(ShardRole role, Authorize(*request, kMethodGetManifest));
     TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request->artifact_id()));
     TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
     TS_ASSIGN_OR_RETURN(VerifiedManifest manifest,
                         store->GetManifest(request->artifact_id(), /*complete_only=*/true));
+    TS_RETURN_IF_ERROR(CheckReadable(role, manifest.body.kind(), request->artifact_id()));
     *response->mutable_manifest() = std::move(manifest.manifest);
     return absl::OkStatus();
   });
@@ -149,7 +158,7 @@ grpc::Status ArtifactTransferService::GetManifest(grpc::ServerContext* context,
 
 absl::StatusOr<ChunkServing> ArtifactTransferService::BeginChunks(
     const pb::GetChunksRequest& request, std::string_view method) {
-  TS_RETURN_IF_ERROR(Authorize(request, method).status());
+  TS_ASSIGN_OR_RETURN(ShardRole role, Authorize(request, method));
   TS_RETURN_IF_ERROR(CheckArtifactId("artifact_id", request.artifact_id()));
   const size_t count = static_cast<size_t>(request.chunks_size());
   if (count == 0) return absl::InvalidArgumentError("chunks: empty");
@@ -179,6 +188,7 @@ absl::StatusOr<ChunkServing> ArtifactTransferService::BeginChunks(
   TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request.shard_id()));
   TS_ASSIGN_OR_RETURN(VerifiedManifest manifest,
                       store->GetManifest(request.artifact_id(), /*complete_only=*/true));
+  TS_RETURN_IF_ERROR(CheckReadable(role, manifest.body.kind(), request.artifact_id()));
   // One pass over the manifest against the (at most a few hundred) wanted hashes, rather than
   // a set of every chunk of a possibly large manifest per call.
   absl::flat_hash_set<std::string_view> named;
@@ -265,11 +275,14 @@ grpc::Status ArtifactTransferService::ListArtifacts(grpc::ServerContext* context
                                                     const pb::ListArtifactsRequest* request,
                                                     pb::ListArtifactsResponse* response) {
   return Serve([&]() -> absl::Status {
-    TS_RETURN_IF_ERROR(Authorize(*request, kMethodListArtifacts).status());
+    TS_ASSIGN_OR_RETURN(ShardRole role, Authorize(*request, kMethodListArtifacts));
     TS_ASSIGN_OR_RETURN(ArtifactStore * store, stores_->StoreFor(request->shard_id()));
     TS_ASSIGN_OR_RETURN(std::vector<pb::ArtifactSummary> list,
                         store->List(/*include_incomplete=*/false));
-    for (pb::ArtifactSummary& summary : list) *response->add_artifacts() = std::move(summary);
+    for (pb::ArtifactSummary& summary : list) {
+      if (role == ShardRole::kReader && summary.kind() != kReaderKind) continue;
+      *response->add_artifacts() = std::move(summary);
+    }
     return absl::OkStatus();
   });
 }

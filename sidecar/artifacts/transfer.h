@@ -44,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
+#include "common/status.h"
 #include "gonka/trainshard/v1/shard.grpc.pb.h"
 #include "gonka/trainshard/v1/shard.pb.h"
 #include "sidecar/artifacts/store.h"
@@ -148,15 +149,29 @@ class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
                                            std::string_view method);
 
  private:
-  // The request's auth, then the signer's membership of the request's shard (the directory),
-  // then its nonce (PeerRequestVerifier::Verify). Returns the signer.
+  // The request's auth, then the signer's right to read the request's shard (a member, or a
+  // reader: the creator or an address the spec names; the directory), then its nonce
+  // (PeerRequestVerifier::Verify). Returns the signer's role. A reader sees checkpoints only
+  // (CheckReadable).
   template <typename Request>
-  absl::StatusOr<std::string> Authorize(const Request& request, std::string_view method) {
-    return verifier_->VerifyRequest(request, method, request.shard_id(),
-                                    [this](uint64_t shard_id, std::string_view signer) {
-                                      return directory_->CheckMember(shard_id, signer);
-                                    });
+  absl::StatusOr<ShardRole> Authorize(const Request& request, std::string_view method) {
+    ShardRole role = ShardRole::kMember;
+    TS_RETURN_IF_ERROR(verifier_
+                           ->VerifyRequest(request, method, request.shard_id(),
+                                           [&](uint64_t shard_id, std::string_view signer) {
+                                             auto checked =
+                                                 directory_->CheckReader(shard_id, signer);
+                                             if (!checked.ok()) return checked.status();
+                                             role = *checked;
+                                             return absl::OkStatus();
+                                           })
+                           .status());
+    return role;
   }
+  // OK for a member, and for a reader when the artifact is a checkpoint; PERMISSION_DENIED
+  // otherwise.
+  static absl::Status CheckReadable(ShardRole role, std::string_view kind,
+                                    std::string_view artifact_id);
   // Sends each chunk, in request order, through `send` once the request is checked.
   using ChunkSender = std::function<absl::Status(ArtifactStore* store, const std::string& hash)>;
   grpc::Status ServeChunks(grpc::ServerContext* context, const pb::GetChunksRequest& request,
@@ -168,6 +183,9 @@ class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
   const TransferServiceOptions options_;
   std::atomic<size_t> streams_{0};
 };
+
+// The one kind of artifact a reader of a shard (not a member) may list and fetch.
+inline constexpr std::string_view kReaderKind = "checkpoint";
 
 struct FetchPeer {
   std::string address;

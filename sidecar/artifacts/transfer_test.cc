@@ -398,6 +398,8 @@ class TransferTest : public ::testing::Test {
     for (const Host* host : members_) {
       view.members.push_back(ShardMember{host->address, host->server.endpoint, 10});
     }
+    view.creator = creator_;
+    view.readers = readers_;
     directory_.Set(view);
   }
 
@@ -451,13 +453,14 @@ class TransferTest : public ::testing::Test {
     return host;
   }
 
-  // An artifact publisher_ also holds, other than id_.
-  std::string PublishOther() {
+  // An artifact publisher_ also holds, other than id_, of `kind`.
+  std::string PublishOther(const std::string& kind = "checkpoint") {
     std::mt19937_64 rng(99);
     WriteFile(tmp_.path() / "other" / "x.bin", RandomBytes(rng, 5 * kChunk));
     PublishOptions options;
     options.source_dir = (tmp_.path() / "other").string();
     options.chunk_size = kChunk;
+    options.kind = kind;
     auto published = publisher_->store->Publish(options, publisher_->key, nullptr);
     TS_CHECK(published.ok());
     return published->id;
@@ -480,6 +483,8 @@ class TransferTest : public ::testing::Test {
   StaticShardDirectory directory_;
   std::vector<std::unique_ptr<Host>> hosts_;
   std::vector<Host*> members_;
+  std::string creator_;               // the shard's creator in the directory's view
+  std::vector<std::string> readers_;  // and its readers
   Host* publisher_ = nullptr;
   std::string id_;
   uint32_t total_chunks_ = 0;
@@ -1078,10 +1083,61 @@ TEST_F(ServiceAttackTest, NonMember) {
   grpc::Status status = CallManifest(request);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(status.error_message(),
-            absl::StrCat("host ", AddressOf(stranger), " is not a member of shard 1"));
+            absl::StrCat(AddressOf(stranger), " is neither a member nor a reader of shard 1"));
   pb::GetChunksRequest chunks = ChunksRequest(1);
   Sign(&chunks, stranger, kMethodGetChunks);
   EXPECT_EQ(CallChunks(chunks).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// The shard's creator and the readers its spec names fetch its checkpoints without being
+// members — the whole fetch, over the chunk stream — and see nothing else; everyone else is still
+// refused.
+TEST_F(ServiceAttackTest, ReadersFetchCheckpointsOnly) {
+  Host* creator = AddHost("creator", 0x6c, /*member=*/false);
+  Host* reader = AddHost("reader", 0x6d, /*member=*/false);
+  creator_ = creator->address;
+  readers_ = {reader->address};
+  UpdateDirectory();
+  const std::string dataset = PublishOther("dataset");
+
+  for (Host* who : {creator, reader}) {
+    pb::ListArtifactsRequest list;
+    list.set_shard_id(kShard);
+    Sign(&list, who->key, kMethodListArtifacts);
+    pb::ListArtifactsResponse listed;
+    grpc::ClientContext context;
+    grpc::Status status = stub_->ListArtifacts(&context, list, &listed);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(listed.artifacts_size(), 1) << "a reader sees the checkpoint only";
+    EXPECT_EQ(listed.artifacts(0).artifact_id(), id_);
+
+    pb::GetManifestRequest other = ManifestRequest();
+    other.set_artifact_id(dataset);
+    Sign(&other, who->key, kMethodGetManifest);
+    grpc::Status refused = CallManifest(other);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr("is a dataset; a reader of the shard may fetch checkpoints only"));
+    pb::GetChunksRequest other_chunks;
+    other_chunks.set_shard_id(kShard);
+    other_chunks.set_artifact_id(dataset);
+    auto manifest = publisher_->store->GetManifest(dataset, true);
+    ASSERT_TRUE(manifest.ok());
+    other_chunks.add_chunks(manifest->body.files(0).chunks(0));
+    Sign(&other_chunks, who->key, kMethodGetChunks);
+    EXPECT_EQ(CallChunks(other_chunks).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+    auto fetched = FetchArtifact(ContextFor(who), RequestFor({publisher_->AsPeer()}));
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    ExpectIdentical(who, "out-" + who->address);
+  }
+
+  // A reader of another shard is nobody here.
+  readers_.clear();
+  UpdateDirectory();
+  pb::GetManifestRequest request = ManifestRequest();
+  Sign(&request, reader->key, kMethodGetManifest);
+  EXPECT_EQ(CallManifest(request).error_code(), grpc::StatusCode::PERMISSION_DENIED);
 }
 
 TEST_F(ServiceAttackTest, BodyTamperedAfterSigning) {
@@ -1229,7 +1285,7 @@ TEST_F(ServiceAttackTest, OutsidersCannotCrowdMembersOut) {
   for (int i = 0; i < 2; ++i) {
     grpc::Status again = call(first);
     EXPECT_EQ(again.error_code(), grpc::StatusCode::PERMISSION_DENIED) << again.error_message();
-    EXPECT_THAT(again.error_message(), HasSubstr("is not a member of shard"));
+    EXPECT_THAT(again.error_message(), HasSubstr("is neither a member nor a reader of shard"));
   }
   // The member has the whole table.
   for (size_t i = 0; i < auth_options.max_nonces; ++i) {

@@ -36,6 +36,20 @@ absl::Status NotMember(uint64_t shard_id, std::string_view address) {
       "host ", absl::CHexEscape(common::AsAbsl(address)), " is not a member of shard ", shard_id));
 }
 
+absl::Status NotReader(uint64_t shard_id, std::string_view address) {
+  return absl::PermissionDeniedError(absl::StrCat(absl::CHexEscape(common::AsAbsl(address)),
+                                                  " is neither a member nor a reader of shard ",
+                                                  shard_id));
+}
+
+// The role of `address` in the view, or why it has none.
+absl::StatusOr<ShardRole> RoleIn(const ShardView& view, std::string_view address) {
+  TS_RETURN_IF_ERROR(CheckServing(view));
+  if (view.Find(address) != nullptr) return ShardRole::kMember;
+  if (view.IsReader(address)) return ShardRole::kReader;
+  return NotReader(view.shard_id, address);
+}
+
 absl::Status ShardNotFound(uint64_t shard_id) {
   return absl::NotFoundError(absl::StrCat("shard ", shard_id, ": not found"));
 }
@@ -53,6 +67,11 @@ const ShardMember* ShardView::Find(std::string_view address) const {
   return nullptr;
 }
 
+bool ShardView::IsReader(std::string_view address) const {
+  if (!address.empty() && address == creator) return true;
+  return std::find(readers.begin(), readers.end(), address) != readers.end();
+}
+
 ShardView ShardViewFromChain(const pb::Shard& shard) {
   ShardView view;
   view.shard_id = shard.id();
@@ -63,6 +82,8 @@ ShardView ShardViewFromChain(const pb::Shard& shard) {
   }
   view.quota_bytes_max = shard.spec().artifact_quota().bytes_max();
   view.quota_files_max = shard.spec().artifact_quota().files_max();
+  view.creator = shard.creator();
+  view.readers.assign(shard.spec().readers().begin(), shard.spec().readers().end());
   return view;
 }
 
@@ -182,6 +203,15 @@ absl::Status ChainShardDirectory::CheckMember(uint64_t shard_id, std::string_vie
   return absl::OkStatus();
 }
 
+absl::StatusOr<ShardRole> ChainShardDirectory::CheckReader(uint64_t shard_id,
+                                                           std::string_view address) {
+  TS_ASSIGN_OR_RETURN(ShardView view, Read(shard_id, options_.ttl_ms));
+  if (view.Find(address) == nullptr && !view.IsReader(address)) {
+    TS_ASSIGN_OR_RETURN(view, Read(shard_id, options_.min_refresh_ms));
+  }
+  return RoleIn(view, address);
+}
+
 uint64_t ChainShardDirectory::chain_queries() const {
   absl::MutexLock lock(&mu_);
   return chain_queries_;
@@ -208,6 +238,12 @@ absl::Status StaticShardDirectory::CheckMember(uint64_t shard_id, std::string_vi
   TS_RETURN_IF_ERROR(CheckServing(view));
   if (view.Find(address) == nullptr) return NotMember(shard_id, address);
   return absl::OkStatus();
+}
+
+absl::StatusOr<ShardRole> StaticShardDirectory::CheckReader(uint64_t shard_id,
+                                                            std::string_view address) {
+  TS_ASSIGN_OR_RETURN(ShardView view, Get(shard_id));
+  return RoleIn(view, address);
 }
 
 }  // namespace ts::sidecar

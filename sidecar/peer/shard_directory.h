@@ -45,10 +45,19 @@ struct ShardView {
   std::vector<ShardMember> members;  // in reservation order
   uint64_t quota_bytes_max = 0;
   uint64_t quota_files_max = 0;
+  // Who may read the shard's checkpoints without being a member: the proposal's creator (the
+  // payer) and the spec's readers (docs/artifacts.md, "Readers").
+  std::string creator;
+  std::vector<std::string> readers;
 
   // Nullptr if `address` holds no reservation.
   const ShardMember* Find(std::string_view address) const;
+  // Whether `address` is the creator or one of the readers.
+  bool IsReader(std::string_view address) const;
 };
+
+// What a signer of a read request is to the shard.
+enum class ShardRole { kMember, kReader };
 
 class ShardDirectory {
  public:
@@ -61,6 +70,10 @@ class ShardDirectory {
   // the shard never had members (proposed, rejected); members of open, running, settled and
   // expired shards are members. Errors of Get.
   virtual absl::Status CheckMember(uint64_t shard_id, std::string_view address) = 0;
+  // kMember or kReader (ShardView::IsReader) if `address` may read the shard's artifacts,
+  // refreshing once as CheckMember. PERMISSION_DENIED "<address> is neither a member nor a
+  // reader of shard <id>"; the other errors of CheckMember.
+  virtual absl::StatusOr<ShardRole> CheckReader(uint64_t shard_id, std::string_view address) = 0;
 };
 
 struct ChainShardDirectoryOptions {
@@ -78,6 +91,7 @@ class ChainShardDirectory final : public ShardDirectory {
                       ChainShardDirectoryOptions options = {});
   absl::StatusOr<ShardView> Get(uint64_t shard_id) override;
   absl::Status CheckMember(uint64_t shard_id, std::string_view address) override;
+  absl::StatusOr<ShardRole> CheckReader(uint64_t shard_id, std::string_view address) override;
 
   // Chain queries made so far (for tests and metrics).
   uint64_t chain_queries() const;
@@ -119,6 +133,7 @@ class StaticShardDirectory final : public ShardDirectory {
   void Set(ShardView view);
   absl::StatusOr<ShardView> Get(uint64_t shard_id) override;
   absl::Status CheckMember(uint64_t shard_id, std::string_view address) override;
+  absl::StatusOr<ShardRole> CheckReader(uint64_t shard_id, std::string_view address) override;
 
  private:
   absl::Mutex mu_;

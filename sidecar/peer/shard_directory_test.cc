@@ -237,6 +237,33 @@ TEST_F(ChainShardDirectoryTest, NonMemberRefreshesAtMostOncePerInterval) {
   EXPECT_EQ(chain_.shard_calls(), 3);
 }
 
+// The creator and the spec's readers may read; a member is a member first; a reader named after
+// the last read is recognised after one refresh; a proposed shard has no readers either.
+TEST_F(ChainShardDirectoryTest, CreatorAndReadersMayRead) {
+  pb::Shard shard = MakeShard(1, pb::SHARD_STATUS_SETTLED, {"gonka1a"});
+  shard.set_creator("gonka1payer");
+  shard.mutable_spec()->add_readers("gonka1friend");
+  chain_.SetShard(shard);
+  EXPECT_EQ(*directory_.CheckReader(1, "gonka1a"), ShardRole::kMember);
+  EXPECT_EQ(*directory_.CheckReader(1, "gonka1payer"), ShardRole::kReader);
+  EXPECT_EQ(*directory_.CheckReader(1, "gonka1friend"), ShardRole::kReader);
+  EXPECT_EQ(directory_.CheckMember(1, "gonka1payer").code(), absl::StatusCode::kPermissionDenied);
+  auto stranger = directory_.CheckReader(1, "gonka1x");
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(stranger.status().message(), "gonka1x is neither a member nor a reader of shard 1");
+  EXPECT_EQ(chain_.shard_calls(), 1);
+  ShardView view = ShardViewFromChain(shard);
+  EXPECT_EQ(view.creator, "gonka1payer");
+  EXPECT_EQ(view.readers, std::vector<std::string>{"gonka1friend"});
+  EXPECT_FALSE(view.IsReader(""));
+
+  shard.set_id(2);
+  shard.set_status(pb::SHARD_STATUS_PROPOSED);
+  chain_.SetShard(shard);
+  EXPECT_EQ(directory_.CheckReader(2, "gonka1payer").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(ChainShardDirectoryTest, StatusChecked) {
   chain_.SetShard(MakeShard(1, pb::SHARD_STATUS_REJECTED, {"gonka1a"}));
   absl::Status s = directory_.CheckMember(1, "gonka1a");

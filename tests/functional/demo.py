@@ -47,11 +47,11 @@ def main():
             f"rounds of H={rs['innerSteps']} AdamW steps, outer Nesterov lr {rs['outer']['lr']}")
         spec = net.write_spec("demo", min_nodes=3, max_nodes=3, escrow=300000, bps=5000,
                               max_duration=6000, run_spec=run_spec)
-        out = net.cli("proposal", "submit", "--spec", spec, "--deposit", "1000", "--title",
-                      "demo shard", "--wait", key="creator")
+        out = net.cli("proposal", "submit", "--spec", spec, "--run-spec", run_spec, "--deposit",
+                      "1000", "--title", "demo shard", "--wait", key="creator")
         pid, sid = out["proposal_id"], out["shard_id"]
         say(f"proposal {pid} submitted for shard {sid} (escrow 300000 ngonka, 3 nodes, run spec "
-            f"{net.shard(sid)['spec']['run_spec_hash'][:12]}...)")
+            f"{net.shard(sid)['spec']['run_spec_hash'][:12]}... carried on chain)")
         for v in ("host1", "host2", "host3"):
             net.cli("proposal", "vote", "--id", pid, "--option", "yes", "--wait", key=v)
             say(f"{v} voted yes")
@@ -67,10 +67,10 @@ def main():
         say(f"shard {sid} RUNNING with total weight {shard['total_weight']}")
 
         h1, h2, h3 = net.hosts
-        for h in net.hosts:
-            h.wait_shard_listen()
-            net.start_run(h, sid, run_spec)
-        say("run started on every host: each prepares the data with its worker, then trains")
+        harness.wait_for(lambda: all(net.train_status(h, sid, check=False) for h in net.hosts),
+                         120, "every host to start the run")
+        say("every host started the run by itself from the run spec on chain: each prepares the "
+            "data with its worker, then trains")
 
         shown = {"round": 0, "transitions": {h.name: 0 for h in net.hosts}}
         curve = []

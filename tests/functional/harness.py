@@ -483,10 +483,13 @@ class Network:
             return r
         return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {}
 
-    def propose_and_pass(self, spec_path, voters=("host1", "host2", "host3")):
-        """Submits a shard proposal from `creator`, votes yes, returns (proposal_id, shard_id)."""
+    def propose_and_pass(self, spec_path, voters=("host1", "host2", "host3"), run_spec=None):
+        """Submits a shard proposal from `creator`, votes yes, returns (proposal_id, shard_id).
+        With `run_spec` (a path), the proposal carries that document on chain and the hosts
+        start the run by themselves once the shard is RUNNING."""
+        extra = ("--run-spec", run_spec) if run_spec is not None else ()
         out = self.cli("proposal", "submit", "--spec", spec_path, "--deposit", "1000",
-                       "--title", "shard", "--wait", key="creator")
+                       "--title", "shard", "--wait", *extra, key="creator")
         pid, sid = out["proposal_id"], out["shard_id"]
         for v in voters:
             self.cli("proposal", "vote", "--id", pid, "--option", "yes", "--wait", key=v)

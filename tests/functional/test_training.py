@@ -79,11 +79,14 @@ def wait_settled(net, sid, timeout_s=300):
     net.wait_shard_status(sid, "SHARD_STATUS_SETTLED", timeout_s)
 
 
-def open_shard(net, name, run_spec, **kwargs):
+def open_shard(net, name, run_spec, on_chain=False, status="SHARD_STATUS_RUNNING", **kwargs):
+    """Proposes and passes a shard pinning `run_spec`; with on_chain, the proposal carries the
+    document and the hosts start the run by themselves. Waits for `status`."""
     spec = net.write_spec(name, run_spec=run_spec, max_duration=6000, window=100, **kwargs)
     voters = tuple(h.name for h in net.hosts)
-    pid, sid = net.propose_and_pass(spec, voters=voters)
-    net.wait_shard_status(sid, "SHARD_STATUS_RUNNING", 90)
+    pid, sid = net.propose_and_pass(spec, voters=voters,
+                                    run_spec=run_spec if on_chain else None)
+    net.wait_shard_status(sid, status, 90)
     return sid
 
 
@@ -94,7 +97,8 @@ class TrainTest(unittest.TestCase):
         self.net.start_devnet()
         for i, threads in enumerate((1, 2, 1), start=1):
             self.net.add_host(f"host{i}", extra_config={"worker_threads": threads,
-                                                        "shard_idle_stop_ms": IDLE_STOP_MS})
+                                                        "shard_idle_stop_ms": IDLE_STOP_MS,
+                                                        "worker_memory_bytes_max": 2 << 30})
         for h in self.net.hosts:
             h.wait_shard_listen()
 
@@ -228,13 +232,16 @@ class TrainTest(unittest.TestCase):
             data={"corpus": "packed", "vocab": 384, "datasetRoot": root_b64},
             training={"microBatch": 4, "schedule": "cosine", "warmupSteps": "10",
                       "minLrRatio": 0.1})
-        sid = open_shard(net, "packed", run_spec, min_nodes=3, max_nodes=3)
-        # Host 1's operator publishes the dataset into the shard; the others find it there.
+        # The proposal carries the run spec: no operator starts the run, the hosts do.
+        sid = open_shard(net, "packed", run_spec, on_chain=True, min_nodes=3, max_nodes=3)
+        with open(run_spec, "rb") as f:
+            self.assertEqual(net.shard(sid)["spec"]["run_spec"],
+                             base64.b64encode(f.read()).decode())
+        # Host 1's operator publishes the dataset into the shard; the others find it there
+        # (their runs, started already, wait for it).
         published = net.artifact(net.hosts[0], "publish", "--shard", sid, "--dir", dataset,
                                  "--kind", "dataset")
         self.assertTrue(published["done"], published)
-        for h in net.hosts:
-            net.start_run(h, sid, run_spec)
         wait_settled(net, sid)
         harness.wait_for(lambda: all(net.train_status(h, sid, check=False).get("state") == "done"
                                      for h in net.hosts), 60, "every run done")
@@ -247,6 +254,30 @@ class TrainTest(unittest.TestCase):
         for h, st in zip(net.hosts[1:], statuses[1:]):
             self.assertTrue(any("fetched as artifact" in t for t in st.get("transitions", [])),
                             f"{h.name} did not fetch the dataset: {st.get('transitions')}")
+        for h in net.hosts:
+            with open(h.process.log_path, errors="replace") as f:
+                self.assertIn("started the shard's run from its chain spec", f.read())
+
+        # A run no host here can train (a 1 B-parameter model; each host declares 2 GiB for its
+        # worker): every host refuses it before reserving, with the reason, and the shard stays
+        # OPEN with no member.
+        too_big = net.write_run_spec(
+            "too-big", model={"kind": "llama", "preset": "1b", "seed": "7",
+                              "config": {"vocab": 384, "context": 32}},
+            data={"corpus": "packed", "vocab": 384, "datasetRoot": root_b64})
+        big = open_shard(net, "too-big", too_big, on_chain=True, status="SHARD_STATUS_OPEN",
+                         min_nodes=3, max_nodes=3)
+
+        def skip_reason(h):
+            shards = net.cli("host", "shards", "--host", h.operator).get("shards", [])
+            return next((s.get("skip_reason", "") for s in shards if s["shard_id"] == big), "")
+
+        for h in net.hosts:
+            harness.wait_for(lambda: skip_reason(h), 60, f"{h.name} to decide on shard {big}")
+            reason = skip_reason(h)
+            self.assertIn("bytes of fp32 training state", reason)
+            self.assertIn("2147483648 bytes of worker_memory_bytes_max", reason)
+        self.assertEqual(net.shard(big).get("reservations", []), [])
 
     def test_overlap_trains_and_settles(self):
         """The one-step-delayed outer update (docs/training.md "Overlap"): each round's
