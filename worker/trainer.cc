@@ -439,6 +439,10 @@ absl::StatusOr<std::vector<uint32_t>> Trainer::SampleLoaded(std::span<const uint
     return absl::InvalidArgumentError(
         absl::StrCat("sample: temperature ", options.temperature, " must be > 0"));
   }
+  if (!(options.top_p >= 0 && options.top_p <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample: top_p ", options.top_p, " is outside [0, 1]"));
+  }
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] >= m.config.vocab) {
       return absl::InvalidArgumentError(
@@ -464,6 +468,15 @@ absl::StatusOr<std::vector<uint32_t>> Trainer::SampleLoaded(std::span<const uint
       if (options.top_k > 0 && options.top_k < m.config.vocab) {
         const torch::Tensor kth = std::get<0>(logits.topk(options.top_k)).select(0, -1);
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
+      }
+      if (options.top_p > 0 && options.top_p < 1) {
+        // The most likely tokens until their mass reaches top_p: a token stays when the mass
+        // before it (in descending order) is below top_p, so the most likely always does.
+        auto [sorted, order] =
+            torch::softmax(logits, /*dim=*/0).sort(/*dim=*/0, /*descending=*/true);
+        const torch::Tensor cut_sorted = (sorted.cumsum(0) - sorted) >= double{options.top_p};
+        const torch::Tensor cut = torch::zeros_like(cut_sorted).scatter(0, order, cut_sorted);
+        logits = logits.masked_fill(cut, -std::numeric_limits<double>::infinity());
       }
       const torch::Tensor probs = torch::softmax(logits, /*dim=*/0);
       const int64_t next = torch::multinomial(probs, 1, /*replacement=*/false, gen).item<int64_t>();

@@ -98,6 +98,7 @@ struct EvalOptions {
 struct SampleOptions {
   float temperature = 1.0f;  // > 0
   uint32_t top_k = 0;        // 0: the whole vocabulary
+  float top_p = 0;           // nucleus: 0 or 1: no cut, else the smallest set holding top_p
 };
 
 // Owns the model on its device and the inner AdamW state. The state (moments and step count)

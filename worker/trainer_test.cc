@@ -181,6 +181,19 @@ TEST(Trainer, EvaluateAndSample) {
   EXPECT_THAT(*text, ::testing::StartsWith("The meaning of life"));
   EXPECT_EQ(t->Sample(params, prompt, 1, 1, {.temperature = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
+
+  // Nucleus sampling: a tiny top_p keeps the most likely token only (greedy, as top_k = 1),
+  // whatever the seed; top_p = 1 cuts nothing (the same draws as without it).
+  const auto greedy = t->Sample(params, prompt, 12, 1, {.top_k = 1});
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_EQ(*t->Sample(params, prompt, 12, 1, {.top_p = 1e-6f}), *greedy);
+  EXPECT_EQ(*t->Sample(params, prompt, 12, 7, {.top_p = 1e-6f}), *greedy);
+  EXPECT_EQ(*t->Sample(params, prompt, 40, 1, {.top_p = 1.0f}), *a);
+  const auto nucleus = t->Sample(params, prompt, 40, 1, {.top_p = 0.9f});
+  ASSERT_TRUE(nucleus.ok()) << nucleus.status();
+  EXPECT_EQ(nucleus->size(), 40u);
+  EXPECT_EQ(t->Sample(params, prompt, 1, 1, {.top_p = 1.5f}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 ModelConfig TinyLlama(bool tied) {

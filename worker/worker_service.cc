@@ -744,7 +744,12 @@ absl::Status WorkerService::DoSample(const pb::SampleRequest& request,
   if (request.top_k() > config.vocab) {
     return Invalid("top_k", request.top_k(), absl::StrCat("is more than vocab ", config.vocab));
   }
-  const SampleOptions options{.temperature = request.temperature(), .top_k = request.top_k()};
+  TS_RETURN_IF_ERROR(CheckFinite("top_p", request.top_p()));
+  if (request.top_p() < 0 || request.top_p() > 1) {
+    return Invalid("top_p", request.top_p(), "is outside [0, 1] (0: no cut)");
+  }
+  const SampleOptions options{
+      .temperature = request.temperature(), .top_k = request.top_k(), .top_p = request.top_p()};
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<uint32_t> prompt;
   if (!request.tokenizer_file().empty()) {

@@ -121,12 +121,17 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
   for (size_t i = 0; i < momentum_in.size(); ++i) momentum_in[i] = inner.pseudo_gradient[i] * -0.5f;
   Checkpoint ck{config, init, momentum_in};
   TS_RETURN_IF_ERROR(OuterStep(ck.params, *ck.momentum, inner.pseudo_gradient, outer));
+  // The logits of the checkpoint the tool writes: what its export must reproduce.
+  TS_ASSIGN_OR_RETURN(std::vector<float> logits_after,
+                      ReferenceLogits(config, ck.params, batches[0]));
 
   const uint64_t n = init.size();
   const uint32_t cols = config.context + 1;
   TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "init.npy", init, {n}, "<f4"));
   TS_RETURN_IF_ERROR(
       WriteNpy<float>(dir / "logits.npy", logits, {4, config.context, config.vocab}, "<f4"));
+  TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "logits_after_outer.npy", logits_after,
+                                     {4, config.context, config.vocab}, "<f4"));
   TS_RETURN_IF_ERROR(
       WriteNpy<int64_t>(dir / "batches.npy", all_tokens, {inner_steps, 4, cols}, "<i8"));
   TS_RETURN_IF_ERROR(WriteNpy<float>(dir / "after_inner.npy", inner.local_params, {n}, "<f4"));
@@ -181,6 +186,7 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
   j["layout"] = layout;
   j["files"] = {{"init", "init.npy"},
                 {"logits", "logits.npy"},
+                {"logits_after_outer", "logits_after_outer.npy"},
                 {"batches", "batches.npy"},
                 {"after_inner", "after_inner.npy"},
                 {"delta", "delta.npy"},

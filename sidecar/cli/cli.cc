@@ -38,6 +38,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   AddWeightsCommands(app, table);
   AddProposalCommands(app, table);
   AddShardCommands(app, table);
+  AddModelCommands(app, table);
   AddHostCommands(app, table);
   AddArtifactCommands(app, table);
 #ifdef TS_HAVE_DATA_COMMANDS

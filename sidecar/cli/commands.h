@@ -78,6 +78,7 @@ void AddBankCommands(CLI::App& root, CommandTable& table);
 void AddWeightsCommands(CLI::App& root, CommandTable& table);
 void AddProposalCommands(CLI::App& root, CommandTable& table);
 void AddShardCommands(CLI::App& root, CommandTable& table);
+void AddModelCommands(CLI::App& root, CommandTable& table);
 // `shard run`, `shard train-status` (added to the shard group) and `eval`.
 void AddTrainCommands(CLI::App& root, CLI::App& shard, CommandTable& table);
 void AddHostCommands(CLI::App& root, CommandTable& table);

@@ -45,6 +45,7 @@ namespace {
 namespace pb = ::gonka::trainshard::v1;
 constexpr char kComponent[] = "shard_run";
 constexpr char kCheckpointFile[] = "checkpoint.tsck";
+constexpr char kTokenizerFile[] = "tokenizer.model";
 // Fixed block sizes of the round's all-gathers (every member sends the same size).
 constexpr size_t kVoteBlockBytes = 2048;
 constexpr size_t kSettlementBlockBytes = 512;
@@ -1136,6 +1137,18 @@ struct ShardRun::Impl {
   // its chunks are already here), so a joining host can fetch one artifact from every member.
   void PublishCheckpoint(uint64_t round, Collective* collective, const GroupSpec& group,
                          size_t self, int64_t deadline) {
+    // The run's tokenizer travels in every checkpoint artifact, so whoever fetches one — a
+    // joining member, the shard's creator or a reader — can turn text into tokens and back.
+    if (!data.tokenizer_file().empty()) {
+      std::error_code ec;
+      std::filesystem::copy_file(Path(data.tokenizer_file()),
+                                 Path(absl::StrCat(CheckpointDir(round), "/", kTokenizerFile)),
+                                 std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec) {
+        Transition(absl::StrCat("round ", round, ": tokenizer not added to the checkpoint: ",
+                                ec.message()));
+      }
+    }
     auto published =
         host.artifacts->Publish(shard_id, Path(CheckpointDir(round)), "checkpoint", round);
     if (!published.ok()) {

@@ -19,6 +19,12 @@ The llama family is rebuilt here from its formulas (RMSNorm, rotary position emb
 Face's rotate-half form, grouped-query attention, SwiGLU, tied or untied head), not from the
 worker's code or any library's Llama: its logits, losses, parameters after the inner steps and the
 pseudo-gradient must agree within 1e-5 (fp32 on the CPU).
+
+The export (`trainshard model export`) is read here by a safetensors reader written from the
+format's definition (an 8-byte little-endian header length, a JSON header, raw little-endian
+buffers) with numpy, checked against the Hugging Face LlamaForCausalLM layout written out here
+from config.json alone, loaded by name into the reference Llama, and must give the worker's logits
+of the same checkpoint within 1e-5.
 """
 
 import hashlib
@@ -40,6 +46,7 @@ BUILD_DIR = os.environ.get(
     "TS_BUILD_DIR",
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build"))
 TOOL = os.path.join(BUILD_DIR, "worker", "ts_worker_tool")
+CLI = os.path.join(BUILD_DIR, "sidecar", "cli", "trainshard")
 
 TOL_INNER = 1e-6
 TOL_OUTER = 1e-6
@@ -248,6 +255,42 @@ def encode_checkpoint(ref, params, momentum):
     return bytes(out)
 
 
+def read_safetensors(path):
+    """{name: numpy array} from a .safetensors file, read from the format's definition."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    data = blob[8 + n:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        assert entry["dtype"] == "F32", (name, entry["dtype"])
+        begin, end = entry["data_offsets"]
+        out[name] = np.frombuffer(data[begin:end], dtype="<f4").reshape(entry["shape"])
+    return out
+
+
+def llama_layout(cfg):
+    """LlamaForCausalLM's parameter names and shapes for a config.json, as Hugging Face names
+    them."""
+    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd = d // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    out = {"model.embed_tokens.weight": [v, d], "model.norm.weight": [d]}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": [q, d], p + "self_attn.k_proj.weight": [kv, d],
+                    p + "self_attn.v_proj.weight": [kv, d], p + "self_attn.o_proj.weight": [d, q],
+                    p + "mlp.gate_proj.weight": [f, d], p + "mlp.up_proj.weight": [f, d],
+                    p + "mlp.down_proj.weight": [d, f], p + "input_layernorm.weight": [d],
+                    p + "post_attention_layernorm.weight": [d]})
+    if not cfg["tie_word_embeddings"]:
+        out["lm_head.weight"] = [v, d]
+    return out
+
+
 class WorkerReferenceTest(unittest.TestCase):
     def run_case(self, inner_steps, threads, family="gpt", tied=False, extra=()):
         with tempfile.TemporaryDirectory() as out:
@@ -263,6 +306,17 @@ class WorkerReferenceTest(unittest.TestCase):
             arrays = {k: np.load(v) for k, v in files.items() if v.endswith(".npy")}
             with open(files["checkpoint"], "rb") as f:
                 checkpoint = f.read()
+            exported = None
+            if family == "llama":
+                exp = os.path.join(out, "exported")
+                r = subprocess.run([CLI, "--json", "model", "export", "--checkpoint",
+                                    files["checkpoint"], "--out", exp],
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(json.loads(r.stdout)["root"], ref["checkpoint_root"])
+                with open(os.path.join(exp, "config.json")) as f:
+                    cfg = json.load(f)
+                exported = (cfg, read_safetensors(os.path.join(exp, "model.safetensors")))
         torch.set_num_threads(threads)
         c, a, o = ref["config"], ref["adamw"], ref["outer"]
 
@@ -339,10 +393,37 @@ class WorkerReferenceTest(unittest.TestCase):
         self.assertLess(report("momentum_out", sgd.state[theta]["momentum_buffer"].numpy(),
                                arrays["momentum_out"]), TOL_OUTER)
 
+        if exported is not None:
+            self.check_export(c, *exported, arrays)
+
         # The checkpoint bytes follow the documented encoding, and the root is their SHA-256.
         rebuilt = encode_checkpoint(ref, arrays["after_outer"], arrays["momentum_out"])
         self.assertEqual(rebuilt, checkpoint)
         self.assertEqual(hashlib.sha256(checkpoint).hexdigest(), ref["checkpoint_root"])
+
+    def check_export(self, c, cfg, tensors, arrays):
+        """The exported checkpoint: config.json describes the model, every tensor is where
+        LlamaForCausalLM has it, and loaded by name into the reference it gives the worker's
+        logits of the same checkpoint."""
+        self.assertEqual(cfg["architectures"], ["LlamaForCausalLM"])
+        for key, want in (("hidden_size", c["d_model"]), ("num_hidden_layers", c["layers"]),
+                          ("num_attention_heads", c["heads"]),
+                          ("num_key_value_heads", c["kv_heads"]),
+                          ("intermediate_size", c["mlp_hidden"]), ("vocab_size", c["vocab"]),
+                          ("tie_word_embeddings", c["tie_embeddings"])):
+            self.assertEqual(cfg[key], want, key)
+        self.assertAlmostEqual(cfg["rms_norm_eps"], c["norm_eps"], delta=1e-12)
+        self.assertAlmostEqual(cfg["rope_theta"], c["rope_theta"], delta=1e-3)
+        self.assertEqual({n: list(t.shape) for n, t in tensors.items()}, llama_layout(cfg))
+        model = Llama(c)
+        state = {n: torch.from_numpy(t.copy()) for n, t in tensors.items()}
+        model.load_state_dict(state, strict=True)
+        with torch.no_grad():
+            first = torch.from_numpy(arrays["batches"][0])
+            logits = model(first[:, :-1]).numpy()
+        diff = float(np.max(np.abs(logits.astype(np.float64) - arrays["logits_after_outer"])))
+        print(f"  llama export: logits max |diff| = {diff:.3g}")
+        self.assertLess(diff, TOL_LLAMA)
 
     def test_one_inner_step(self):
         self.run_case(inner_steps=1, threads=2)
