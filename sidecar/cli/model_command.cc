@@ -141,6 +141,11 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
   // A private artifact store for the fetch, in the partial folder: chunks are checked as they
   // arrive, and an interrupted fetch leaves nothing behind.
   const std::string store_dir = partial->path() + "/store";
+  std::error_code made;
+  fs::create_directories(store_dir + "/artifacts", made);
+  if (made) {
+    return ctx.LocalFailed(absl::InternalError(absl::StrCat(store_dir, ": ", made.message())));
+  }
   state::DbOptions db_options;
   db_options.tables = {std::string(kTableArtifacts)};
   auto db = state::Db::Open(store_dir + "/db", db_options);
@@ -163,7 +168,8 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
   std::map<std::string, std::vector<FetchPeer>> holders;
   std::vector<std::string> refusals;
   for (const PeerArtifacts& answer :
-       ListPeerArtifacts(context, args.shard, members, ctx.options().timeout_ms)) {
+       ListPeerArtifacts(context, args.shard, members,
+                         common::SystemClock().MonotonicMs() + ctx.options().timeout_ms)) {
     if (!answer.artifacts.ok()) {
       refusals.push_back(absl::StrCat(answer.address, ": ", answer.artifacts.status().ToString()));
       continue;

@@ -38,13 +38,18 @@ def main():
             say(f"{h.name} {h.address} sidecar on {h.operator}")
         supply = int(net.cli("chain", "status")["total_supply"])
 
-        run_spec = net.write_run_spec("demo", rounds=10, innerSteps=30, evalEvery=2)
+        run_spec = net.write_run_spec(
+            "demo", rounds=10, innerSteps=30, evalEvery=2,
+            model={"kind": "llama", "preset": "tiny", "seed": "7",
+                   "config": {"vocab": 384, "context": 32}},
+            training={"schedule": "cosine", "warmupSteps": "20", "minLrRatio": 0.1})
         with open(run_spec) as f:
             rs = json.load(f)
         cfg = rs["model"]["config"]
-        say(f"run spec: GPT {cfg['layers']} layers x {cfg['dModel']} wide, context "
-            f"{cfg['context']}, vocab {cfg['vocab']}; fortunes corpus; {rs['rounds']} DiLoCo "
-            f"rounds of H={rs['innerSteps']} AdamW steps, outer Nesterov lr {rs['outer']['lr']}")
+        say(f"run spec: llama preset {rs['model']['preset']} (2 layers x 64 wide, grouped-query "
+            f"attention, SwiGLU, rotary), context {cfg['context']}, vocab {cfg['vocab']}; "
+            f"fortunes corpus; {rs['rounds']} DiLoCo rounds of H={rs['innerSteps']} AdamW steps "
+            f"(warm-up then cosine), outer Nesterov lr {rs['outer']['lr']}")
         spec = net.write_spec("demo", min_nodes=3, max_nodes=3, escrow=300000, bps=5000,
                               max_duration=6000, run_spec=run_spec)
         out = net.cli("proposal", "submit", "--spec", spec, "--run-spec", run_spec, "--deposit",
@@ -131,6 +136,26 @@ def main():
         record = net.cli("shard", "settlement", "--id", sid)
         say(f"shard {sid} SETTLED at height {record['height']} with signed weight "
             f"{record['signed_weight']} of {shard['total_weight']}")
+
+        # The result in the payer's hands: the creator fetches the settled checkpoint from the
+        # members (it is not one), exports it for the Hugging Face tools, and has it write.
+        model_dir = os.path.join(net.root, "model")
+        fetched = net.cli("model", "fetch", "--shard", sid, "--out", model_dir, key="creator",
+                          timeout=300)
+        say(f"creator fetched the settled checkpoint ({int(fetched['checkpoint_bytes']) >> 10} "
+            f"KiB, root {fetched['root'][:16]}..., the settlement's) and its tokenizer from "
+            f"{len(fetched['from'])} members")
+        exported = net.cli("model", "export", "--checkpoint", fetched["checkpoint"],
+                           "--tokenizer", fetched["tokenizer"], "--out", model_dir + "-hf")
+        say(f"exported for Hugging Face: {exported['out']} (model.safetensors, config.json, "
+            f"tokenizer.model; {exported['parameters']} parameters in {exported['tensors']} "
+            f"tensors)")
+        written = net.cli("model", "generate", "--checkpoint", fetched["checkpoint"],
+                          "--tokenizer", fetched["tokenizer"], "--prompt", "The", "--max-tokens",
+                          "24", "--samples", "3", "--seed", "5", timeout=300)
+        print("\nWhat the settled model writes (trainshard model generate --prompt \"The\")")
+        for text in written["samples"]:
+            print("  " + " ".join(text.split()))
 
         print("\nLoss curve (round, mean train loss, median eval loss)")
         for n, tl, el in curve:

@@ -15,6 +15,7 @@ their ts_worker processes, the CLI.
 """
 
 import base64
+import hashlib
 import json
 import os
 import signal
@@ -257,6 +258,38 @@ class TrainTest(unittest.TestCase):
         for h in net.hosts:
             with open(h.process.log_path, errors="replace") as f:
                 self.assertIn("started the shard's run from its chain spec", f.read())
+
+        # The result in the payer's hands: the creator, not a member, fetches the settled
+        # checkpoint and its tokenizer from the members; the root is the settlement's.
+        final_root = base64.b64decode(net.cli("shard", "settlement", "--id", sid)["settlement"][
+            "final_checkpoint_root"]).hex()
+        model_dir = os.path.join(net.root, "my-model")
+        fetched = net.cli("model", "fetch", "--shard", sid, "--out", model_dir, key="creator",
+                          timeout=120)
+        self.assertEqual(fetched["root"], final_root)
+        with open(fetched["checkpoint"], "rb") as f:
+            self.assertEqual(hashlib.sha256(f.read()).hexdigest(), final_root)
+        exported = net.cli("model", "export", "--checkpoint", fetched["checkpoint"],
+                           "--tokenizer", fetched["tokenizer"], "--out",
+                           os.path.join(net.root, "my-model-hf"))
+        self.assertEqual(exported["root"], final_root)
+        self.assertEqual(sorted(os.listdir(exported["out"])),
+                         ["config.json", "model.safetensors", "tokenizer.model"])
+        written = net.cli("model", "generate", "--checkpoint", fetched["checkpoint"],
+                          "--tokenizer", fetched["tokenizer"], "--prompt", "The", "--max-tokens",
+                          "12", "--samples", "2", timeout=120)
+        self.assertEqual(written["root"], final_root)
+        self.assertEqual(len(written["samples"]), 2)
+        for text in written["samples"]:
+            self.assertTrue(text.startswith("The") and len(text) > 3, text)
+        # An outsider is refused by every member, and nothing is left where it asked.
+        refused = net.cli("model", "fetch", "--shard", sid, "--out",
+                          os.path.join(net.root, "stolen"), key="outsider", check=False,
+                          json_out=False, timeout=120)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("is neither a member nor a reader of shard", refused.stderr)
+        self.assertFalse(any(n.startswith(".partial-stolen") or n == "stolen"
+                             for n in os.listdir(net.root)))
 
         # A run no host here can train (a 1 B-parameter model; each host declares 2 GiB for its
         # worker): every host refuses it before reserving, with the reason, and the shard stays
