@@ -8,8 +8,13 @@
 //         [--batch B] [--lr X] [--threads T] [--files F]
 //     Trains a model on the real corpus and prints figures (params, steps/s, loss start -> end,
 //     eval before -> after, a sample) and one JSON line.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -201,6 +206,125 @@ absl::Status Reference(const std::string& out_dir, uint64_t seed, uint32_t inner
   return absl::OkStatus();
 }
 
+struct ThroughputArgs {
+  std::string preset = "20m";
+  uint32_t vocab = 32000, context = 128, batch = 8, micro_batch = 0, steps = 6, warmup = 1;
+  int threads = 2;
+  bool checkpointing = false;
+};
+
+// A line of /proc/self/status ("VmRSS", "VmHWM") in bytes; 0 if absent.
+uint64_t ProcStatusBytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// Training throughput and memory of the worker's own path (Trainer::Load, then Steps: the
+// parameters live in the model, never in a second copy), on random tokens — the speed of a step
+// does not depend on what the tokens are. Prints one JSON line: tokens per second over the
+// timed steps, and the resident memory before the model and at its peak.
+absl::Status Throughput(const ThroughputArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  TS_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(a.preset, a.vocab, a.context));
+  torch::set_num_threads(a.threads);
+  const uint64_t rss_before = ProcStatusBytes("VmRSS");
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(config, {.lr = 1e-4f}, {.num_threads = a.threads}));
+  {
+    std::vector<float> init = InitParams(config, 1);
+    VectorReader reader(init);
+    TS_RETURN_IF_ERROR(trainer->Load(reader));
+  }
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto batch = [&] {
+    TokenBatch b;
+    b.rows = a.batch;
+    b.cols = a.context + 1;
+    b.tokens.reserve(size_t{b.rows} * b.cols);
+    for (uint32_t i = 0; i < b.rows * b.cols; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      b.tokens.push_back(static_cast<int64_t>(x % config.vocab));
+    }
+    return b;
+  };
+  InnerOptions options;
+  options.micro_batch = a.micro_batch;
+  options.activation_checkpointing = a.checkpointing;
+  std::vector<double> step_s;
+  std::vector<float> losses;
+  for (uint32_t i = 0; i < a.warmup + a.steps; ++i) {
+    const TokenBatch one = batch();
+    const auto t0 = Clock::now();
+    TS_ASSIGN_OR_RETURN(std::vector<float> loss, trainer->Steps({&one, 1}, options));
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (i >= a.warmup) step_s.push_back(s);
+    losses.push_back(loss[0]);
+  }
+  double total = 0;
+  for (double s : step_s) total += s;
+  const uint64_t params = ParameterCount(config);
+  const double tokens = static_cast<double>(a.batch) * a.context * a.steps;
+  nlohmann::json j = {{"impl", "trainshard"},
+                      {"model", ModelConfigString(config)},
+                      {"params", params},
+                      {"threads", a.threads},
+                      {"batch", a.batch},
+                      {"micro_batch", a.micro_batch},
+                      {"context", a.context},
+                      {"steps", a.steps},
+                      {"step_s", step_s},
+                      {"tokens_per_s", tokens / total},
+                      {"loss_first", losses.front()},
+                      {"loss_last", losses.back()},
+                      {"rss_before_model", rss_before},
+                      {"rss_peak", ProcStatusBytes("VmHWM")}};
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
+}
+
+struct CheckpointArgs {
+  std::string preset = "1b";
+  uint32_t vocab = 32000, context = 2048;
+  bool momentum = true;
+  std::string out;
+};
+
+// A real checkpoint of a preset at its initialization (and a momentum buffer of the same
+// length), written streaming: what a shard publishes and its members fetch, at any size.
+absl::Status WriteCheckpoint(const CheckpointArgs& a) {
+  TS_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(a.preset, a.vocab, a.context));
+  const int fd = ::open(a.out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat(a.out, ": ", std::strerror(errno)));
+  FileByteWriter out(fd, a.out);
+  const std::string header = EncodeCheckpointHeader(config, a.momentum);
+  TS_RETURN_IF_ERROR(out.WriteBytes(header.data(), header.size()));
+  const uint64_t n = ParameterCount(config);
+  {
+    const std::vector<float> init = InitParams(config, 1);
+    FileValueWriter values(&out, n);
+    TS_RETURN_IF_ERROR(values.Write(init));
+  }
+  if (a.momentum) {
+    const std::vector<float> momentum(n, 1e-4f);
+    FileValueWriter values(&out, n);
+    TS_RETURN_IF_ERROR(values.Write(momentum));
+  }
+  TS_ASSIGN_OR_RETURN(std::string root, out.Close());
+  nlohmann::json j = {{"file", a.out},
+                      {"model", ModelConfigString(config)},
+                      {"params", n},
+                      {"bytes", out.written()},
+                      {"root", common::HexEncode(root)}};
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
+}
+
 struct TrainArgs {
   uint32_t steps = 300, batch = 8, files = 8;
   ModelConfig config{
@@ -299,6 +423,23 @@ int main(int argc, char** argv) {
   ref->add_option("--total", ref_inner.schedule.total_steps, "last step of the cosine (0: none)");
   ref->add_option("--min-lr-ratio", ref_inner.schedule.min_lr_ratio, "the cosine's floor");
 
+  ts::worker::ThroughputArgs tp;
+  CLI::App* thr = app.add_subcommand("throughput", "time training steps of a preset, print JSON");
+  thr->add_option("--preset", tp.preset, "llama preset");
+  thr->add_option("--vocab", tp.vocab);
+  thr->add_option("--context", tp.context);
+  thr->add_option("--batch", tp.batch)->check(CLI::Range(1, 4096));
+  thr->add_option("--micro-batch", tp.micro_batch, "rows per pass (0: the whole batch)");
+  thr->add_option("--steps", tp.steps, "timed steps")->check(CLI::Range(1, 100000));
+  thr->add_option("--warmup", tp.warmup, "untimed steps first");
+  thr->add_option("--threads", tp.threads)->check(CLI::Range(1, 256));
+  thr->add_flag("--checkpointing", tp.checkpointing, "activation checkpointing");
+  ts::worker::CheckpointArgs ck;
+  CLI::App* ckpt = app.add_subcommand("checkpoint", "write a preset's checkpoint, print JSON");
+  ckpt->add_option("--preset", ck.preset, "llama preset");
+  ckpt->add_option("--vocab", ck.vocab);
+  ckpt->add_option("--context", ck.context);
+  ckpt->add_option("--out", ck.out, "file to create")->required();
   ts::worker::TrainArgs t;
   CLI::App* train = app.add_subcommand("train", "train on the real corpus and print figures");
   train->add_option("--steps", t.steps)->check(CLI::Range(1, 1000000));
@@ -313,9 +454,11 @@ int main(int argc, char** argv) {
   train->add_option("--threads", t.threads)->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
 
-  absl::Status s = ref->parsed() ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads,
-                                                         ref_family, ref_tied, ref_inner)
-                                 : ts::worker::Train(t);
+  absl::Status s = ckpt->parsed()  ? ts::worker::WriteCheckpoint(ck)
+                   : thr->parsed() ? ts::worker::Throughput(tp)
+                   : ref->parsed() ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads,
+                                                           ref_family, ref_tied, ref_inner)
+                                   : ts::worker::Train(t);
   if (!s.ok()) {
     std::fprintf(stderr, "ts_worker_tool: %s\n", s.ToString().c_str());
     return 1;

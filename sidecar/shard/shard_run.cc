@@ -295,7 +295,8 @@ struct ShardRun::Impl {
   void RecordRound(const pb::RoundCertificate& c, double round_seconds) {
     RecordRound(c, round_seconds, round_inner_seconds);
   }
-  void RecordRound(const pb::RoundCertificate& c, double round_seconds, double inner_seconds) {
+  void RecordRound(const pb::RoundCertificate& c, double round_seconds, double inner_seconds,
+                   double exchange_seconds = 0, double certify_seconds = 0) {
     absl::MutexLock lock(&mu);
     pb::RoundSummary* s = status.add_rounds();
     s->set_round(c.result().round());
@@ -308,6 +309,8 @@ struct ShardRun::Impl {
     s->set_signed_weight(c.signed_weight());
     s->set_inner_seconds(inner_seconds);
     s->set_round_seconds(round_seconds);
+    s->set_exchange_seconds(exchange_seconds);
+    s->set_certify_seconds(certify_seconds);
     if (static_cast<size_t>(status.rounds_size()) > kRoundsKept) {
       status.mutable_rounds()->DeleteSubrange(0, 1);
     }
@@ -927,6 +930,7 @@ struct ShardRun::Impl {
     std::unique_ptr<Collective> collective;
     std::vector<float> aggregate;
     uint64_t bytes = 0;
+    int64_t reduced = 0;  // when the aggregate was complete
   };
 
   absl::StatusOr<Reduced> Reduce(const pb::RoundPlan& plan) {
@@ -975,6 +979,7 @@ struct ShardRun::Impl {
       TS_ASSIGN_OR_RETURN(OpStats stats, collective.RobustAllReduce(op, spec.aggregate, delta));
       r.bytes += stats.wire_bytes_sent;
     }
+    r.reduced = host.clock->MonotonicMs();
     return r;
   }
 
@@ -1113,8 +1118,9 @@ struct ShardRun::Impl {
     TS_RETURN_IF_ERROR(VerifyCertificate(host.chain_id, cert, view));
     TS_RETURN_IF_ERROR(StoreCertificates({cert}));
     loaded = true;
-    RecordRound(cert, (host.clock->MonotonicMs() - started) / 1000.0 + inner_seconds,
-                inner_seconds);
+    const int64_t certified = host.clock->MonotonicMs();
+    RecordRound(cert, (certified - started) / 1000.0 + inner_seconds, inner_seconds,
+                (r.reduced - started) / 1000.0, (certified - r.reduced) / 1000.0);
     std::vector<std::string> short_members;
     for (const auto& m : result.members()) short_members.push_back(Short(m));
     Transition(absl::StrCat("round ", round, " certified (attempt ", plan.attempt(), ", ",
@@ -1127,6 +1133,13 @@ struct ShardRun::Impl {
                             "; members ", absl::StrJoin(short_members, ", ")));
 
     PublishCheckpoint(round, &collective, group, self, deadline);
+    {
+      const double publish_seconds = (host.clock->MonotonicMs() - certified) / 1000.0;
+      absl::MutexLock lock(&mu);
+      for (pb::RoundSummary& s : *status.mutable_rounds()) {
+        if (s.round() == round) s.set_publish_seconds(publish_seconds);
+      }
+    }
     if (round == spec.spec.rounds()) ExchangeSettlement(&collective, group, deadline);
     // Files of rounds no longer needed.
     if (round >= 2) RemoveTree(CheckpointDir(round - 2));

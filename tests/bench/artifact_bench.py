@@ -10,6 +10,10 @@ it cannot run (a step failed), never because a target is missed.
            artifact per run; in the same run the fetch over gRPC instead of the chunk stream,
            one right after a gc, the disk's own raw write rate for the artifact's size (what
            bounds any durable fetch) and the fetches again with B's store on tmpfs
+  checkpoint (--only checkpoint) a real checkpoint of a llama preset (--checkpoint-preset, 1b by
+           default: 1.1 G parameters and the outer momentum, 8.7 GB, written by ts_worker_tool)
+           published on A and fetched by B across the tbf-limited link: throughput / link rate
+           (target >= 0.95) and the peak resident memory (VmHWM) of both daemons
   resume   the fetcher's trainshardd SIGKILLed when half the chunks are stored, restarted,
            fetched again: extra bytes on the wire (both runs' received bytes minus a clean
            fetch's, from the same peers) / artifact size (target <= 0.01)
@@ -81,6 +85,15 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss(pid):
+    """The process's peak resident memory (VmHWM), bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def minor_faults(pid):
@@ -225,7 +238,8 @@ class Bench:
         self.addr = {n: h.address for n, h in self.hosts.items()}
         spec = net.write_spec("artifact-bench", min_nodes=4, max_nodes=4, escrow=400000,
                               max_duration=100000,
-                              quota_bytes=(a.local_runs + 5) * self.size + 64 * MIB,
+                              quota_bytes=(a.local_runs + 5) * self.size + 64 * MIB
+                              if a.only != "checkpoint" else 64 * GIB,
                               quota_files=400000)
         _, self.sid = net.propose_and_pass(spec, voters=("host1", "host2", "host3", "host4"))
         net.wait_shard_status(self.sid, "SHARD_STATUS_RUNNING", 60)
@@ -403,6 +417,45 @@ class Bench:
                             single_ratio_tcp=round(thr / tcp, 4))
         self.drop_on_b()
 
+    def checkpoint(self):
+        preset = self.args.checkpoint_preset
+        src = os.path.join(self.net.root, f"checkpoint-{preset}")
+        os.makedirs(src)
+        t0 = time.monotonic()
+        r = subprocess.run([os.path.join(harness.BUILD_DIR, "worker", "ts_worker_tool"),
+                            "checkpoint", "--preset", preset, "--out",
+                            os.path.join(src, "checkpoint.tsck")],
+                           capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            raise RuntimeError(f"ts_worker_tool checkpoint: {r.stderr[-2000:]}")
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+        self.size = int(info["bytes"])
+        say(f"checkpoint: {info['model']}, {info['params']:,} parameters with momentum, "
+            f"{self.size / 1e9:.2f} GB, written in {time.monotonic() - t0:.0f}s")
+        t0 = time.monotonic()
+        out = self.net.artifact(self.hosts["A"], "publish", "--shard", self.sid, "--dir", src,
+                                "--chunk-size", str(self.args.chunk_size), timeout=7200)
+        self.id = out["artifact_id"]
+        say(f"publish on A: {int(out['chunks_total'])} chunks in {time.monotonic() - t0:.0f}s")
+        shutil.rmtree(src)  # the store holds it now; the disk need not hold it twice
+        rate = self.args.rate_mbit
+        self.topo.shape("A", rate, self.args.burst, self.args.latency)
+        link = rate * 1e6 / 8
+        seconds, res, rx = self.fetch(["A"], self.shaped_timeout(1))
+        thr = self.size / seconds
+        mem = {p: peak_rss(self.hosts[p].process.proc.pid) for p in ("A", "B")}
+        say(f"{preset} checkpoint, one peer, tbf {rate} Mbit/s: {thr * 8 / 1e6:.1f} Mbit/s in "
+            f"{seconds:.0f}s = {thr / link:.3f} of the link rate (target >= 0.95); peak memory "
+            f"of the daemons: A (serving) {mem['A'] / MIB:.0f} MiB, B (fetching) "
+            f"{mem['B'] / MIB:.0f} MiB")
+        self.results.update(checkpoint_preset=preset, checkpoint_params=info["params"],
+                            checkpoint_bytes=self.size,
+                            checkpoint_mbit_s=round(thr * 8 / 1e6, 2),
+                            checkpoint_ratio_link=round(thr / link, 4),
+                            checkpoint_target_met=thr / link >= 0.95,
+                            peak_rss_serving_mib=round(mem["A"] / MIB, 1),
+                            peak_rss_fetching_mib=round(mem["B"] / MIB, 1))
+
     def three(self):
         for name in "CD":
             self.topo.shape(name, self.args.rate_mbit, self.args.burst, self.args.latency)
@@ -464,9 +517,12 @@ class Bench:
         self.shm = f"/dev/shm/ts-artifact-bench-{os.getpid()}"
         try:
             self.setup()
-            self.make_artifact()
-            self.local()
-            if self.args.only != "local":
+            if self.args.only == "checkpoint":
+                self.checkpoint()
+            else:
+                self.make_artifact()
+                self.local()
+            if self.args.only == "all":
                 self.single()
                 self.three()
                 self.resume()
@@ -492,8 +548,11 @@ def main():
     p.add_argument("--burst", default=netns.DEFAULT_BURST)
     p.add_argument("--latency", default=netns.DEFAULT_LATENCY)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
-    p.add_argument("--only", choices=["all", "local"], default="all",
-                   help="local: only the unlimited-link figure")
+    p.add_argument("--only", choices=["all", "local", "checkpoint"], default="all",
+                   help="local: only the unlimited-link figure; checkpoint: only the "
+                        "checkpoint figure")
+    p.add_argument("--checkpoint-preset", default="1b",
+                   help="the llama preset of --only checkpoint")
     p.add_argument("--local-runs", type=int, default=1,
                    help="fetches to disk, and to tmpfs, in the local figure (best and median "
                         "reported)")

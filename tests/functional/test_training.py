@@ -252,6 +252,13 @@ class TrainTest(unittest.TestCase):
         initial = int(s["initial_eval_loss_micro"]) / 1e6
         final = int(s["rounds"][-1]["eval_loss_micro"]) / 1e6
         self.assertLess(final, initial - LOSS_MARGIN, f"eval loss {initial:.3f} -> {final:.3f}")
+        # Each certified round is timed in its parts, which add up to less than the whole.
+        for r in s["rounds"]:
+            parts = [float(r.get(k, 0)) for k in ("inner_seconds", "exchange_seconds",
+                                                  "certify_seconds")]
+            self.assertTrue(all(p > 0 for p in parts), r)
+            self.assertLessEqual(sum(parts), float(r["round_seconds"]) + 1e-3, r)
+            self.assertGreater(float(r.get("publish_seconds", 0)), 0, r)
         for h, st in zip(net.hosts[1:], statuses[1:]):
             self.assertTrue(any("fetched as artifact" in t for t in st.get("transitions", [])),
                             f"{h.name} did not fetch the dataset: {st.get('transitions')}")
