@@ -1158,8 +1158,8 @@ struct ShardRun::Impl {
                                  Path(absl::StrCat(CheckpointDir(round), "/", kTokenizerFile)),
                                  std::filesystem::copy_options::overwrite_existing, ec);
       if (ec) {
-        Transition(absl::StrCat("round ", round, ": tokenizer not added to the checkpoint: ",
-                                ec.message()));
+        Transition(absl::StrCat("round ", round,
+                                ": tokenizer not added to the checkpoint: ", ec.message()));
       }
     }
     auto published =
