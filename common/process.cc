@@ -90,4 +90,18 @@ uint64_t PhysicalMemoryBytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
+std::string SiblingExecutable(const std::string& configured, const std::string& name,
+                              const std::string& build_tree_path) {
+  if (!configured.empty()) return configured;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return name;
+  std::string dir(self, static_cast<size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const std::string& candidate : {dir + "/" + name, dir + "/" + build_tree_path}) {
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return dir + "/" + name;
+}
+
 }  // namespace ts::common

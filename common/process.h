@@ -56,6 +56,12 @@ sigset_t BlockStopSignals();
 // host assume they may use for training when nothing smaller is configured.
 uint64_t PhysicalMemoryBytes();
 
+// An executable one of the project's programs starts: `configured` if not empty, else `name`
+// beside the running executable, else `build_tree_path` from its folder (where the build tree
+// puts it); the first when none of them is executable.
+std::string SiblingExecutable(const std::string& configured, const std::string& name,
+                              const std::string& build_tree_path);
+
 }  // namespace ts::common
 
 #endif  // TS_COMMON_PROCESS_H_

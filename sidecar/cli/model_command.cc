@@ -28,6 +28,7 @@
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
+#include "common/process.h"
 #include "sidecar/artifacts/store.h"
 #include "sidecar/artifacts/transfer.h"
 #include "sidecar/cli/commands.h"
@@ -293,20 +294,6 @@ struct GenerateArgs {
   std::string worker_binary;
 };
 
-// ts_worker beside this executable, else where the build tree puts it.
-std::string WorkerBinary(const std::string& configured) {
-  if (!configured.empty()) return configured;
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "ts_worker";
-  std::string dir(self, static_cast<size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& candidate : {dir + "/ts_worker", dir + "/../../worker/ts_worker"}) {
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return dir + "/ts_worker";
-}
-
 // Puts `path` into the worker's folder as `name`: a hard link where the filesystem allows
 // (no copy of a large checkpoint), a copy otherwise.
 absl::Status Place(const std::string& flag, const std::string& path, const std::string& dir,
@@ -343,7 +330,8 @@ int RunGenerate(Context& ctx, const GenerateArgs& args) {
   if (!placed.ok()) return ctx.BadInput(placed);
 
   worker::WorkerProcessOptions options;
-  options.binary = WorkerBinary(args.worker_binary);
+  options.binary =
+      common::SiblingExecutable(args.worker_binary, "ts_worker", "../../worker/ts_worker");
   options.socket_path = dir + "/worker.sock";
   options.work_dir = work;
   options.threads = args.threads;

@@ -132,22 +132,6 @@ void TuneMalloc() {
   ::mallopt(M_TRIM_THRESHOLD, kMallocTrimThresholdBytes);
 }
 
-// An executable the daemon starts: the configured one, else `name` beside this executable, else
-// `build_tree_path` from it (where the build tree puts it relative to sidecar/host/).
-std::string SiblingBinary(const std::string& configured, const std::string& name,
-                          const std::string& build_tree_path) {
-  if (!configured.empty()) return configured;
-  char self[4096];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return name;
-  std::string dir(self, static_cast<size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& candidate : {dir + "/" + name, dir + "/" + build_tree_path}) {
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return dir + "/" + name;
-}
-
 // A private folder (mode 0700) for Unix sockets whose paths under the data dir would be too long
 // for a socket address: made under /tmp, owned by this process's user, so no other user can
 // plant or reach a socket there. Empty if none is needed; `error` set if one cannot be made.
@@ -288,13 +272,14 @@ int Main(int argc, char** argv) {
       common::UnixSocketPathOr(data_root + "/host.sock", socket_dir + "/host.sock");
   ShardProcessOptions process_options;
   if (!socket_dir.empty()) process_options.fallback_socket_dir = socket_dir;
-  process_options.binary = SiblingBinary(config.shard_binary, "ts_shard", "../shard/ts_shard");
+  process_options.binary =
+      common::SiblingExecutable(config.shard_binary, "ts_shard", "../shard/ts_shard");
   process_options.shards_dir = data_root + "/shards";
   process_options.host_socket = host_socket;
   process_options.key_file = AbsolutePath(config.key_file);
   process_options.chain_endpoint = config.chain_endpoint;
   process_options.worker_binary =
-      SiblingBinary(config.worker_binary, "ts_worker", "../../worker/ts_worker");
+      common::SiblingExecutable(config.worker_binary, "ts_worker", "../../worker/ts_worker");
   process_options.worker_threads = static_cast<int>(config.worker_threads);
   process_options.worker_memory_bytes_max = config.worker_memory_bytes_max;
   process_options.collective_host = EndpointHost(ShardListenAddress(config));
