@@ -2,11 +2,14 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "worker/dataset_manifest.h"
 #include "worker/tokenizer.h"
 
 namespace ts::bench {
@@ -41,6 +44,27 @@ absl::StatusOr<BenchCorpus> LoadBenchCorpus(uint32_t files, uint32_t vocab) {
     c.train_tokens += s.tokens.size();
     c.refs.push_back({worker::DataShardId(worker::EncodeDataShard(s)), s.tokens.size()});
   }
+  return c;
+}
+
+absl::StatusOr<BenchCorpus> LoadPackedBenchCorpus(const std::string& dir) {
+  TS_ASSIGN_OR_RETURN(worker::PackedDataset packed, worker::ReadPackedDataset(dir));
+  auto read = [&](const worker::PackedShard& s) -> absl::StatusOr<worker::DataShard> {
+    std::ifstream in(dir + "/" + s.file, std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    return worker::DecodeDataShard(bytes.str());
+  };
+  BenchCorpus c;
+  for (const worker::PackedShard& s : packed.train) {
+    TS_ASSIGN_OR_RETURN(worker::DataShard shard, read(s));
+    c.train_tokens += shard.tokens.size();
+    c.refs.push_back({s.id, shard.tokens.size()});
+    c.dataset.train.push_back(std::move(shard));
+  }
+  TS_ASSIGN_OR_RETURN(c.dataset.eval, read(packed.eval));
+  c.documents = packed.documents;
+  c.dataset.documents = packed.documents;
   return c;
 }
 

@@ -37,6 +37,10 @@ struct BenchCorpus {
 // (training shards and held-out set) with the worker's defaults.
 absl::StatusOr<BenchCorpus> LoadBenchCorpus(uint32_t files, uint32_t vocab);
 
+// A packed dataset folder (`trainshard data pack`; tests/bench/bench_corpus.py), checked as a run
+// checks it: its training shards and held-out set.
+absl::StatusOr<BenchCorpus> LoadPackedBenchCorpus(const std::string& dir);
+
 // The `steps` batches of `batch` windows member `member` trains on in round `round` (data seed
 // "diloco-bench/<round>", host "host-<member>"; drawn by AssignBatches as in a shard run).
 absl::StatusOr<std::vector<worker::TokenBatch>> RoundBatches(const BenchCorpus& corpus,
