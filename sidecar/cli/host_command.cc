@@ -61,6 +61,18 @@ int RunStatus(Context& ctx, const std::string& host_text) {
                              {"records", RecordsState(*status)},
                              {"records_path", status->records_path()},
                              {"records_recoveries", std::to_string(status->records_recoveries())}});
+  if (status->run_starts_size() > 0) {
+    std::vector<std::vector<std::string>> rows;
+    for (const pb::RunStartStatus& r : status->run_starts()) {
+      const std::string state = r.started()                ? "started"
+                                : r.waiting_for_operator() ? "operator's shard run"
+                                                           : "retrying";
+      rows.push_back(
+          {std::to_string(r.shard_id()), state, std::to_string(r.attempts()), r.last_error()});
+    }
+    ctx.out() << "\n";
+    PrintTable(ctx.out(), {"SHARD", "RUN", "ATTEMPTS", "LAST_ERROR"}, rows);
+  }
   return kExitOk;
 }
 

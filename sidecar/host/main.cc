@@ -300,21 +300,6 @@ int Main(int argc, char** argv) {
   }
   if (!chain_id.empty()) (*shard_server)->Activate(chain_id);
 
-  OperatorServerOptions operator_options;
-  operator_options.socket_path = host_socket;
-  operator_options.query_listen = config.listen;
-  operator_options.version = kVersion;
-  operator_options.extra_services = {
-      &artifact_operator,
-      static_cast<grpc::Service*>(static_cast<pb::ShardRunOperator::Service*>(&runs))};
-  operator_options.records = &runs;
-  auto server = StartOperatorServer(core->get(), &daemon, operator_options);
-  if (!server.ok()) {
-    LogError("cannot serve the operator API", server.status());
-    return kExitFailure;
-  }
-  daemon.Start();
-  if (!chain_id.empty()) runs.Activate(chain_id);
   // The runs of shards this host reserved start by themselves once RUNNING, with the run spec
   // the chain pins (through a chain client of its own, like the directory's).
   std::unique_ptr<bridge::ChainClient> starter_chain =
@@ -325,6 +310,33 @@ int Main(int argc, char** argv) {
       [&runs](uint64_t shard_id, const std::string& run_spec) {
         return runs.StartRun(shard_id, run_spec).status();
       });
+  OperatorServerOptions operator_options;
+  operator_options.socket_path = host_socket;
+  operator_options.query_listen = config.listen;
+  operator_options.version = kVersion;
+  operator_options.extra_services = {
+      &artifact_operator,
+      static_cast<grpc::Service*>(static_cast<pb::ShardRunOperator::Service*>(&runs))};
+  operator_options.records = &runs;
+  operator_options.run_starts = [&starter] {
+    std::vector<pb::RunStartStatus> out;
+    for (const auto& [shard_id, state] : starter.Snapshot()) {
+      pb::RunStartStatus& r = out.emplace_back();
+      r.set_shard_id(shard_id);
+      r.set_started(state.started);
+      r.set_waiting_for_operator(state.left_alone);
+      r.set_attempts(state.attempts);
+      r.set_last_error(state.last_error);
+    }
+    return out;
+  };
+  auto server = StartOperatorServer(core->get(), &daemon, operator_options);
+  if (!server.ok()) {
+    LogError("cannot serve the operator API", server.status());
+    return kExitFailure;
+  }
+  daemon.Start();
+  if (!chain_id.empty()) runs.Activate(chain_id);
   starter.Start();
   std::vector<std::pair<std::string, std::string>> addr_files = {
       {"operator.addr", server->address}, {"shard.addr", (*shard_server)->address()}};

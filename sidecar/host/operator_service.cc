@@ -43,9 +43,14 @@ absl::Time HandlerDeadline(const grpc::ServerContext& context) {
   return std::min(cap, absl::FromChrono(deadline));
 }
 
-HostOperatorService::HostOperatorService(HostCore* core, HostDaemon* daemon, std::string version,
-                                         SettlementRecords* records)
-    : core_(core), daemon_(daemon), version_(std::move(version)), records_(records) {}
+HostOperatorService::HostOperatorService(
+    HostCore* core, HostDaemon* daemon, std::string version, SettlementRecords* records,
+    std::function<std::vector<pb::RunStartStatus>()> run_starts)
+    : core_(core),
+      daemon_(daemon),
+      version_(std::move(version)),
+      records_(records),
+      run_starts_(std::move(run_starts)) {}
 
 grpc::Status HostOperatorService::Status(grpc::ServerContext*, const pb::HostStatusRequest*,
                                          pb::HostStatusResponse* response) {
@@ -72,6 +77,9 @@ grpc::Status HostOperatorService::Status(grpc::ServerContext*, const pb::HostSta
   response->set_records_error(std::string(health.error.message()));
   response->set_records_error_since_unix_ms(health.since_unix_ms);
   response->set_records_recoveries(health.recoveries);
+  if (run_starts_) {
+    for (pb::RunStartStatus& r : run_starts_()) *response->add_run_starts() = std::move(r);
+  }
   return grpc::Status::OK;
 }
 
@@ -202,7 +210,7 @@ absl::StatusOr<OperatorServer> StartOperatorServer(HostCore* core, HostDaemon* d
   }
   OperatorServer out;
   out.operator_service = std::make_unique<HostOperatorService>(
-      core, daemon, std::move(options.version), options.records);
+      core, daemon, std::move(options.version), options.records, std::move(options.run_starts));
   out.settlement_service = std::make_unique<SettlementQueryService>(core);
 
   // The operator API: the Unix socket alone. Created under the process's umask (trainshardd

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,7 +47,8 @@ class HostOperatorService final : public pb::HostOperator::Service {
   // records say a shard's settlement must be; nullptr: the host keeps none, and every draft is
   // refused.
   HostOperatorService(HostCore* core, HostDaemon* daemon, std::string version,
-                      SettlementRecords* records);
+                      SettlementRecords* records,
+                      std::function<std::vector<pb::RunStartStatus>()> run_starts = {});
 
   grpc::Status Status(grpc::ServerContext* context, const pb::HostStatusRequest* request,
                       pb::HostStatusResponse* response) override;
@@ -72,6 +74,7 @@ class HostOperatorService final : public pb::HostOperator::Service {
   HostDaemon* const daemon_;
   const std::string version_;
   SettlementRecords* const records_;
+  const std::function<std::vector<pb::RunStartStatus>()> run_starts_;
 };
 
 class SettlementQueryService final : public pb::SettlementQuery::Service {
@@ -102,6 +105,8 @@ struct OperatorServerOptions {
   std::vector<grpc::Service*> extra_services;
   // Not owned; see HostOperatorService.
   SettlementRecords* records = nullptr;
+  // What the host's run starter is doing, for Status; empty: nothing reported.
+  std::function<std::vector<pb::RunStartStatus>()> run_starts;
 };
 
 struct OperatorServer {

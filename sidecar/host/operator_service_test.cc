@@ -104,6 +104,13 @@ class OperatorServiceTest : public ::testing::Test {
     server_options.query_listen = "127.0.0.1:0";
     server_options.version = "test-version";
     server_options.records = &records_;
+    server_options.run_starts = [] {
+      pb::RunStartStatus r;
+      r.set_shard_id(4);
+      r.set_attempts(2);
+      r.set_last_error("UNAVAILABLE: shard process not up");
+      return std::vector<pb::RunStartStatus>{r};
+    };
     auto server = StartOperatorServer(core_.get(), daemon_.get(), server_options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -226,6 +233,10 @@ TEST_F(OperatorServiceTest, StatusListEventsAndShards) {
   EXPECT_EQ(status.events_processed(), 6u);
   EXPECT_EQ(status.version(), "test-version");
   EXPECT_EQ(status.pending_txs(), 0u);
+  ASSERT_EQ(status.run_starts_size(), 1);  // what the run starter says, as it says it
+  EXPECT_EQ(status.run_starts(0).shard_id(), 4u);
+  EXPECT_FALSE(status.run_starts(0).started());
+  EXPECT_EQ(status.run_starts(0).last_error(), "UNAVAILABLE: shard process not up");
 
   pb::ListEventsRequest request;
   request.set_from_height(3);

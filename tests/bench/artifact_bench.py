@@ -448,6 +448,25 @@ class Bench:
             f"{seconds:.0f}s = {thr / link:.3f} of the link rate (target >= 0.95); peak memory "
             f"of the daemons: A (serving) {mem['A'] / MIB:.0f} MiB, B (fetching) "
             f"{mem['B'] / MIB:.0f} MiB")
+        # The fetched checkpoint loads: exported from B's store (every chunk re-hashed), then
+        # read whole by `trainshard model export` (header, size, every value finite, the root)
+        # into the Hugging Face layout.
+        out = os.path.join(self.net.root, "fetched")
+        t0 = time.monotonic()
+        self.net.artifact(self.hosts["B"], "fetch", "--shard", self.sid, "--id", self.id,
+                          "--peer", self.addr["A"], "--out", out, timeout=7200)
+        export_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        hf = self.net.cli("model", "export", "--checkpoint", os.path.join(out, "checkpoint.tsck"),
+                          "--out", out + "-hf", timeout=7200)
+        hf_s = time.monotonic() - t0
+        if hf["root"] != info["root"]:
+            raise RuntimeError(f"the fetched checkpoint's root {hf['root']} is not {info['root']}")
+        say(f"fetched checkpoint exported from B's store in {export_s:.0f}s; read whole and "
+            f"written as model.safetensors ({int(hf['safetensors_bytes']) / 1e9:.2f} GB) in "
+            f"{hf_s:.0f}s, root {hf['root'][:16]}... = the published one")
+        self.results.update(checkpoint_export_s=round(export_s, 1),
+                            checkpoint_hf_export_s=round(hf_s, 1))
         self.results.update(checkpoint_preset=preset, checkpoint_params=info["params"],
                             checkpoint_bytes=self.size,
                             checkpoint_mbit_s=round(thr * 8 / 1e6, 2),

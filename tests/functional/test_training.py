@@ -265,6 +265,10 @@ class TrainTest(unittest.TestCase):
         for h in net.hosts:
             with open(h.process.log_path, errors="replace") as f:
                 self.assertIn("started the shard's run from its chain spec", f.read())
+            starts = net.cli("host", "status", "--host", h.operator).get("run_starts", [])
+            mine = [r for r in starts if r["shard_id"] == sid]
+            self.assertTrue(mine and mine[0].get("started") and mine[0].get("attempts", 0) >= 1,
+                            starts)
 
         # The result in the payer's hands: the creator, not a member, fetches the settled
         # checkpoint and its tokenizer from the members; the root is the settlement's.
