@@ -211,6 +211,7 @@ struct ThroughputArgs {
   uint32_t vocab = 32000, context = 128, batch = 8, micro_batch = 0, steps = 6, warmup = 1;
   int threads = 2;
   bool checkpointing = false;
+  bool probe = false;
 };
 
 // A line of /proc/self/status ("VmRSS", "VmHWM") in bytes; 0 if absent.
@@ -225,20 +226,18 @@ uint64_t ProcStatusBytes(const std::string& key) {
 
 // Training throughput and memory of the worker's own path (Trainer::Load, then Steps: the
 // parameters live in the model, never in a second copy), on random tokens — the speed of a step
-// does not depend on what the tokens are. Prints one JSON line: tokens per second over the
-// timed steps, and the resident memory before the model and at its peak.
+// does not depend on what the tokens are. One untimed call of `warmup` steps, then one timed
+// call of `steps` steps (as a round's inner steps are one call). Prints one JSON line: tokens per
+// second, and the resident memory before the model and at its peak.
+//
+// With `probe`, instead: the model alone (no optimizer) and one forward and backward pass of one
+// batch at the same micro-batch; the peak then is the parameters, their gradients and the pass's
+// activations and temporaries, which is how the activations are told apart from the training
+// state.
 absl::Status Throughput(const ThroughputArgs& a) {
   using Clock = std::chrono::steady_clock;
   TS_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(a.preset, a.vocab, a.context));
   torch::set_num_threads(a.threads);
-  const uint64_t rss_before = ProcStatusBytes("VmRSS");
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(config, {.lr = 1e-4f}, {.num_threads = a.threads}));
-  {
-    std::vector<float> init = InitParams(config, 1);
-    VectorReader reader(init);
-    TS_RETURN_IF_ERROR(trainer->Load(reader));
-  }
   uint64_t x = 0x9e3779b97f4a7c15ull;
   auto batch = [&] {
     TokenBatch b;
@@ -253,22 +252,51 @@ absl::Status Throughput(const ThroughputArgs& a) {
     }
     return b;
   };
+  const uint64_t params = ParameterCount(config);
+  const uint64_t rss_before = ProcStatusBytes("VmRSS");
+  if (a.probe) {
+    std::shared_ptr<LanguageModel> model = MakeModel(config);
+    const uint64_t rss_model = ProcStatusBytes("VmRSS");
+    const TokenBatch one = batch();
+    const int64_t micro = a.micro_batch == 0 ? a.batch : std::min(a.micro_batch, a.batch);
+    torch::Tensor tokens =
+        torch::from_blob(const_cast<int64_t*>(one.tokens.data()),
+                         {int64_t{one.rows}, int64_t{one.cols}}, torch::kLong);
+    for (int64_t start = 0; start < int64_t{one.rows}; start += micro) {
+      const torch::Tensor rows = tokens.slice(0, start, start + micro);
+      const int64_t t = rows.size(1) - 1;
+      const torch::Tensor logits = model->Logits(rows.slice(1, 0, t));
+      torch::nn::functional::cross_entropy(logits.reshape({-1, int64_t{config.vocab}}),
+                                           rows.slice(1, 1, t + 1).reshape({-1}))
+          .backward();
+    }
+    nlohmann::json j = {{"impl", "trainshard-probe"},
+                        {"params", params},
+                        {"rss_before_model", rss_before},
+                        {"rss_model", rss_model},
+                        {"rss_after", ProcStatusBytes("VmRSS")},
+                        {"rss_peak", ProcStatusBytes("VmHWM")}};
+    std::printf("%s\n", j.dump().c_str());
+    return absl::OkStatus();
+  }
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(config, {.lr = 1e-4f}, {.num_threads = a.threads}));
+  {
+    std::vector<float> init = InitParams(config, 1);
+    VectorReader reader(init);
+    TS_RETURN_IF_ERROR(trainer->Load(reader));
+  }
   InnerOptions options;
   options.micro_batch = a.micro_batch;
   options.activation_checkpointing = a.checkpointing;
-  std::vector<double> step_s;
-  std::vector<float> losses;
-  for (uint32_t i = 0; i < a.warmup + a.steps; ++i) {
-    const TokenBatch one = batch();
-    const auto t0 = Clock::now();
-    TS_ASSIGN_OR_RETURN(std::vector<float> loss, trainer->Steps({&one, 1}, options));
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (i >= a.warmup) step_s.push_back(s);
-    losses.push_back(loss[0]);
-  }
-  double total = 0;
-  for (double s : step_s) total += s;
-  const uint64_t params = ParameterCount(config);
+  std::vector<TokenBatch> warm, timed;
+  for (uint32_t i = 0; i < a.warmup; ++i) warm.push_back(batch());
+  for (uint32_t i = 0; i < a.steps; ++i) timed.push_back(batch());
+  if (!warm.empty()) TS_RETURN_IF_ERROR(trainer->Steps(warm, options).status());
+  options.first_step = a.warmup;
+  const auto t0 = Clock::now();
+  TS_ASSIGN_OR_RETURN(std::vector<float> losses, trainer->Steps(timed, options));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = static_cast<double>(a.batch) * a.context * a.steps;
   nlohmann::json j = {{"impl", "trainshard"},
                       {"model", ModelConfigString(config)},
@@ -278,8 +306,8 @@ absl::Status Throughput(const ThroughputArgs& a) {
                       {"micro_batch", a.micro_batch},
                       {"context", a.context},
                       {"steps", a.steps},
-                      {"step_s", step_s},
-                      {"tokens_per_s", tokens / total},
+                      {"seconds", seconds},
+                      {"tokens_per_s", tokens / seconds},
                       {"loss_first", losses.front()},
                       {"loss_last", losses.back()},
                       {"rss_before_model", rss_before},
@@ -434,6 +462,8 @@ int main(int argc, char** argv) {
   thr->add_option("--warmup", tp.warmup, "untimed steps first");
   thr->add_option("--threads", tp.threads)->check(CLI::Range(1, 256));
   thr->add_flag("--checkpointing", tp.checkpointing, "activation checkpointing");
+  thr->add_flag("--probe-activations", tp.probe,
+                "one forward and backward pass without the optimizer, for the peak memory");
   ts::worker::CheckpointArgs ck;
   CLI::App* ckpt = app.add_subcommand("checkpoint", "write a preset's checkpoint, print JSON");
   ckpt->add_option("--preset", ck.preset, "llama preset");
