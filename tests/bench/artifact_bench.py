@@ -467,6 +467,17 @@ class Bench:
             f"{hf_s:.0f}s, root {hf['root'][:16]}... = the published one")
         self.results.update(checkpoint_export_s=round(export_s, 1),
                             checkpoint_hf_export_s=round(hf_s, 1))
+        if self.args.tokenizer:
+            # And a worker loads it and writes with it (a tokenizer of the preset's vocabulary).
+            t0 = time.monotonic()
+            wrote = self.net.cli("model", "generate", "--checkpoint",
+                                 os.path.join(out, "checkpoint.tsck"), "--tokenizer",
+                                 self.args.tokenizer, "--prompt", "The", "--max-tokens", "4",
+                                 timeout=3600)
+            gen_s = time.monotonic() - t0
+            say(f"a worker loaded the fetched checkpoint ({wrote['parameters']} parameters, root "
+                f"{wrote['root'][:16]}...) and wrote 4 tokens in {gen_s:.0f}s")
+            self.results.update(checkpoint_load_and_generate_s=round(gen_s, 1))
         self.results.update(checkpoint_preset=preset, checkpoint_params=info["params"],
                             checkpoint_bytes=self.size,
                             checkpoint_mbit_s=round(thr * 8 / 1e6, 2),
@@ -572,6 +583,9 @@ def main():
                         "checkpoint figure")
     p.add_argument("--checkpoint-preset", default="1b",
                    help="the llama preset of --only checkpoint")
+    p.add_argument("--tokenizer", default="",
+                   help="--only checkpoint: a SentencePiece model of the preset's vocabulary "
+                        "(32000), to load the fetched checkpoint in a worker and write with it")
     p.add_argument("--local-runs", type=int, default=1,
                    help="fetches to disk, and to tmpfs, in the local figure (best and median "
                         "reported)")
