@@ -339,7 +339,10 @@ absl::Status WriteCheckpoint(const CheckpointArgs& a) {
     TS_RETURN_IF_ERROR(values.Write(init));
   }
   if (a.momentum) {
-    const std::vector<float> momentum(n, 1e-4f);
+    // Values of their own (a constant buffer would be one chunk repeated, which the artifact
+    // store keeps and sends once).
+    std::vector<float> momentum = InitParams(config, 2);
+    for (float& v : momentum) v *= 1e-2f;
     FileValueWriter values(&out, n);
     TS_RETURN_IF_ERROR(values.Write(momentum));
   }

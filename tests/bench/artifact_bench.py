@@ -445,7 +445,8 @@ class Bench:
         thr = self.size / seconds
         mem = {p: peak_rss(self.hosts[p].process.proc.pid) for p in ("A", "B")}
         say(f"{preset} checkpoint, one peer, tbf {rate} Mbit/s: {thr * 8 / 1e6:.1f} Mbit/s in "
-            f"{seconds:.0f}s = {thr / link:.3f} of the link rate (target >= 0.95); peak memory "
+            f"{seconds:.0f}s = {thr / link:.3f} of the link rate (target >= 0.95), "
+            f"{rx / 1e9:.2f} GB received by B; peak memory "
             f"of the daemons: A (serving) {mem['A'] / MIB:.0f} MiB, B (fetching) "
             f"{mem['B'] / MIB:.0f} MiB")
         # The fetched checkpoint loads: exported from B's store (every chunk re-hashed), then
@@ -478,6 +479,7 @@ class Bench:
             say(f"a worker loaded the fetched checkpoint ({wrote['parameters']} parameters, root "
                 f"{wrote['root'][:16]}...) and wrote 4 tokens in {gen_s:.0f}s")
             self.results.update(checkpoint_load_and_generate_s=round(gen_s, 1))
+        self.results.update(checkpoint_received_bytes=rx)
         self.results.update(checkpoint_preset=preset, checkpoint_params=info["params"],
                             checkpoint_bytes=self.size,
                             checkpoint_mbit_s=round(thr * 8 / 1e6, 2),
