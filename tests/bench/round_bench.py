@@ -17,6 +17,7 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -94,7 +95,10 @@ def main():
                               max_duration=100000, window=100, quota_bytes=64 << 30)
         _, sid = net.propose_and_pass(spec, run_spec=run_spec)
         net.wait_shard_status(sid, "SHARD_STATUS_RUNNING", 120)
-        published = net.artifact(net.hosts[0], "publish", "--shard", sid, "--dir", dataset_dir,
+        # The operator publishes from under the host's files_root (the network's folder).
+        local = os.path.join(net.root, "dataset")
+        shutil.copytree(dataset_dir, local)
+        published = net.artifact(net.hosts[0], "publish", "--shard", sid, "--dir", local,
                                  "--kind", "dataset", timeout=1200)
         say(f"shard {sid} running; dataset published on host1 ({published['artifact_id'][:16]}...)")
         t_run = time.monotonic()
