@@ -259,9 +259,8 @@ absl::Status Throughput(const ThroughputArgs& a) {
     const uint64_t rss_model = ProcStatusBytes("VmRSS");
     const TokenBatch one = batch();
     const int64_t micro = a.micro_batch == 0 ? a.batch : std::min(a.micro_batch, a.batch);
-    torch::Tensor tokens =
-        torch::from_blob(const_cast<int64_t*>(one.tokens.data()),
-                         {int64_t{one.rows}, int64_t{one.cols}}, torch::kLong);
+    torch::Tensor tokens = torch::from_blob(const_cast<int64_t*>(one.tokens.data()),
+                                            {int64_t{one.rows}, int64_t{one.cols}}, torch::kLong);
     for (int64_t start = 0; start < int64_t{one.rows}; start += micro) {
       const torch::Tensor rows = tokens.slice(0, start, start + micro);
       const int64_t t = rows.size(1) - 1;
