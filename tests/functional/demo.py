@@ -153,9 +153,6 @@ def main():
         written = net.cli("model", "generate", "--checkpoint", fetched["checkpoint"],
                           "--tokenizer", fetched["tokenizer"], "--prompt", "The", "--max-tokens",
                           "24", "--samples", "3", "--seed", "5", timeout=300)
-        print("\nWhat the settled model writes (trainshard model generate --prompt \"The\")")
-        for text in written["samples"]:
-            print("  " + " ".join(text.split()))
 
         print("\nLoss curve (round, mean train loss, median eval loss)")
         for n, tl, el in curve:
@@ -186,6 +183,10 @@ def main():
         replay_ok = r.returncode == 0 and report.get("ok") is True
         print(f"  replay from genesis: {report.get('blocks', '?')} blocks, every app hash "
               f"{'reproduced' if replay_ok else 'NOT reproduced: ' + r.stdout + r.stderr}")
+        print("\nWhat the settled model writes (trainshard model generate --prompt \"The\", "
+              "on the creator's copy)")
+        for text in written["samples"]:
+            print("  " + " ".join(text.split()))
         return 0 if now == supply and replay_ok and ok_loss and len(roots) == 1 else 1
     finally:
         if args.keep:
