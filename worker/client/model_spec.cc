@@ -14,6 +14,22 @@ absl::Status Invalid(const std::string& field, absl::string_view value, absl::st
 
 std::string Quoted(const std::string& s) { return absl::StrCat("\"", absl::CHexEscape(s), "\""); }
 
+// The message's fields as a config of `family`, unchecked.
+ModelConfig ConfigOf(ModelFamily family, const pb::WorkerModelConfig& c) {
+  return ModelConfig{.family = family,
+                     .layers = c.layers(),
+                     .d_model = c.d_model(),
+                     .heads = c.heads(),
+                     .context = c.context(),
+                     .vocab = c.vocab(),
+                     .mlp_ratio = c.mlp_ratio(),
+                     .kv_heads = c.kv_heads(),
+                     .mlp_hidden = c.mlp_hidden(),
+                     .rope_theta = c.rope_theta(),
+                     .norm_eps = c.norm_eps(),
+                     .tie_embeddings = c.tie_embeddings()};
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromSpec(const pb::ModelSpec& spec,
@@ -27,18 +43,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromSpec(const pb::ModelSpec& spec,
       return Invalid(prefix + "preset", Quoted(spec.preset()),
                      "is a llama size; the gpt family takes its config in full");
     }
-    config = ModelConfig{.family = ModelFamily::kGpt,
-                         .layers = c.layers(),
-                         .d_model = c.d_model(),
-                         .heads = c.heads(),
-                         .context = c.context(),
-                         .vocab = c.vocab(),
-                         .mlp_ratio = c.mlp_ratio(),
-                         .kv_heads = c.kv_heads(),
-                         .mlp_hidden = c.mlp_hidden(),
-                         .rope_theta = c.rope_theta(),
-                         .norm_eps = c.norm_eps(),
-                         .tie_embeddings = c.tie_embeddings()};
+    config = ConfigOf(ModelFamily::kGpt, c);
   } else if (spec.kind() == "llama") {
     if (!spec.preset().empty()) {
       // A preset fixes the shape; the spec gives what the data decides.
@@ -59,18 +64,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromSpec(const pb::ModelSpec& spec,
       }
       return *preset;
     }
-    config = ModelConfig{.family = ModelFamily::kLlama,
-                         .layers = c.layers(),
-                         .d_model = c.d_model(),
-                         .heads = c.heads(),
-                         .context = c.context(),
-                         .vocab = c.vocab(),
-                         .mlp_ratio = c.mlp_ratio(),
-                         .kv_heads = c.kv_heads(),
-                         .mlp_hidden = c.mlp_hidden(),
-                         .rope_theta = c.rope_theta(),
-                         .norm_eps = c.norm_eps(),
-                         .tie_embeddings = c.tie_embeddings()};
+    config = ConfigOf(ModelFamily::kLlama, c);
   } else {
     return Invalid(prefix + "kind", Quoted(spec.kind()),
                    "is not a known model (known: gpt, llama)");
