@@ -6,19 +6,16 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/partial_dir.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/value_stream.h"
 
 namespace ts::worker {
 namespace {
-
-namespace fs = std::filesystem;
 
 // A float as the shortest decimal that reads back as it (1e-05, not 9.99999974737875e-06).
 double Decimal(float value) { return std::stod(absl::StrCat(value)); }
@@ -162,24 +159,9 @@ std::string SafetensorsHeader(const ModelConfig& config) {
 }
 
 absl::StatusOr<HfExportResult> ExportHuggingFace(const HfExportOptions& options) {
-  if (options.out_dir.empty()) return absl::InvalidArgumentError("out: empty");
-  std::error_code ec;
-  if (fs::exists(options.out_dir, ec) || fs::is_symlink(options.out_dir, ec)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("out \"", options.out_dir, "\": exists; name a folder to make"));
-  }
-  fs::path out = fs::absolute(options.out_dir, ec);
-  std::string partial =
-      (out.parent_path() / (".partial-" + out.filename().string() + "-XXXXXX")).string();
-  if (::mkdtemp(partial.data()) == nullptr) {
-    return Errno(absl::StrCat("out \"", options.out_dir, "\": cannot make a folder beside it"));
-  }
-  absl::StatusOr<HfExportResult> result = WriteExport(options, partial);
-  if (result.ok()) ::chmod(partial.c_str(), 0755);
-  if (result.ok() && ::rename(partial.c_str(), out.c_str()) != 0) {
-    result = Errno(absl::StrCat("out \"", options.out_dir, "\": rename"));
-  }
-  if (!result.ok()) fs::remove_all(partial, ec);
+  TS_ASSIGN_OR_RETURN(common::PartialDir partial, common::PartialDir::Make("out", options.out_dir));
+  TS_ASSIGN_OR_RETURN(HfExportResult result, WriteExport(options, partial.path()));
+  TS_RETURN_IF_ERROR(partial.Commit());
   return result;
 }
 

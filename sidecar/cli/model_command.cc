@@ -28,6 +28,7 @@
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
+#include "common/partial_dir.h"
 #include "common/process.h"
 #include "sidecar/artifacts/store.h"
 #include "sidecar/artifacts/transfer.h"
@@ -45,50 +46,6 @@ namespace fs = std::filesystem;
 
 constexpr char kCheckpointFile[] = "checkpoint.tsck";
 constexpr char kTokenizerFile[] = "tokenizer.model";
-
-// A folder made beside `out` (which must not exist) to build in, removed unless Commit renames
-// it to `out`: whatever fails, `out` is whole or absent.
-class PartialDir {
- public:
-  static absl::StatusOr<PartialDir> Make(const std::string& flag, const std::string& out) {
-    std::error_code ec;
-    if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": empty"));
-    if (fs::exists(out, ec) || fs::is_symlink(out, ec)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(flag, " \"", out, "\": exists; name a folder to make"));
-    }
-    fs::path target = fs::absolute(out, ec);
-    std::string path =
-        (target.parent_path() / (".partial-" + target.filename().string() + "-XXXXXX")).string();
-    if (::mkdtemp(path.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          flag, " \"", out, "\": cannot make a folder beside it: ", std::strerror(errno)));
-    }
-    return PartialDir(path, target.string());
-  }
-  PartialDir(PartialDir&& other) noexcept
-      : path_(std::exchange(other.path_, "")), target_(other.target_) {}
-  ~PartialDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  // Renames `sub` (a folder under path()) to the target.
-  absl::Status Commit(const std::string& sub) {
-    ::chmod(sub.c_str(), 0755);
-    if (::rename(sub.c_str(), target_.c_str()) != 0) {
-      return absl::InternalError(
-          absl::StrCat("cannot rename into ", target_, ": ", std::strerror(errno)));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  PartialDir(std::string path, std::string target)
-      : path_(std::move(path)), target_(std::move(target)) {}
-  std::string path_;
-  std::string target_;
-};
 
 absl::StatusOr<std::string> FileSha256(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -113,7 +70,7 @@ struct FetchArgs {
 int RunFetch(Context& ctx, const FetchArgs& args) {
   auto key = ctx.LoadKey("model fetch");
   if (!key.ok()) return ctx.BadInput(key.status());
-  auto partial = PartialDir::Make("--out", args.out);
+  auto partial = common::PartialDir::Make("--out", args.out);
   if (!partial.ok()) return ctx.LocalFailed(partial.status());
   const std::string self = common::AddressFromPublicKey(key->public_key());
 
