@@ -1,23 +1,17 @@
 #include "sidecar/host/run_starter.h"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace ts::sidecar {
 namespace {
 
 constexpr std::string_view kComponent = "host";
-
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -56,7 +50,7 @@ void RunStarter::Loop() {
                            absl::Milliseconds(options_.poll_interval_ms));
       if (stopping_) return;
     }
-    Pass(SteadyMs());
+    Pass(common::SystemClock().MonotonicMs());
   }
 }
 
