@@ -206,6 +206,32 @@ struct Trainer::Impl {
 
   void SetLr(double lr) { optimizer->set_lr(lr); }
 
+  // The gradient of `tokens`' mean loss added to the parameters' gradients, in micro-batches of
+  // options.micro_batch rows each weighted by its share; the mean loss.
+  double AccumulateGradient(const torch::Tensor& tokens, const InnerOptions& options) {
+    const bool bf16 = options.bf16 && device.is_cuda();
+    const int64_t rows = tokens.size(0);
+    const int64_t micro =
+        options.micro_batch == 0 ? rows : std::min<int64_t>(options.micro_batch, rows);
+    double loss = 0;
+    for (int64_t start = 0; start < rows; start += micro) {
+      const int64_t end = std::min(rows, start + micro);
+      const double share = static_cast<double>(end - start) / static_cast<double>(rows);
+      Bf16Autocast autocast(bf16);
+      loss +=
+          share * Backward(tokens.slice(0, start, end), share, options.activation_checkpointing);
+    }
+    return loss;
+  }
+
+  // Clips the accumulated gradients, steps at the rate of global step `step` and drops them.
+  void OptimizerStep(const InnerOptions& options, uint64_t step) {
+    if (adamw.grad_clip_norm > 0) torch::nn::utils::clip_grad_norm_(params, adamw.grad_clip_norm);
+    SetLr(ScheduledLr(adamw.lr, options.schedule, step));
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+
   // The forward and backward passes of `tokens`, the gradients scaled by `scale` (its share of
   // the step's rows) and added to the parameters' gradients. Returns the (unscaled) mean loss.
   double Backward(const torch::Tensor& tokens, double scale, bool checkpointing) {
@@ -380,31 +406,58 @@ absl::StatusOr<std::vector<float>> Trainer::Steps(std::span<const TokenBatch> ba
     m.model->train();
     std::vector<float> losses;
     losses.reserve(batches.size());
-    const bool bf16 = options.bf16 && m.device.is_cuda();
     for (size_t step = 0; step < batches.size(); ++step) {
       TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(batches[step]));
       m.optimizer->zero_grad();
-      m.SetLr(ScheduledLr(m.adamw.lr, options.schedule, options.first_step + step));
-      const int64_t rows = tokens.size(0);
-      const int64_t micro =
-          options.micro_batch == 0 ? rows : std::min<int64_t>(options.micro_batch, rows);
-      double loss = 0;
-      for (int64_t start = 0; start < rows; start += micro) {
-        const int64_t end = std::min(rows, start + micro);
-        const double share = static_cast<double>(end - start) / static_cast<double>(rows);
-        Bf16Autocast autocast(bf16);
-        loss += share *
-                m.Backward(tokens.slice(0, start, end), share, options.activation_checkpointing);
-      }
-      if (m.adamw.grad_clip_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(m.params, m.adamw.grad_clip_norm);
-      }
-      m.optimizer->step();
+      const double loss = m.AccumulateGradient(tokens, options);
+      m.OptimizerStep(options, options.first_step + step);
       losses.push_back(static_cast<float>(loss));
     }
     // The gradients are not needed between calls: their memory goes back now.
     for (torch::Tensor& p : m.params) p.mutable_grad() = torch::Tensor();
     return losses;
+  });
+}
+
+absl::StatusOr<double> Trainer::Gradient(const TokenBatch& batch, ValueWriter& out,
+                                         const InnerOptions& options) {
+  Impl& m = *impl_;
+  TS_RETURN_IF_ERROR(ValidateInnerOptions(options));
+  return Guard("gradient", [&]() -> absl::StatusOr<double> {
+    torch::set_num_threads(m.runtime.num_threads);
+    m.model->train();
+    TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(batch));
+    m.optimizer->zero_grad();
+    const double loss = m.AccumulateGradient(tokens, options);
+    std::vector<torch::Tensor> grads;
+    for (torch::Tensor& p : m.params) {
+      grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+    }
+    m.optimizer->zero_grad();
+    TS_RETURN_IF_ERROR(
+        ForEachParamChunk(grads, [&](std::span<const float> values) { return out.Write(values); }));
+    return loss;
+  });
+}
+
+absl::Status Trainer::ApplyGradient(ValueReader& grad, const InnerOptions& options) {
+  Impl& m = *impl_;
+  TS_RETURN_IF_ERROR(ValidateInnerOptions(options));
+  if (grad.remaining() != ParameterCount(m.config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient: ", grad.remaining(), " values, the model ",
+                     ModelConfigString(m.config), " has ", ParameterCount(m.config)));
+  }
+  return Guard("apply gradient", [&]() -> absl::Status {
+    torch::set_num_threads(m.runtime.num_threads);
+    for (torch::Tensor& p : m.params) {
+      torch::Tensor g = torch::empty({p.numel()}, torch::kFloat32);
+      TS_RETURN_IF_ERROR(
+          grad.Read(std::span<float>(g.data_ptr<float>(), static_cast<size_t>(g.numel()))));
+      p.mutable_grad() = g.view(p.sizes()).to(m.device);
+    }
+    m.OptimizerStep(options, options.first_step);
+    return absl::OkStatus();
   });
 }
 

@@ -133,6 +133,17 @@ class Trainer {
   // loss. INVALID_ARGUMENT as InnerSteps.
   absl::StatusOr<std::vector<float>> Steps(std::span<const TokenBatch> batches,
                                            const InnerOptions& options = {});
+  // Data parallel's two halves of a step, for training that averages gradients across workers
+  // before one optimizer step shared by all (the data-parallel baseline of the DiLoCo papers:
+  // docs/benchmarks.md, "The data-parallel baseline"). Gradient writes the gradient of `batch`'s
+  // mean loss at the loaded parameters (layout order; micro-batches and checkpointing as in
+  // Steps) and returns the loss; the parameters and the optimizer state do not change.
+  // ApplyGradient reads ParameterCount values as the gradient, clips it by the optimizer's norm
+  // and runs one AdamW step at the rate of global step options.first_step. INVALID_ARGUMENT as
+  // InnerSteps, or for a gradient of the wrong length.
+  absl::StatusOr<double> Gradient(const TokenBatch& batch, ValueWriter& out,
+                                  const InnerOptions& options = {});
+  absl::Status ApplyGradient(ValueReader& grad, const InnerOptions& options = {});
   // Writes Δ = base − θ elementwise in fp32, reading the base from `base`.
   absl::Status WritePseudoGradient(ValueReader& base, ValueWriter& out);
   // Writes the model's parameters (layout order).

@@ -268,6 +268,59 @@ TEST(Trainer, MicroBatchesAccumulateToTheWholeBatchsStep) {
   }
 }
 
+TEST(Trainer, AveragedGradientsStepAsTheWholeBatch) {
+  // Data parallel: two workers' gradients on 3 rows each, averaged and applied once, are the
+  // step of one worker on all 6 rows (accumulated as two micro-batches of 3).
+  const Dataset& ds = GetTestCorpus().dataset;
+  const std::vector<TokenBatch> whole = Batches(ds, 0, "h", 2, 6);
+  const ModelConfig c = TinyLlama(true);
+  const AdamWOptions adamw{.grad_clip_norm = 1.0f};
+  absl::StatusOr<InnerResult> reference =
+      InnerSteps(c, InitParams(c, 3), whole, adamw, RuntimeOptions{}, With(3, false));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(c, adamw, RuntimeOptions{});
+  ASSERT_TRUE(t.ok());
+  const std::vector<float> init = InitParams(c, 3);
+  VectorReader load(init);
+  ASSERT_TRUE((*t)->Load(load).ok());
+  for (size_t step = 0; step < whole.size(); ++step) {
+    const TokenBatch& b = whole[step];
+    std::vector<float> mean(init.size(), 0.0f);
+    double loss = 0;
+    for (uint32_t half = 0; half < 2; ++half) {
+      TokenBatch part{.rows = 3, .cols = b.cols, .tokens = {}};
+      part.tokens.assign(b.tokens.begin() + half * 3 * b.cols,
+                         b.tokens.begin() + (half + 1) * 3 * b.cols);
+      std::vector<float> grad;
+      VectorWriter out(&grad);
+      absl::StatusOr<double> l = (*t)->Gradient(part, out);
+      ASSERT_TRUE(l.ok()) << l.status();
+      ASSERT_EQ(grad.size(), init.size());
+      for (size_t i = 0; i < grad.size(); ++i) mean[i] += grad[i] / 2;
+      loss += *l / 2;
+    }
+    EXPECT_NEAR(loss, reference->losses[step], 1e-5) << step;
+    VectorReader apply(mean);
+    ASSERT_TRUE((*t)->ApplyGradient(apply, With(0, false, step)).ok());
+  }
+  const std::vector<float> got = (*t)->Params();
+  double diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff = std::max<double>(diff, std::abs(got[i] - reference->local_params[i]));
+  }
+  EXPECT_LT(diff, 1e-5);
+  // Gradient alone moves nothing; a gradient of the wrong length is refused and moves nothing.
+  std::vector<float> ignored;
+  VectorWriter sink(&ignored);
+  ASSERT_TRUE((*t)->Gradient(whole[0], sink).ok());
+  EXPECT_EQ((*t)->Params(), got);
+  const std::vector<float> short_grad(got.size() - 1, 1.0f);
+  VectorReader bad(short_grad);
+  EXPECT_THAT((*t)->ApplyGradient(bad).message(), HasSubstr("gradient: "));
+  EXPECT_EQ((*t)->Params(), got);
+}
+
 TEST(Trainer, TheScheduleWarmsUpThenDecaysOnTheGlobalStep) {
   const ScheduleOptions s{.warmup_steps = 10, .total_steps = 110, .min_lr_ratio = 0.1f};
   EXPECT_DOUBLE_EQ(ScheduledLr(1.0, s, 0), 0.1);
