@@ -56,6 +56,10 @@ sigset_t BlockStopSignals();
 // host assume they may use for training when nothing smaller is configured.
 uint64_t PhysicalMemoryBytes();
 
+// The memory the kernel says a new program could use now without swapping (MemAvailable in
+// /proc/meminfo), 0 if it cannot be told.
+uint64_t AvailableMemoryBytes();
+
 // An executable one of the project's programs starts: `configured` if not empty, else `name`
 // beside the running executable, else `build_tree_path` from its folder (where the build tree
 // puts it); the first when none of them is executable.

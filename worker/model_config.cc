@@ -237,6 +237,23 @@ uint64_t ParameterCount(const ModelConfig& c) {
 
 uint64_t TrainingStateBytes(const ModelConfig& c) { return 16 * ParameterCount(c); }
 
+uint64_t ActivationBytes(const ModelConfig& c, const ActivationShape& shape) {
+  const uint64_t d = c.d_model, heads = c.heads, cols = shape.cols;
+  const bool llama = c.family == ModelFamily::kLlama;
+  const uint64_t kv = llama ? d / heads * c.kv_heads : d;
+  const uint64_t hidden = llama ? c.mlp_hidden : uint64_t{c.mlp_ratio} * d;
+  // Values kept per token by one layer: two norms' inputs and outputs, q, k and v, the
+  // attention's output and projection, the MLP's hidden tensors (gate, up, activation, product)
+  // and its output; the scores and probabilities of each head over the window unless fused.
+  uint64_t layer = 6 * d + 2 * kv + 4 * hidden + (shape.fused_attention ? 0 : 2 * heads * cols);
+  if (shape.bf16) layer = (layer + 1) / 2;  // counted in fp32 values: bf16 is half
+  // The head: logits, their log-softmax and the two gradients, in fp32 whatever the layers ran.
+  const uint64_t head = 4 * uint64_t{c.vocab} + 2 * d;
+  const uint64_t kept =
+      shape.checkpointing ? uint64_t{c.layers} * d + layer : uint64_t{c.layers} * layer;
+  return 4 * shape.rows * cols * (kept + head);
+}
+
 std::vector<float> InitParams(const ModelConfig& c, uint64_t seed) {
   const std::vector<TensorSpec> layout = ParameterLayout(c);
   std::vector<float> params(ParameterCount(c), 0.0f);

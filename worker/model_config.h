@@ -112,6 +112,23 @@ uint64_t ParameterCount(const ModelConfig& config);
 // worker's --memory-bytes-max before it trains. `config` must be valid.
 uint64_t TrainingStateBytes(const ModelConfig& config);
 
+// How one forward and backward pass is run, for ActivationBytes.
+struct ActivationShape {
+  uint64_t rows = 1;             // windows per pass (the micro-batch)
+  uint64_t cols = 2;             // tokens per window (context + 1)
+  bool checkpointing = false;    // only each layer's input kept, one layer recomputed at a time
+  bool bf16 = false;             // the layers' activations in bf16 (the logits stay fp32)
+  bool fused_attention = false;  // no attention scores kept (libtorch 2's fused kernels)
+};
+
+// An estimate of the activation memory of one pass, what a worker holds on top of
+// TrainingStateBytes at the peak of a step: per token, each layer's kept tensors (norms,
+// queries, keys and values, attention output, the MLP's hidden tensors; the attention scores and
+// probabilities unless fused) and the head's logits with their log-softmax and gradients
+// (docs/worker.md "Memory"). Checked before round 0 against what the device has free, and by a
+// host against the memory it declares before it reserves. `config` must be valid.
+uint64_t ActivationBytes(const ModelConfig& config, const ActivationShape& shape);
+
 // Initial parameters, a pure function of (config, seed) computed in plain C++ (no libtorch), in
 // ParameterLayout order. GPT-2's scheme: embeddings and Linear weights ~ N(0, 0.02²), the two
 // residual projections (gpt: attn.proj, mlp.proj; llama: o_proj, down_proj)

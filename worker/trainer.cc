@@ -8,7 +8,14 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#if defined(TS_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 #include "common/status.h"
 #include "worker/model.h"
 
@@ -91,6 +98,13 @@ absl::Status ValidateOptions(const AdamWOptions& a, const RuntimeOptions& r) {
 // needs — where those build two temporaries the size of the parameter. For the largest tensor
 // (the token embedding: vocab × width) that is most of what a step holds beyond the training
 // state (docs/worker.md "Training maths").
+// A host buffer of kValueChunk floats through which a device's tensors are read and written a
+// chunk at a time: page-locked for CUDA, so each copy is one DMA transfer.
+torch::Tensor HostStaging(bool pinned) {
+  return torch::empty({static_cast<int64_t>(kValueChunk)},
+                      torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned));
+}
+
 class AdamWInPlace {
  public:
   AdamWInPlace(const std::vector<torch::Tensor>& params, const AdamWOptions& o)
@@ -117,6 +131,12 @@ class AdamWInPlace {
 
   void step() {
     torch::NoGradGuard no_grad;
+#if defined(TS_WITH_CUDA) && defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+    if (!slots_.empty() && slots_[0].param.is_cuda()) {
+      FusedStep();
+      return;
+    }
+#endif
     for (Slot& s : slots_) {
       torch::Tensor& p = s.param;
       torch::Tensor& grad = p.mutable_grad();
@@ -144,7 +164,39 @@ class AdamWInPlace {
     torch::Tensor exp_avg;
     torch::Tensor exp_avg_sq;
     int64_t step = 0;
+    torch::Tensor step_tensor;  // the fused kernel's step count, a float on the device
   };
+
+#if defined(TS_WITH_CUDA) && defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+  // On CUDA: libtorch's fused AdamW kernel, one launch per weight-decay group, the same update
+  // (decoupled decay, bias corrections) as the loop in step().
+  void FusedStep() {
+    for (const bool decays : {false, true}) {
+      std::vector<torch::Tensor> params, grads, avgs, sqs, steps;
+      double weight_decay = 0;
+      for (Slot& s : slots_) {
+        if ((s.weight_decay != 0) != decays || !s.param.mutable_grad().defined()) continue;
+        if (!s.exp_avg.defined()) {
+          s.exp_avg = torch::zeros_like(s.param, torch::MemoryFormat::Preserve);
+          s.exp_avg_sq = torch::zeros_like(s.param, torch::MemoryFormat::Preserve);
+          s.step_tensor = torch::zeros(
+              {}, torch::TensorOptions().dtype(torch::kFloat32).device(s.param.device()));
+        }
+        ++s.step;
+        weight_decay = s.weight_decay;
+        params.push_back(s.param);
+        grads.push_back(s.param.mutable_grad());
+        avgs.push_back(s.exp_avg);
+        sqs.push_back(s.exp_avg_sq);
+        steps.push_back(s.step_tensor);
+      }
+      if (params.empty()) continue;
+      at::_foreach_add_(steps, 1);
+      at::_fused_adamw_(params, grads, avgs, sqs, /*max_exp_avg_sqs=*/{}, steps, lr_, beta1_,
+                        beta2_, weight_decay, eps_, /*amsgrad=*/false, /*maximize=*/false);
+    }
+  }
+#endif
   std::vector<Slot> slots_;
   double beta1_, beta2_, eps_, lr_;
 };
@@ -273,6 +325,46 @@ struct Trainer::Impl {
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
+bool FusedAttention() {
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<DeviceInfo> ProbeDevice(Device device) {
+  return Guard("device", [&]() -> absl::StatusOr<DeviceInfo> {
+    const bool cuda = torch::cuda::is_available();
+    if (device == Device::kCuda && !cuda) {
+      return absl::FailedPreconditionError(
+          "device: cuda requested, but libtorch sees no CUDA device (a CPU-only libtorch, or no "
+          "GPU visible)");
+    }
+    DeviceInfo info;
+    if (device != Device::kCpu && cuda) {
+      info.device = Device::kCuda;
+      info.name = "cuda";
+#if defined(TS_WITH_CUDA)
+      // Blocks this process's allocator keeps cached are free for the next model.
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      info.name = at::cuda::getCurrentDeviceProperties()->name;
+      size_t free = 0, total = 0;
+      if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        info.memory_bytes = total;
+        info.free_bytes = free;
+      }
+#endif
+      return info;
+    }
+    info.device = Device::kCpu;
+    info.name = "cpu";
+    info.memory_bytes = common::PhysicalMemoryBytes();
+    info.free_bytes = common::AvailableMemoryBytes();
+    return info;
+  });
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
                                                          const AdamWOptions& adamw,
                                                          const RuntimeOptions& runtime) {
@@ -323,7 +415,7 @@ absl::Status Trainer::Load(ValueReader& params) {
   }
   return Guard("load", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
-    std::vector<float> chunk;
+    torch::Tensor staging;  // a device's chunks pass through one host buffer (pinned on CUDA)
     for (torch::Tensor& p : m.params) {
       torch::Tensor flat = p.view({-1});
       const int64_t n = flat.numel();
@@ -333,12 +425,12 @@ absl::Status Trainer::Load(ValueReader& params) {
             params.Read(std::span<float>(flat.data_ptr<float>(), static_cast<size_t>(n))));
         continue;
       }
+      if (!staging.defined()) staging = HostStaging(m.device.is_cuda());
       for (int64_t start = 0; start < n; start += static_cast<int64_t>(kValueChunk)) {
         const int64_t take = std::min<int64_t>(kValueChunk, n - start);
-        chunk.resize(static_cast<size_t>(take));
-        TS_RETURN_IF_ERROR(params.Read(chunk));
-        flat.slice(0, start, start + take)
-            .copy_(torch::from_blob(chunk.data(), {take}, torch::kFloat32));
+        TS_RETURN_IF_ERROR(
+            params.Read(std::span<float>(staging.data_ptr<float>(), static_cast<size_t>(take))));
+        flat.slice(0, start, start + take).copy_(staging.slice(0, 0, take));
       }
     }
     return absl::OkStatus();
@@ -352,6 +444,7 @@ namespace {
 template <typename Fn>
 absl::Status ForEachParamChunk(const std::vector<torch::Tensor>& params, Fn&& fn) {
   torch::NoGradGuard no_grad;
+  torch::Tensor staging;
   for (const torch::Tensor& p : params) {
     const torch::Tensor flat = p.detach().view({-1});
     const int64_t n = flat.numel();
@@ -360,11 +453,12 @@ absl::Status ForEachParamChunk(const std::vector<torch::Tensor>& params, Fn&& fn
           fn(std::span<const float>(flat.data_ptr<float>(), static_cast<size_t>(n))));
       continue;
     }
+    if (!staging.defined()) staging = HostStaging(flat.device().is_cuda());
     for (int64_t start = 0; start < n; start += static_cast<int64_t>(kValueChunk)) {
       const int64_t take = std::min<int64_t>(kValueChunk, n - start);
-      const torch::Tensor cpu = flat.slice(0, start, start + take).to(torch::kCPU).contiguous();
+      staging.slice(0, 0, take).copy_(flat.slice(0, start, start + take));
       TS_RETURN_IF_ERROR(
-          fn(std::span<const float>(cpu.data_ptr<float>(), static_cast<size_t>(take))));
+          fn(std::span<const float>(staging.data_ptr<float>(), static_cast<size_t>(take))));
     }
   }
   return absl::OkStatus();

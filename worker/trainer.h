@@ -23,17 +23,22 @@
 
 #include "absl/status/statusor.h"
 #include "worker/data_shard.h"
+#include "worker/device.h"
 #include "worker/model_config.h"
 #include "worker/tokenizer.h"
 #include "worker/value_stream.h"
 
 namespace ts::worker {
 
-enum class Device {
-  kCpu,   // always; the deterministic choice
-  kCuda,  // FAILED_PRECONDITION where torch::cuda::is_available() is false
-  kAuto,  // CUDA where available, else CPU
-};
+// What `device` resolves to on this machine: the first CUDA device with its name, memory and
+// free memory (after this process's cached blocks are returned), or the CPU with the machine's
+// memory and MemAvailable. FAILED_PRECONDITION for Device::kCuda where libtorch sees no CUDA
+// device (a CPU-only libtorch, or no GPU visible).
+absl::StatusOr<DeviceInfo> ProbeDevice(Device device);
+
+// Whether this build's libtorch runs attention through fused kernels (libtorch 2's
+// scaled_dot_product_attention), which keep no attention scores for the backward pass.
+bool FusedAttention();
 
 struct RuntimeOptions {
   int num_threads = 2;  // torch::set_num_threads, 1..256

@@ -1,7 +1,9 @@
 // ts_worker: the worker process (docs/worker.md "Worker protocol"). Serves the Worker service on
 // a Unix socket for its shard sidecar, reading and writing tensors as files in the work dir,
-// until SIGTERM or SIGINT. Exit codes: 0 after a clean shutdown, 2 for a bad flag, 1 when the
-// socket cannot be served.
+// until SIGTERM or SIGINT, training on --device (cpu, the default; cuda; auto). Exit codes: 0
+// after a clean shutdown, 2 for a bad flag (a --device this machine cannot give among them), 1
+// when the socket cannot be served. `--probe-device` prints what --device resolves to (device,
+// name, memory and free bytes) as one JSON line and exits: how a host learns its workers' device.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,12 +19,14 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "worker/client/worker_client.h"
+#include "worker/trainer.h"
 #include "worker/worker_service.h"
 
 namespace ts::worker {
@@ -39,13 +43,28 @@ int Fail(int code, std::string_view message) {
   return code;
 }
 
+// {"device":"cuda","name":"NVIDIA H200","memory_bytes":...,"free_bytes":...}
+std::string DeviceInfoJson(const DeviceInfo& info) {
+  nlohmann::json j = {{"device", std::string(DeviceName(info.device))},
+                      {"name", info.name},
+                      {"memory_bytes", info.memory_bytes},
+                      {"free_bytes", info.free_bytes}};
+  return j.dump();
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"ts_worker: the trainshard worker process", "ts_worker"};
   std::string socket_path, work_dir, log_level = "info";
   int threads = 2;
   uint64_t file_bytes_max = kCheckpointBytesMax;
-  app.add_option("--socket", socket_path, "Unix socket path to serve on")->required();
-  app.add_option("--work-dir", work_dir, "directory of the files requests name")->required();
+  std::string device_name = "cpu";
+  bool probe = false;
+  app.add_option("--device", device_name,
+                 "cpu | cuda | auto: where models train (auto: CUDA where available)");
+  app.add_flag("--probe-device", probe,
+               "print what --device resolves to as one JSON line and exit (1 if it cannot)");
+  app.add_option("--socket", socket_path, "Unix socket path to serve on");
+  app.add_option("--work-dir", work_dir, "directory of the files requests name");
   app.add_option("--threads", threads, "torch threads, 1..256 (fixes the bits on CPU)");
   app.add_option("--file-bytes-max", file_bytes_max,
                  "cap on a data shard, eval set or tokenizer file (checkpoints and deltas are "
@@ -64,6 +83,15 @@ int Main(int argc, char** argv) {
     return Fail(kExitBadFlag, absl::StrCat("log-level: \"", log_level, "\" is not known"));
   }
   common::SetLogLevel(level);
+  absl::StatusOr<Device> device = ParseDevice("device", device_name);
+  if (!device.ok()) return Fail(kExitBadFlag, device.status().ToString());
+  absl::StatusOr<DeviceInfo> info = ProbeDevice(*device);
+  if (probe) {
+    if (!info.ok()) return Fail(kExitFailure, info.status().ToString());
+    std::printf("%s\n", DeviceInfoJson(*info).c_str());
+    return 0;
+  }
+  if (!info.ok()) return Fail(kExitBadFlag, info.status().ToString());
   if (threads < 1 || threads > 256) {
     return Fail(kExitBadFlag, absl::StrCat("threads: ", threads, " is out of range 1..256"));
   }
@@ -91,7 +119,8 @@ int Main(int argc, char** argv) {
   WorkerService service({.work_dir = work_dir,
                          .num_threads = threads,
                          .file_bytes_max = file_bytes_max,
-                         .memory_bytes_max = memory_bytes_max});
+                         .memory_bytes_max = memory_bytes_max,
+                         .device = *info});
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(kWorkerMessageBytesMax);
@@ -101,11 +130,13 @@ int Main(int argc, char** argv) {
   if (server == nullptr) {
     return Fail(kExitFailure, absl::StrCat("socket: cannot serve on unix:", socket_path));
   }
-  common::Log(common::LogLevel::kInfo, kComponent, "serving",
-              {{"socket", socket_path},
-               {"work_dir", work_dir},
-               {"threads", absl::StrCat(threads)},
-               {"pid", absl::StrCat(::getpid())}});
+  common::Log(
+      common::LogLevel::kInfo, kComponent, "serving",
+      {{"socket", socket_path},
+       {"work_dir", work_dir},
+       {"threads", absl::StrCat(threads)},
+       {"device", absl::StrCat(std::string(DeviceName(info->device)), " (", info->name, ")")},
+       {"pid", absl::StrCat(::getpid())}});
 
   int sig = 0;
   while (sig != SIGTERM && sig != SIGINT) sig = sigwaitinfo(&signals, nullptr);

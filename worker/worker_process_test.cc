@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -17,7 +20,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/crypto/hash.h"
 #include "worker/checkpoint.h"
 #include "worker/client/work_dir.h"
@@ -502,6 +507,63 @@ TEST_F(WorkerProcessTest, BadInputIsRefusedClearlyAndTheWorkerStillServes) {
   ASSERT_TRUE(reloaded.ok()) << reloaded.status();
   EXPECT_NE(reloaded->root(), root);
   EXPECT_TRUE(client.InnerSteps(InnerRequest(reloaded->root(), 1, "d.bin")).ok());
+}
+
+TEST_F(WorkerProcessTest, TheDeviceIsChosenReportedAndItsMemoryCheckedBeforeTheFirstSteps) {
+  const std::string work = MakeWorkDir("work");
+  // The model's state fits the cap; state and activations of a pass do not, by one byte.
+  const uint64_t state = TrainingStateBytes(kConfig);
+  const uint64_t need = state + ActivationBytes(kConfig, {.rows = kBatchSize,
+                                                          .cols = uint64_t{kConfig.context} + 1,
+                                                          .fused_attention = FusedAttention()});
+  auto worker = Start("w", work, {"--memory-bytes-max", std::to_string(need - 1)});
+  ASSERT_NE(worker, nullptr);
+  auto status = worker->client().Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->device(), "cpu");  // the default
+  EXPECT_EQ(status->device_name(), "cpu");
+  EXPECT_GT(status->device_memory_bytes(), 0u);
+  auto init = worker->client().InitModel(InitRequest("ckpt.tsck"));
+  ASSERT_TRUE(init.ok()) << init.status();
+  auto refused = worker->client().InnerSteps(InnerRequest(init->root(), 0, "d.bin"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrCat(" needs ", need, " bytes (training state ", state)));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrCat("more than the ", need - 1, " bytes this worker may use")));
+  // Nothing was written, and one more byte is enough.
+  EXPECT_FALSE(std::filesystem::exists(work + "/d.bin"));
+  worker.reset();
+  worker = Start("w2", work, {"--memory-bytes-max", std::to_string(need)});
+  ASSERT_NE(worker, nullptr);
+  pb::LoadCheckpointRequest load;
+  load.set_checkpoint_file("ckpt.tsck");
+  auto loaded = worker->client().LoadCheckpoint(load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto inner = worker->client().InnerSteps(InnerRequest(init->root(), 0, "d.bin"));
+  EXPECT_TRUE(inner.ok()) << inner.status();
+  worker.reset();
+
+  // --device auto is the CPU here, --device cuda a refusal at start naming what is missing.
+  worker = Start("auto", work, {"--device", "auto"});
+  ASSERT_NE(worker, nullptr);
+  status = worker->client().Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->device(), torch::cuda::is_available() ? "cuda" : "cpu");
+  worker.reset();
+  if (!torch::cuda::is_available()) {
+    auto cuda = WorkerProcess::Start({.binary = TS_WORKER_BINARY,
+                                      .socket_path = dir_ + "/cuda.sock",
+                                      .work_dir = work,
+                                      .threads = kThreads,
+                                      .extra_args = {"--device", "cuda"},
+                                      .log_file = dir_ + "/cuda.log"});
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable) << cuda.status();
+    EXPECT_THAT(cuda.status().message(), HasSubstr("exited with code 2"));
+    std::ifstream log(dir_ + "/cuda.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), {});
+    EXPECT_THAT(text, HasSubstr("device: cuda requested, but libtorch sees no CUDA device"));
+  }
 }
 
 TEST_F(WorkerProcessTest, KilledMidCallIsUnavailableWithinTheDeadlineAndARestartServes) {

@@ -218,6 +218,9 @@ grpc::Status WorkerService::Status(grpc::ServerContext*, const pb::WorkerStatusR
   response->set_version(kWorkerVersion);
   response->set_pid(::getpid());
   response->set_threads(static_cast<uint32_t>(options_.num_threads));
+  response->set_device(std::string(DeviceName(options_.device.device)));
+  response->set_device_name(options_.device.name);
+  response->set_device_memory_bytes(options_.device.memory_bytes);
   response->set_calls(calls_.load());
   response->set_busy(busy_.load());
   absl::MutexLock lock(&status_mu_);
@@ -321,11 +324,41 @@ absl::Status WorkerService::CheckMemory(std::string_view field, const ModelConfi
   return absl::OkStatus();
 }
 
+absl::Status WorkerService::CheckTrainingMemory(const ModelConfig& config,
+                                                const ActivationShape& shape) {
+  const std::string key = absl::StrCat(ModelConfigString(config), " ", shape.rows, "x", shape.cols,
+                                       " ", shape.checkpointing, shape.bf16, shape.fused_attention);
+  if (key == memory_checked_) return absl::OkStatus();
+  const uint64_t state = TrainingStateBytes(config);
+  const uint64_t activations = ActivationBytes(config, shape);
+  uint64_t available = options_.memory_bytes_max;
+  std::string what = "this worker may use (--memory-bytes-max)";
+  if (available == 0 && options_.device.device == Device::kCuda) {
+    TS_ASSIGN_OR_RETURN(DeviceInfo now, ProbeDevice(Device::kCuda));
+    // What the trainer for this model holds already is free for it.
+    const bool held = trainer_ != nullptr && trainer_->config() == config;
+    available = now.free_bytes + (held ? state : 0);
+    what = absl::StrCat("free on cuda (", now.name, ")");
+  } else if (available == 0) {
+    available = common::PhysicalMemoryBytes();
+    what = "of the machine's memory";
+  }
+  if (available != 0 && state + activations > available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "inner steps: ", ModelConfigString(config), " needs ", state + activations,
+        " bytes (training state ", state, ", activations ", activations, " for passes of ",
+        shape.rows, " x ", shape.cols, " tokens), more than the ", available, " bytes ", what));
+  }
+  memory_checked_ = key;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Trainer*> WorkerService::AnyTrainerFor(const ModelConfig& config,
                                                       std::unique_ptr<Trainer>* other) {
   if (trainer_ != nullptr && trainer_->config() == config) return trainer_.get();
-  TS_ASSIGN_OR_RETURN(
-      *other, Trainer::Create(config, AdamWOptions{}, {.num_threads = options_.num_threads}));
+  TS_ASSIGN_OR_RETURN(*other, Trainer::Create(config, AdamWOptions{},
+                                              {.num_threads = options_.num_threads,
+                                               .device = options_.device.device}));
   return other->get();
 }
 
@@ -333,8 +366,9 @@ absl::StatusOr<Trainer*> WorkerService::TrainerFor(const ModelConfig& config,
                                                    const AdamWOptions& adamw) {
   if (trainer_ == nullptr || !(trainer_->config() == config) || !SameAdamW(trainer_adamw_, adamw)) {
     trainer_.reset();
-    TS_ASSIGN_OR_RETURN(trainer_,
-                        Trainer::Create(config, adamw, {.num_threads = options_.num_threads}));
+    TS_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, adamw,
+                                                  {.num_threads = options_.num_threads,
+                                                   .device = options_.device.device}));
     trainer_adamw_ = adamw;
   }
   return trainer_.get();
@@ -498,6 +532,14 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, GatherBatches(assignment, shards));
   shards.clear();
 
+  const uint32_t rows = inner.micro_batch == 0 ? request.batch_size()
+                                               : std::min(inner.micro_batch, request.batch_size());
+  TS_RETURN_IF_ERROR(
+      CheckTrainingMemory(config, {.rows = rows,
+                                   .cols = uint64_t{config.context} + 1,
+                                   .checkpointing = inner.activation_checkpointing,
+                                   .bf16 = inner.bf16 && options_.device.device == Device::kCuda,
+                                   .fused_attention = FusedAttention()}));
   TS_ASSIGN_OR_RETURN(Trainer * trainer, TrainerFor(config, adamw));
   if (request.reset_optimizer()) trainer->ResetOptimizer();
   {

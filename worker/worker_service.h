@@ -50,6 +50,8 @@ struct WorkerServiceOptions {
   // more is refused at InitModel and LoadCheckpoint naming both numbers. 0: the machine's
   // physical memory.
   uint64_t memory_bytes_max = 0;
+  // Where the models train: kCpu or kCuda, as ProbeDevice resolved the process's --device.
+  DeviceInfo device;
 };
 
 class WorkerService final : public pb::Worker::Service {
@@ -123,6 +125,11 @@ class WorkerService final : public pb::Worker::Service {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `config`'s fp32 training state exceeds the memory cap.
   absl::Status CheckMemory(std::string_view field, const ModelConfig& config) const;
+  // Before the first steps of a model and pass shape: its training state and activations
+  // (ActivationBytes) against --memory-bytes-max, or else the device's free memory (CUDA) or
+  // the machine's (CPU). RESOURCE_EXHAUSTED naming both numbers.
+  absl::Status CheckTrainingMemory(const ModelConfig& config, const ActivationShape& shape)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The trainer for `config` with `adamw`: kept when both match, else made anew (fresh AdamW).
   absl::StatusOr<Trainer*> TrainerFor(const ModelConfig& config, const AdamWOptions& adamw)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -138,6 +145,7 @@ class WorkerService final : public pb::Worker::Service {
   std::optional<Current> current_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(mu_);
   AdamWOptions trainer_adamw_ ABSL_GUARDED_BY(mu_);
+  std::string memory_checked_ ABSL_GUARDED_BY(mu_);  // the model and shape last checked
 
   // What Status reports, readable while a model call holds mu_.
   absl::Mutex status_mu_;
