@@ -83,6 +83,7 @@ int RunTrainStatus(Context& ctx, const StatusArgs& args) {
       {"shard_process", absl::StrCat("pid ", status->shard_process_pid(), ", restarts ",
                                      status->shard_process_restarts(), ", worker restarts ",
                                      status->worker_restarts())},
+      {"worker_device", status->worker_device()},
       {"parameters", std::to_string(status->parameters())},
       {"bytes_exchanged", std::to_string(status->bytes_exchanged())},
       {"inner_seconds", absl::StrFormat("%.1f", status->inner_seconds())},

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/regular_file.h"
 #include "common/status.h"
+#include "worker/device.h"
 
 namespace ts::sidecar {
 namespace {
@@ -218,6 +219,9 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
                           GetInteger(key, node, 0, int64_t{7} * 24 * 3600 * 1000));
     } else if (key == "shard_binary") {
       TS_ASSIGN_OR_RETURN(config.shard_binary, GetString(key, node));
+    } else if (key == "worker_device") {
+      TS_ASSIGN_OR_RETURN(config.worker_device, GetString(key, node));
+      TS_RETURN_IF_ERROR(worker::ParseDevice(key, config.worker_device).status());
     } else if (key == "worker_threads") {
       TS_ASSIGN_OR_RETURN(config.worker_threads, GetInteger(key, node, 1, 256));
     } else if (key == "worker_memory_bytes_max") {

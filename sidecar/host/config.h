@@ -70,6 +70,10 @@ struct HostConfig {
   // A run done (its shard settled) this long has its shard process stopped; 0: never.
   int64_t shard_idle_stop_ms = 60'000;
   int64_t worker_threads = 2;  // torch threads of each worker, 1..256
+  // Where workers train: "cpu" (the default), "cuda" (the host does not start without a CUDA
+  // device its ts_worker can use) or "auto" (CUDA where available). The host reserves only
+  // shards whose run spec's requirements.device and memory its workers meet.
+  std::string worker_device = "cpu";
   // The memory each worker may use for a run's fp32 training state (16 bytes a parameter): the
   // host reserves no shard whose chain-pinned run spec needs more, and its workers refuse such a
   // model. 0: the machine's physical memory.

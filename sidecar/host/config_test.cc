@@ -69,6 +69,7 @@ log_level = "debug"
 shard_idle_stop_ms = 0
 shard_binary = "/opt/trainshard/ts_shard"
 worker_memory_bytes_max = 8589934592
+worker_device = "auto"
 [policy]
 auto_reserve = false
 hardware_profiles = ["cpu-small", "h100-80g"]
@@ -88,6 +89,7 @@ min_escrow_per_node = "123456789"
   EXPECT_EQ(c.shard_idle_stop_ms, 0);
   EXPECT_EQ(c.shard_binary, "/opt/trainshard/ts_shard");
   EXPECT_EQ(c.worker_memory_bytes_max, 8589934592u);
+  EXPECT_EQ(c.worker_device, "auto");
   EXPECT_FALSE(c.policy.auto_reserve);
   EXPECT_EQ(c.policy.hardware_profiles, (std::vector<std::string>{"cpu-small", "h100-80g"}));
   EXPECT_EQ(c.policy.max_shards, 7u);
@@ -100,6 +102,7 @@ TEST(ConfigTest, BadValuesNameTheKeyAndValue) {
   ExpectBad("shard_idle_stop_ms = -1\n", {"shard_idle_stop_ms", "-1", "out of range"});
   ExpectBad("worker_memory_bytes_max = 4096\n", {"worker_memory_bytes_max", "4096", "below"});
   ExpectBad("worker_memory_bytes_max = -1\n", {"worker_memory_bytes_max", "-1"});
+  ExpectBad("worker_device = \"gpu\"\n", {"worker_device", "gpu", "cpu, cuda or auto"});
   ExpectBad("poll_interval_ms = \"fast\"\n", {"poll_interval_ms", "integer", "fast"});
   ExpectBad("listen = 9000\n", {"listen", "string", "9000"});
   ExpectBad("tls_cert_sha256 = \"abcd\"\n", {"tls_cert_sha256", "abcd"});

@@ -214,6 +214,19 @@ int Main(int argc, char** argv) {
   // Before it reserves, the host checks it can run the shard's chain-pinned run spec.
   RunCheckLimits run_limits;
   run_limits.worker_memory_bytes_max = config.worker_memory_bytes_max;
+  const std::string worker_binary =
+      common::SiblingExecutable(config.worker_binary, "ts_worker", "../../worker/ts_worker");
+  auto device = ProbeWorkerDevice(worker_binary, config.worker_device,
+                                  AbsolutePath(config.data_dir) + "/worker-device.out");
+  if (!device.ok()) {
+    LogError("the workers cannot train where worker_device says", device.status());
+    return kExitBadConfig;
+  }
+  run_limits.device = *device;
+  common::Log(common::LogLevel::kInfo, kComponent, "workers train on",
+              {{"device", std::string(worker::DeviceName(device->device))},
+               {"name", device->name},
+               {"memory_bytes", absl::StrCat(device->memory_bytes)}});
   run_limits.fortunes_dir = std::string(worker::kFortunesDir);
   options.run_check = [run_limits](const pb::ShardSpec& spec) {
     return RunSpecSkipReason(spec, run_limits);
@@ -278,8 +291,8 @@ int Main(int argc, char** argv) {
   process_options.host_socket = host_socket;
   process_options.key_file = AbsolutePath(config.key_file);
   process_options.chain_endpoint = config.chain_endpoint;
-  process_options.worker_binary =
-      common::SiblingExecutable(config.worker_binary, "ts_worker", "../../worker/ts_worker");
+  process_options.worker_binary = worker_binary;
+  process_options.worker_device = config.worker_device;
   process_options.worker_threads = static_cast<int>(config.worker_threads);
   process_options.worker_memory_bytes_max = config.worker_memory_bytes_max;
   process_options.collective_host = EndpointHost(ShardListenAddress(config));

@@ -74,6 +74,55 @@ TEST_F(RunCheckTest, AModelLargerThanTheDeclaredMemoryIsRefusedWithBothNumbers) 
   EXPECT_EQ(RunSpecSkipReason(SpecWith(big), limits_), "");
 }
 
+TEST_F(RunCheckTest, TheRequiredDeviceMustBeTheWorkers) {
+  auto with_device = [](const std::string& device) {
+    return absl::StrReplaceAll(
+        kSpec,
+        {{R"("seed": "5")", R"("seed": "5", "requirements": {"device": ")" + device + R"("})"}});
+  };
+  // A CPU host runs "cpu" and "any" specs and refuses "cuda" ones.
+  EXPECT_EQ(RunSpecSkipReason(SpecWith(with_device("cpu")), limits_), "");
+  EXPECT_EQ(RunSpecSkipReason(SpecWith(with_device("any")), limits_), "");
+  EXPECT_EQ(RunSpecSkipReason(SpecWith(with_device("cuda")), limits_),
+            "run spec: requirements.device \"cuda\" is not where this host's workers train (cpu)");
+  // A GPU host the other way round.
+  limits_.device = {.device = worker::Device::kCuda,
+                    .name = "NVIDIA H200",
+                    .memory_bytes = uint64_t{140} << 30,
+                    .free_bytes = uint64_t{139} << 30};
+  limits_.worker_memory_bytes_max = 0;  // the GPU's memory, then
+  EXPECT_EQ(RunSpecSkipReason(SpecWith(with_device("cuda")), limits_), "");
+  EXPECT_THAT(RunSpecSkipReason(SpecWith(with_device("cpu")), limits_),
+              HasSubstr("requirements.device \"cpu\" is not where this host's workers train"));
+  // A device no host has is refused by the document's own check.
+  EXPECT_THAT(RunSpecSkipReason(SpecWith(with_device("tpu")), limits_),
+              HasSubstr("requirements.device: \"tpu\" is not one of any, cpu, cuda"));
+  // The GPU's memory bounds the model: 1 B parameters' state fits 140 GiB, not 10 GiB.
+  const std::string big =
+      absl::StrReplaceAll(with_device("cuda"), {{R"("preset": "tiny")", R"("preset": "1b")"}});
+  EXPECT_EQ(RunSpecSkipReason(SpecWith(big), limits_), "");
+  limits_.device.memory_bytes = uint64_t{10} << 30;
+  EXPECT_THAT(RunSpecSkipReason(SpecWith(big), limits_),
+              HasSubstr("more than the 10737418240 bytes of NVIDIA H200"));
+}
+
+TEST_F(RunCheckTest, TheActivationsOfTheSpecsPassesCountToo) {
+  // 20m at 32 k vocabulary, context 128: its state fits 1 GiB (16 × 21.7 M = 348 MB); with 64
+  // windows a pass its activations do not, with micro-batches of 4 they do.
+  const std::string spec = absl::StrReplaceAll(
+      kSpec, {{R"("preset": "tiny", "seed": "7", "config": {"context": 32, "vocab": 512})",
+               R"("preset": "20m", "seed": "7", "config": {"context": 128, "vocab": 32000})"},
+              {R"("vocab": 512, "shardTokens")", R"("vocab": 32000, "shardTokens")"},
+              {R"("batchSize": 8)", R"("batchSize": 64)"}});
+  const std::string reason = RunSpecSkipReason(SpecWith(spec), limits_);
+  EXPECT_THAT(reason, HasSubstr("activations "));
+  EXPECT_THAT(reason, HasSubstr("for passes of 64 x 129 tokens), more than the 1073741824 bytes "
+                                "of worker_memory_bytes_max"));
+  const std::string micro = absl::StrReplaceAll(
+      spec, {{R"("seed": "5")", R"("seed": "5", "training": {"microBatch": 4})"}});
+  EXPECT_EQ(RunSpecSkipReason(SpecWith(micro), limits_), "");
+}
+
 TEST_F(RunCheckTest, TheEmbeddedCorpusMustBeInstalled) {
   limits_.fortunes_dir += "/absent";
   EXPECT_THAT(RunSpecSkipReason(SpecWith(kSpec), limits_),

@@ -306,6 +306,8 @@ void ShardProcesses::Supervise(uint64_t shard_id, Child& child, int64_t now_ms) 
                 options_.worker_binary,
                 "--worker-threads",
                 absl::StrCat(options_.worker_threads),
+                "--worker-device",
+                options_.worker_device,
                 "--worker-memory-bytes-max",
                 absl::StrCat(options_.worker_memory_bytes_max),
                 "--collective-host",

@@ -57,6 +57,7 @@ struct ShardProcessOptions {
   std::string chain_endpoint;
   std::string worker_binary;
   int worker_threads = 2;
+  std::string worker_device = "cpu";     // each worker's --device
   uint64_t worker_memory_bytes_max = 0;  // each worker's --memory-bytes-max; 0: the machine's
   std::string collective_host = "127.0.0.1";
   std::string log_level = "info";

@@ -112,6 +112,11 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
     TS_RETURN_IF_ERROR(
         CheckRange("inner_timeout_ms", spec.inner_timeout_ms(), 1000, 30ull * 24 * 3600 * 1000));
   }
+  const std::string& device = spec.requirements().device();
+  if (!device.empty() && device != "any" && device != "cpu" && device != "cuda") {
+    return Invalid("requirements.device", absl::StrCat("\"", device, "\""),
+                   "is not one of any, cpu, cuda");
+  }
   return absl::OkStatus();
 }
 

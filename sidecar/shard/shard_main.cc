@@ -68,6 +68,7 @@ int Main(int argc, char** argv) {
   std::string shards_dir, socket, host_socket, key_file, chain, chain_id, worker_binary;
   std::string collective_host = "127.0.0.1", log_level = "info";
   int worker_threads = 2;
+  std::string worker_device = "cpu";
   uint64_t worker_memory_bytes_max = 0;
   int64_t heartbeat_ms = 500;
   app.add_option("--shard-id", shard_id, "the shard")->required();
@@ -80,6 +81,8 @@ int Main(int argc, char** argv) {
   app.add_option("--chain-id", chain_id, "the chain id")->required();
   app.add_option("--worker-binary", worker_binary, "the ts_worker executable")->required();
   app.add_option("--worker-threads", worker_threads, "worker threads")->check(CLI::Range(1, 256));
+  app.add_option("--worker-device", worker_device, "the worker's --device: cpu | cuda | auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--worker-memory-bytes-max", worker_memory_bytes_max,
                  "the worker's --memory-bytes-max (0: the machine's memory)");
   app.add_option("--collective-host", collective_host, "host the collective listener binds");
@@ -160,6 +163,7 @@ int Main(int argc, char** argv) {
   ShardRunOptions run_options;
   run_options.worker_binary = worker_binary;
   run_options.worker_threads = worker_threads;
+  run_options.worker_device = worker_device;
   run_options.worker_memory_bytes_max = worker_memory_bytes_max;
   run_options.work_root = shards_dir;
   run_options.collective_host = collective_host;

@@ -351,14 +351,25 @@ struct ShardRun::Impl {
     wo.socket_path = socket;
     wo.work_dir = work_dir;
     wo.threads = options.worker_threads;
+    wo.extra_args = {"--device", options.worker_device};
     if (options.worker_memory_bytes_max != 0) {
-      wo.extra_args = {"--memory-bytes-max", absl::StrCat(options.worker_memory_bytes_max)};
+      wo.extra_args.push_back("--memory-bytes-max");
+      wo.extra_args.push_back(absl::StrCat(options.worker_memory_bytes_max));
     }
     wo.log_file = dir + "/worker.log";
     TS_ASSIGN_OR_RETURN(worker, worker::WorkerProcess::Start(wo));
     worker_pid = worker->pid();
+    // Where it trains, as the worker itself says (--device auto resolves there).
+    TS_ASSIGN_OR_RETURN(pb::WorkerStatusResponse about, worker->client().Status());
+    const std::string device = about.device() == "cuda"
+                                   ? absl::StrCat("cuda (", about.device_name(), ")")
+                                   : about.device();
+    {
+      absl::MutexLock lock(&mu);
+      status.set_worker_device(device);
+    }
     Transition(absl::StrCat("worker started (pid ", worker->pid(), ", ", options.worker_threads,
-                            " threads)"));
+                            " threads, ", device, ")"));
     TS_RETURN_IF_ERROR(PrepareData());
     if (transport == nullptr) {
       TcpTransportOptions to;

@@ -84,6 +84,7 @@ struct ShardRunHost {
 struct ShardRunOptions {
   std::string worker_binary;  // the ts_worker executable
   int worker_threads = 2;
+  std::string worker_device = "cpu";  // the worker's --device
   // The worker's --memory-bytes-max (its fp32 training state must fit); 0: the machine's memory.
   uint64_t worker_memory_bytes_max = 0;
   std::string work_root;  // absolute; this run's files go under <work_root>/<shard_id>/

@@ -97,7 +97,10 @@ class TrainTest(unittest.TestCase):
         self.net.init()
         self.net.start_devnet()
         for i, threads in enumerate((1, 2, 1), start=1):
+            # host2 lets its workers choose (auto: CUDA where there is one, the CPU here).
+            device = '"auto"' if i == 2 else '"cpu"'
             self.net.add_host(f"host{i}", extra_config={"worker_threads": threads,
+                                                        "worker_device": device,
                                                         "shard_idle_stop_ms": IDLE_STOP_MS,
                                                         "worker_memory_bytes_max": 2 << 30})
         for h in self.net.hosts:
@@ -322,6 +325,30 @@ class TrainTest(unittest.TestCase):
             self.assertIn("bytes of fp32 training state", reason)
             self.assertIn("2147483648 bytes of worker_memory_bytes_max", reason)
         self.assertEqual(net.shard(big).get("reservations", []), [])
+
+        # Every worker said where it trains; a run that needs GPU workers is refused by these
+        # CPU hosts (host2's "auto" found no CUDA) before they reserve.
+        for h in net.hosts:
+            self.assertEqual(net.train_status(h, sid)["worker_device"], "cpu")
+        gpu_only = net.write_run_spec(
+            "gpu-only", requirements={"device": "cuda"},
+            model={"kind": "llama", "preset": "tiny", "seed": "7",
+                   "config": {"vocab": 384, "context": 32}},
+            data={"corpus": "packed", "vocab": 384, "datasetRoot": root_b64})
+        big = open_shard(net, "gpu-only", gpu_only, on_chain=True, status="SHARD_STATUS_OPEN",
+                         min_nodes=3, max_nodes=3)
+        for h in net.hosts:
+            harness.wait_for(lambda: skip_reason(h), 60, f"{h.name} to decide on shard {big}")
+            self.assertEqual(skip_reason(h), "run spec: requirements.device \"cuda\" is not "
+                                             "where this host's workers train (cpu)")
+        self.assertEqual(net.shard(big).get("reservations", []), [])
+        # A host told its workers train on CUDA, where there is none, does not start, and says
+        # why.
+        gpu_host = net.add_host("gpuhost", key_name="host1", start=False,
+                                extra_config={"worker_device": '"cuda"'})
+        with self.assertRaises(RuntimeError) as failed:
+            gpu_host.start()
+        self.assertIn("libtorch sees no CUDA device", str(failed.exception))
 
     def test_overlap_trains_and_settles(self):
         """The one-step-delayed outer update (docs/training.md "Overlap"): each round's
