@@ -14,12 +14,12 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/absl_view.h"
 #include "common/crypto/hash.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "common/status.h"
+#include "proto/grpc_status.h"
 #include "worker/bytes.h"
 #include "worker/client/model_spec.h"
 #include "worker/client/work_dir.h"
@@ -171,7 +171,7 @@ grpc::Status WorkerService::Serve(const char* call, Fn&& fn) {
                  {"error", std::string(status.message())}});
   }
   ++calls_;
-  return ts::bridge::ToGrpcStatus(status);
+  return ts::ToGrpcStatus(status);
 }
 
 grpc::Status WorkerService::InitModel(grpc::ServerContext*, const pb::InitModelRequest* request,

@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "chain-bridge/client/chain_client.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "chain-bridge/module/tx.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
@@ -24,6 +23,7 @@
 #include "cosmos/bank/v1beta1/query.grpc.pb.h"
 #include "gonka/trainshard/v1/chain.grpc.pb.h"
 #include "proto/cosmos_tx_service.h"
+#include "proto/grpc_status.h"
 
 namespace ts::bridge {
 namespace {

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "chain-bridge/devnet/store.h"
 #include "chain-bridge/module/tx.h"
 #include "common/amount.h"
@@ -20,6 +19,7 @@
 #include "cosmos/crypto/secp256k1/keys.pb.h"
 #include "gonka/trainshard/v1/chain.grpc.pb.h"
 #include "proto/cosmos_tx_service.h"
+#include "proto/grpc_status.h"
 
 namespace ts::bridge::devnet {
 namespace {

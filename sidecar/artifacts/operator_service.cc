@@ -10,17 +10,17 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/absl_view.h"
 #include "common/crypto/bech32.h"
 #include "common/hex.h"
 #include "common/status.h"
+#include "proto/grpc_status.h"
 #include "sidecar/artifacts/safe_fs.h"
 
 namespace ts::sidecar {
 namespace {
 
-grpc::Status ToGrpc(const absl::Status& status) { return bridge::ToGrpcStatus(status); }
+grpc::Status ToGrpc(const absl::Status& status) { return ToGrpcStatus(status); }
 
 // A value from a request, quoted and cut so a long or odd one cannot flood a log or terminal.
 std::string Quote(std::string_view text) {

@@ -24,12 +24,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/absl_view.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "proto/grpc_status.h"
 #include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/chunk_wire.h"
 
@@ -65,7 +65,7 @@ absl::Status CheckArtifactId(std::string_view field, std::string_view id) {
 template <typename Fn>
 grpc::Status Serve(Fn&& fn) {
   try {
-    return bridge::ToGrpcStatus(fn());
+    return ToGrpcStatus(fn());
   } catch (const std::exception& e) {
     return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("internal error: ", e.what()));
   }
@@ -649,7 +649,7 @@ absl::StatusOr<VerifiedManifest> Fetcher::ManifestFromPeer(size_t index, Outcome
   call.set_deadline(DeadlineAfter(options_.manifest_deadline_ms));
   pb::GetManifestResponse response;
   grpc::Status status = peer.stub->GetManifest(&call, request, &response);
-  if (!status.ok()) return bridge::FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status);
   absl::StatusOr<VerifiedManifest> manifest = CheckedManifest(response.manifest());
   if (!manifest.ok()) {
     *outcome = Outcome::kCorrupt;
@@ -944,7 +944,7 @@ void Fetcher::CallGrpc(size_t index, const pb::GetChunksRequest& request,
     }
   }
   if (!result->corrupt.empty() || !result->fatal.ok()) call.TryCancel();
-  result->status = bridge::FromGrpcStatus(reader->Finish());
+  result->status = FromGrpcStatus(reader->Finish());
   absl::MutexLock lock(&mu_);
   peer.calls.erase(std::find(peer.calls.begin(), peer.calls.end(), &call));
 }
@@ -1239,7 +1239,7 @@ std::vector<PeerArtifacts> ListPeerArtifacts(const FetchContext& context, uint64
             DeadlineAfter(std::max<int64_t>(1, deadline_ms - context.clock->MonotonicMs())));
         pb::ListArtifactsResponse response;
         grpc::Status status = stub->ListArtifacts(&call, request, &response);
-        if (!status.ok()) return bridge::FromGrpcStatus(status);
+        if (!status.ok()) return FromGrpcStatus(status);
         if (static_cast<size_t>(response.artifacts_size()) > kMaxListedArtifacts) {
           return absl::OutOfRangeError(absl::StrCat(
               response.artifacts_size(), " artifacts listed, more than ", kMaxListedArtifacts));

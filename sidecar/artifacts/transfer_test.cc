@@ -27,11 +27,11 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/status.h"
+#include "proto/grpc_status.h"
 #include "sidecar/artifacts/chunk_stream.h"
 #include "state/db.h"
 #include "tests/util/temp_dir.h"
@@ -305,7 +305,7 @@ class ScriptedPeer final : public pb::ArtifactTransfer::Service {
     }
     if (mode_ == Mode::kWrongManifest) id = other_id_;
     auto manifest = store_->GetManifest(id, /*complete_only=*/true);
-    if (!manifest.ok()) return bridge::ToGrpcStatus(manifest.status());
+    if (!manifest.ok()) return ToGrpcStatus(manifest.status());
     *response->mutable_manifest() = manifest->manifest;
     return grpc::Status::OK;
   }
@@ -320,7 +320,7 @@ class ScriptedPeer final : public pb::ArtifactTransfer::Service {
     if (mode_ == Mode::kReverse) std::reverse(hashes.begin(), hashes.end());
     if (mode_ == Mode::kUnrequested) {
       auto manifest = store_->GetManifest(request->artifact_id(), true);
-      if (!manifest.ok()) return bridge::ToGrpcStatus(manifest.status());
+      if (!manifest.ok()) return ToGrpcStatus(manifest.status());
       for (const auto& file : manifest->body.files()) {
         for (const std::string& h : file.chunks()) {
           if (std::find(hashes.begin(), hashes.end(), h) == hashes.end()) {
@@ -342,7 +342,7 @@ class ScriptedPeer final : public pb::ArtifactTransfer::Service {
         chunk.set_data(std::string(5u << 20, 'x'));
       } else {
         auto data = store_->ReadChunk(hash);
-        if (!data.ok()) return bridge::ToGrpcStatus(data.status());
+        if (!data.ok()) return ToGrpcStatus(data.status());
         chunk.set_data(*std::move(data));
       }
       if (!writer->Write(chunk)) return grpc::Status::CANCELLED;
@@ -1804,7 +1804,7 @@ class ScriptedStreamPeer final : public pb::ArtifactTransfer::Service {
   grpc::Status GetManifest(grpc::ServerContext*, const pb::GetManifestRequest* request,
                            pb::GetManifestResponse* response) override {
     auto manifest = store_->GetManifest(request->artifact_id(), /*complete_only=*/true);
-    if (!manifest.ok()) return bridge::ToGrpcStatus(manifest.status());
+    if (!manifest.ok()) return ToGrpcStatus(manifest.status());
     *response->mutable_manifest() = manifest->manifest;
     return grpc::Status::OK;
   }

@@ -83,7 +83,7 @@ absl::StatusOr<pb::ArtifactProgress> ReadProgress(
     return absl::DeadlineExceededError(
         absl::StrCat("no progress for ", idle_ms, " ms (--timeout-ms); the call was cancelled"));
   }
-  if (!status.ok()) return bridge::FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status);
   if (!got_final) return absl::InternalError("the stream ended without a final progress message");
   return final_message;
 }

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "chain-bridge/client/grpc_status.h"
+#include "proto/grpc_status.h"
 
 namespace ts::sidecar {
 
@@ -35,7 +35,7 @@ absl::StatusOr<Response> CallWithDeadline(int64_t timeout_ms, Call call) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   Response response;
   grpc::Status status = call(&context, &response);
-  if (!status.ok()) return bridge::FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
 

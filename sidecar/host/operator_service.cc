@@ -10,14 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/process.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "proto/grpc_status.h"
 
 namespace ts::sidecar {
 namespace {
 
-grpc::Status ToGrpc(const absl::Status& status) { return bridge::ToGrpcStatus(status); }
+grpc::Status ToGrpc(const absl::Status& status) { return ToGrpcStatus(status); }
 
 // What differs between the settlement the records imply and a draft, in protobuf's words (the
 // first differences, cut); empty if they are equal.

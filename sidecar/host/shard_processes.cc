@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "common/status.h"
+#include "proto/grpc_status.h"
 #include "sidecar/shard/shard_run.h"
 #include "state/db.h"
 
@@ -35,7 +35,7 @@ constexpr int64_t kStartCallTimeoutMs = 60'000;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-grpc::Status Grpc(const absl::Status& status) { return bridge::ToGrpcStatus(status); }
+grpc::Status Grpc(const absl::Status& status) { return ToGrpcStatus(status); }
 
 // The caller's deadline, but no later than `cap_ms` from now.
 void SetForwardDeadline(const grpc::ServerContext& from, int64_t cap_ms, grpc::ClientContext* to) {
@@ -415,7 +415,7 @@ absl::StatusOr<pb::StartShardRunResponse> ShardProcesses::StartRun(uint64_t shar
   pb::StartShardRunResponse response;
   grpc::ServerContext context;  // no deadline of its own: Start's caps apply
   grpc::Status status = Start(&context, &request, &response);
-  if (!status.ok()) return bridge::FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
 
@@ -495,7 +495,7 @@ absl::StatusOr<pb::Settlement> ShardProcesses::CertifiedDraft(uint64_t shard_id,
     if (status.ok()) return std::move(*response.mutable_draft());
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
         absl::Now() + absl::Milliseconds(200) >= deadline) {
-      return bridge::FromGrpcStatus(status);
+      return FromGrpcStatus(status);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }

@@ -10,7 +10,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "chain-bridge/client/grpc_status.h"
+#include "proto/grpc_status.h"
 
 namespace ts::sidecar {
 namespace {
@@ -73,7 +73,7 @@ absl::StatusOr<pb::ArtifactProgress> ReadProgress(
     return absl::DeadlineExceededError(absl::StrCat(what, ": the host sent nothing for ",
                                                     kHostSilenceMaxMs, " ms; call cancelled"));
   }
-  if (!status.ok()) return bridge::FromGrpcStatus(status, what);
+  if (!status.ok()) return FromGrpcStatus(status, what);
   if (!last.done()) {
     return absl::InternalError(absl::StrCat(what, ": the host ended the call before it was done"));
   }
@@ -159,8 +159,8 @@ absl::Status HostLink::Export(uint64_t shard_id, const std::string& artifact_id,
   pb::ArtifactProgress response;
   grpc::ClientContext context;
   SetDeadline(&context, kHostTransferTimeoutMs);
-  return bridge::FromGrpcStatus(artifacts_->Export(&context, request, &response),
-                                "ArtifactOperator/Export");
+  return FromGrpcStatus(artifacts_->Export(&context, request, &response),
+                        "ArtifactOperator/Export");
 }
 
 absl::StatusOr<std::vector<pb::ArtifactSummary>> HostLink::List(uint64_t shard_id) {
@@ -170,7 +170,7 @@ absl::StatusOr<std::vector<pb::ArtifactSummary>> HostLink::List(uint64_t shard_i
   grpc::ClientContext context;
   SetDeadline(&context, kHostCallTimeoutMs);
   grpc::Status status = artifacts_->List(&context, request, &response);
-  if (!status.ok()) return bridge::FromGrpcStatus(status, "ArtifactOperator/List");
+  if (!status.ok()) return FromGrpcStatus(status, "ArtifactOperator/List");
   std::vector<pb::ArtifactSummary> out;
   for (const pb::ArtifactSummary& a : response.artifacts()) {
     if (a.complete()) out.push_back(a);
@@ -186,7 +186,7 @@ absl::StatusOr<pb::FindArtifactsResponse> HostLink::Find(uint64_t shard_id, std:
   grpc::ClientContext context;
   SetDeadline(&context, kHostCallTimeoutMs);
   grpc::Status status = artifacts_->Find(&context, request, &response);
-  if (!status.ok()) return bridge::FromGrpcStatus(status, "ArtifactOperator/Find");
+  if (!status.ok()) return FromGrpcStatus(status, "ArtifactOperator/Find");
   return response;
 }
 
@@ -197,8 +197,7 @@ absl::Status HostLink::Drop(uint64_t shard_id, const std::vector<std::string>& a
   pb::GcArtifactsResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kHostCallTimeoutMs);
-  return bridge::FromGrpcStatus(artifacts_->Gc(&context, request, &response),
-                                "ArtifactOperator/Gc");
+  return FromGrpcStatus(artifacts_->Gc(&context, request, &response), "ArtifactOperator/Gc");
 }
 
 absl::StatusOr<pb::SettlementSignature> HostLink::SignSettlement(const pb::Settlement& draft) {
@@ -208,7 +207,7 @@ absl::StatusOr<pb::SettlementSignature> HostLink::SignSettlement(const pb::Settl
   grpc::ClientContext context;
   SetDeadline(&context, kHostCallTimeoutMs);
   grpc::Status status = host_->SignSettlement(&context, request, &response);
-  if (!status.ok()) return bridge::FromGrpcStatus(status, "HostOperator/SignSettlement");
+  if (!status.ok()) return FromGrpcStatus(status, "HostOperator/SignSettlement");
   return response.signature();
 }
 
@@ -221,7 +220,7 @@ absl::StatusOr<std::string> HostLink::SubmitSettlement(
   grpc::ClientContext context;
   SetDeadline(&context, kHostSubmitTimeoutMs);
   grpc::Status status = host_->SubmitSettlement(&context, request, &response);
-  if (!status.ok()) return bridge::FromGrpcStatus(status, "HostOperator/SubmitSettlement");
+  if (!status.ok()) return FromGrpcStatus(status, "HostOperator/SubmitSettlement");
   if (response.code() != 0) {
     return absl::FailedPreconditionError(absl::StrCat("the chain refused the settlement (code ",
                                                       response.code(), "): ", response.raw_log()));

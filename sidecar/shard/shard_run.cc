@@ -22,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/absl_view.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
@@ -32,6 +31,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
+#include "proto/grpc_status.h"
 #include "sidecar/collective/collective.h"
 #include "sidecar/collective/tcp_transport.h"
 #include "sidecar/shard/ledger.h"
@@ -1320,7 +1320,7 @@ struct ShardRun::Impl {
                            std::chrono::milliseconds(kRpcTimeoutMs));
       response.Clear();
       grpc::Status rpc = StubFor(member->endpoint)->GetCertificates(&context, request, &response);
-      if (!rpc.ok()) return bridge::FromGrpcStatus(rpc, absl::StrCat("GetCertificates ", peer));
+      if (!rpc.ok()) return FromGrpcStatus(rpc, absl::StrCat("GetCertificates ", peer));
       std::vector<pb::RoundCertificate> verified;
       for (const auto& c : response.certificates()) {
         if (c.result().round() != have + 1 || c.result().base_root() != root) {
@@ -1923,7 +1923,7 @@ absl::StatusOr<std::string> ShardRunManager::VerifyPeer(const pb::PeerRequestAut
 grpc::Status ShardRunManager::Start(grpc::ServerContext*, const pb::StartShardRunRequest* request,
                                     pb::StartShardRunResponse* response) {
   auto started = StartRun(request->shard_id(), request->run_spec());
-  if (!started.ok()) return bridge::ToGrpcStatus(started.status());
+  if (!started.ok()) return ToGrpcStatus(started.status());
   *response = *started;
   return grpc::Status::OK;
 }
@@ -1932,7 +1932,7 @@ grpc::Status ShardRunManager::Status(grpc::ServerContext*, const pb::ShardRunSta
                                      pb::ShardRunStatus* response) {
   absl::MutexLock lock(&mu_);
   ShardRun* run = Find(request->shard_id());
-  if (run == nullptr) return bridge::ToGrpcStatus(NoRun(request->shard_id()));
+  if (run == nullptr) return ToGrpcStatus(NoRun(request->shard_id()));
   *response = run->Status();
   return grpc::Status::OK;
 }
@@ -1941,17 +1941,17 @@ grpc::Status ShardRunManager::Evaluate(grpc::ServerContext*,
                                        const pb::EvaluateCheckpointRequest* request,
                                        pb::EvaluateCheckpointResponse* response) {
   if (request->artifact_id().size() != 32) {
-    return bridge::ToGrpcStatus(absl::InvalidArgumentError(
+    return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("artifact_id: ", request->artifact_id().size(), " bytes, want 32")));
   }
   ShardRun* run;
   {
     absl::MutexLock lock(&mu_);
     run = Find(request->shard_id());
-    if (run == nullptr) return bridge::ToGrpcStatus(NoRun(request->shard_id()));
+    if (run == nullptr) return ToGrpcStatus(NoRun(request->shard_id()));
   }
   auto ev = run->EvaluateArtifact(request->artifact_id(), request->windows_max());
-  if (!ev.ok()) return bridge::ToGrpcStatus(ev.status());
+  if (!ev.ok()) return ToGrpcStatus(ev.status());
   *response->mutable_evaluation() = *ev;
   return grpc::Status::OK;
 }
@@ -1959,15 +1959,15 @@ grpc::Status ShardRunManager::Evaluate(grpc::ServerContext*,
 grpc::Status ShardRunManager::Announce(grpc::ServerContext*, const pb::AnnounceRequest* request,
                                        pb::AnnounceResponse* response) {
   auto signer = VerifyPeer(request->auth(), kAnnounceMethod, request->shard_id(), *request);
-  if (!signer.ok()) return bridge::ToGrpcStatus(signer.status());
+  if (!signer.ok()) return ToGrpcStatus(signer.status());
   if (request->collective_endpoint().empty() || request->collective_endpoint().size() > 300) {
-    return bridge::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "collective_endpoint: ", request->collective_endpoint().size(), " bytes, want 1..300")));
   }
   absl::MutexLock lock(&mu_);
   ShardRun* run = Find(request->shard_id());
   if (run == nullptr) {
-    return bridge::ToGrpcStatus(absl::UnavailableError(
+    return ToGrpcStatus(absl::UnavailableError(
         absl::StrCat("shard ", request->shard_id(), ": no run on this host yet")));
   }
   *response = run->OnAnnounce(*signer, *request);
@@ -1978,15 +1978,15 @@ grpc::Status ShardRunManager::GetCertificates(grpc::ServerContext*,
                                               const pb::GetCertificatesRequest* request,
                                               pb::GetCertificatesResponse* response) {
   auto signer = VerifyPeer(request->auth(), kGetCertificatesMethod, request->shard_id(), *request);
-  if (!signer.ok()) return bridge::ToGrpcStatus(signer.status());
+  if (!signer.ok()) return ToGrpcStatus(signer.status());
   absl::MutexLock lock(&mu_);
   ShardRun* run = Find(request->shard_id());
   if (run == nullptr) {
-    return bridge::ToGrpcStatus(absl::UnavailableError(
+    return ToGrpcStatus(absl::UnavailableError(
         absl::StrCat("shard ", request->shard_id(), ": no run on this host yet")));
   }
   auto got = run->OnGetCertificates(*request);
-  if (!got.ok()) return bridge::ToGrpcStatus(got.status());
+  if (!got.ok()) return ToGrpcStatus(got.status());
   *response = *std::move(got);
   return grpc::Status::OK;
 }
@@ -1995,7 +1995,7 @@ grpc::Status ShardRunManager::DraftSettlement(grpc::ServerContext*,
                                               const pb::DraftSettlementRequest* request,
                                               pb::DraftSettlementResponse* response) {
   auto draft = DraftFromStoredRun(request->shard_id());
-  if (!draft.ok()) return bridge::ToGrpcStatus(draft.status());
+  if (!draft.ok()) return ToGrpcStatus(draft.status());
   *response->mutable_draft() = *std::move(draft);
   return grpc::Status::OK;
 }

@@ -18,10 +18,10 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/str_cat.h"
-#include "chain-bridge/client/grpc_status.h"
 #include "common/absl_view.h"
 #include "common/process.h"
 #include "common/status.h"
+#include "proto/grpc_status.h"
 
 namespace ts::worker {
 namespace {
@@ -41,7 +41,7 @@ absl::StatusOr<Response> Invoke(const std::string& target, std::string_view meth
         what,
         ": the worker is not serving (not started, crashed or killed): ", status.error_message()));
   }
-  return ts::bridge::FromGrpcStatus(status, what);
+  return ts::FromGrpcStatus(status, what);
 }
 
 }  // namespace

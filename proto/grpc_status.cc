@@ -1,10 +1,10 @@
-#include "chain-bridge/client/grpc_status.h"
+#include "proto/grpc_status.h"
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
-namespace ts::bridge {
+namespace ts {
 namespace {
 
 // gRPC and Abseil share the canonical code numbers 0..16.
@@ -30,4 +30,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status, std::string_view what) {
   return absl::Status(static_cast<absl::StatusCode>(code), message);
 }
 
-}  // namespace ts::bridge
+}  // namespace ts

@@ -1,9 +1,9 @@
 // The one place where absl::Status and grpc::Status are converted, for every gRPC edge of the
-// project (the devnet's services, the chain client, the host sidecar's APIs). Canonical codes are
-// the same numbers in both; the message is carried unchanged.
+// project (the devnet's services, the chain client, the host sidecar's APIs, the worker protocol).
+// Canonical codes are the same numbers in both; the message is carried unchanged.
 // Pure functions; thread-safe.
-#ifndef TS_CHAIN_BRIDGE_CLIENT_GRPC_STATUS_H_
-#define TS_CHAIN_BRIDGE_CLIENT_GRPC_STATUS_H_
+#ifndef TS_PROTO_GRPC_STATUS_H_
+#define TS_PROTO_GRPC_STATUS_H_
 
 #include <string_view>
 
@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 
-namespace ts::bridge {
+namespace ts {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
@@ -20,6 +20,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // range becomes UNKNOWN.
 absl::Status FromGrpcStatus(const grpc::Status& status, std::string_view what = {});
 
-}  // namespace ts::bridge
+}  // namespace ts
 
-#endif  // TS_CHAIN_BRIDGE_CLIENT_GRPC_STATUS_H_
+#endif  // TS_PROTO_GRPC_STATUS_H_
