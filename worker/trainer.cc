@@ -266,33 +266,63 @@ struct Trainer::Impl {
     const int64_t micro =
         options.micro_batch == 0 ? rows : std::min<int64_t>(options.micro_batch, rows);
     double loss = 0;
+    torch::Tensor on_device;  // CUDA: summed there, read once, so no pass waits for the host
     for (int64_t start = 0; start < rows; start += micro) {
       const int64_t end = std::min(rows, start + micro);
       const double share = static_cast<double>(end - start) / static_cast<double>(rows);
       Bf16Autocast autocast(bf16);
-      loss +=
-          share * Backward(tokens.slice(0, start, end), share, options.activation_checkpointing);
+      const torch::Tensor pass =
+          Backward(tokens.slice(0, start, end), share, options.activation_checkpointing);
+      if (!device.is_cuda()) {
+        loss += share * pass.item<double>();
+      } else {
+        const torch::Tensor part = pass.to(torch::kFloat64) * share;
+        on_device = on_device.defined() ? on_device + part : part;
+      }
     }
-    return loss;
+    return on_device.defined() ? on_device.item<double>() : loss;
+  }
+
+  // Scales the accumulated gradients to a global L2 norm of at most adamw.grad_clip_norm: on the
+  // CPU through libtorch's clip_grad_norm_; on a device with the same maths kept there (the
+  // coefficient clamped to 1 rather than read back to decide), so the step does not wait.
+  void ClipGradients() {
+    if (adamw.grad_clip_norm <= 0) return;
+    if (!device.is_cuda()) {
+      torch::nn::utils::clip_grad_norm_(params, adamw.grad_clip_norm);
+      return;
+    }
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> norms;
+    for (torch::Tensor& p : params) {
+      if (p.grad().defined()) norms.push_back(p.grad().norm(2));
+    }
+    if (norms.empty()) return;
+    const torch::Tensor total = torch::stack(norms).norm(2);
+    const torch::Tensor coef = (adamw.grad_clip_norm / (total + 1e-6)).clamp_max(1.0);
+    for (torch::Tensor& p : params) {
+      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+    }
   }
 
   // Clips the accumulated gradients, steps at the rate of global step `step` and drops them.
   void OptimizerStep(const InnerOptions& options, uint64_t step) {
-    if (adamw.grad_clip_norm > 0) torch::nn::utils::clip_grad_norm_(params, adamw.grad_clip_norm);
+    ClipGradients();
     SetLr(ScheduledLr(adamw.lr, options.schedule, step));
     optimizer->step();
     optimizer->zero_grad();
   }
 
   // The forward and backward passes of `tokens`, the gradients scaled by `scale` (its share of
-  // the step's rows) and added to the parameters' gradients. Returns the (unscaled) mean loss.
-  double Backward(const torch::Tensor& tokens, double scale, bool checkpointing) {
+  // the step's rows) and added to the parameters' gradients. Returns the (unscaled) mean loss, a
+  // scalar tensor on the device.
+  torch::Tensor Backward(const torch::Tensor& tokens, double scale, bool checkpointing) {
     const int64_t t = tokens.size(1) - 1;
     const torch::Tensor input = tokens.slice(1, 0, t), target = tokens.slice(1, 1, t + 1);
     if (!checkpointing) {
       torch::Tensor loss = LossOfLogits(model->Logits(input), target);
       (scale == 1.0 ? loss : loss * scale).backward();
-      return loss.item<double>();
+      return loss.detach();
     }
     // Activation checkpointing: a forward pass that keeps only each layer's input, then the
     // backward pass stage by stage from the head down, each layer computed again from its input
@@ -318,7 +348,7 @@ struct Trainer::Impl {
       grad = xi.grad();
     }
     model->Embed(input).backward(grad);
-    return loss.item<double>();
+    return loss.detach();
   }
 };
 

@@ -8,6 +8,13 @@
 //         [--batch B] [--lr X] [--threads T] [--files F]
 //     Trains a model on the real corpus and prints figures (params, steps/s, loss start -> end,
 //     eval before -> after, a sample) and one JSON line.
+//   throughput [--preset P] [--batch B] [--steps N] [--device cpu|cuda|auto] [--bf16] ...
+//     Times training steps of a preset on random tokens; one JSON line (tokens/s, the step
+//     losses, memory).
+//   matmul [--device cuda] [--dtype bf16|fp32] [--n 8192]
+//     Times a plain matrix product: the device's peak for MFU; one JSON line.
+//   checkpoint --out FILE [--preset P]
+//     Writes a preset's checkpoint at its initialization, streaming.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -17,6 +24,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
 
 #include "CLI/CLI.hpp"
 #include "common/hex.h"
@@ -212,6 +222,8 @@ struct ThroughputArgs {
   int threads = 2;
   bool checkpointing = false;
   bool probe = false;
+  std::string device = "cpu";  // cpu | cuda | auto
+  bool bf16 = false;           // bf16 autocast (CUDA only; fp32 on the CPU whatever it says)
 };
 
 // A line of /proc/self/status ("VmRSS", "VmHWM") in bytes; 0 if absent.
@@ -278,8 +290,11 @@ absl::Status Throughput(const ThroughputArgs& a) {
     std::printf("%s\n", j.dump().c_str());
     return absl::OkStatus();
   }
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(config, {.lr = 1e-4f}, {.num_threads = a.threads}));
+  TS_ASSIGN_OR_RETURN(Device device, ParseDevice("device", a.device));
+  TS_ASSIGN_OR_RETURN(DeviceInfo info, ProbeDevice(device));
+  TS_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(config, {.lr = 1e-4f}, {.num_threads = a.threads, .device = info.device}));
   {
     std::vector<float> init = InitParams(config, 1);
     VectorReader reader(init);
@@ -288,6 +303,7 @@ absl::Status Throughput(const ThroughputArgs& a) {
   InnerOptions options;
   options.micro_batch = a.micro_batch;
   options.activation_checkpointing = a.checkpointing;
+  options.bf16 = a.bf16;
   std::vector<TokenBatch> warm, timed;
   for (uint32_t i = 0; i < a.warmup; ++i) warm.push_back(batch());
   for (uint32_t i = 0; i < a.steps; ++i) timed.push_back(batch());
@@ -298,6 +314,10 @@ absl::Status Throughput(const ThroughputArgs& a) {
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = static_cast<double>(a.batch) * a.context * a.steps;
   nlohmann::json j = {{"impl", "trainshard"},
+                      {"device", std::string(DeviceName(info.device))},
+                      {"device_name", info.name},
+                      {"bf16", a.bf16 && info.device == Device::kCuda},
+                      {"losses", losses},
                       {"model", ModelConfigString(config)},
                       {"params", params},
                       {"threads", a.threads},
@@ -311,6 +331,41 @@ absl::Status Throughput(const ThroughputArgs& a) {
                       {"loss_last", losses.back()},
                       {"rss_before_model", rss_before},
                       {"rss_peak", ProcStatusBytes("VmHWM")}};
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
+}
+
+// The rate of a plain n × n × n matrix product on the device in `dtype` (bf16 or fp32), in
+// TFLOP/s: the mean of `repeats` timed products after three untimed ones — the peak the MFU of
+// training is also measured against (docs/benchmarks.md "GPU").
+absl::Status MatmulPeak(const std::string& device_name, const std::string& dtype, int64_t n,
+                        int repeats) {
+  TS_ASSIGN_OR_RETURN(Device device, ParseDevice("device", device_name));
+  TS_ASSIGN_OR_RETURN(DeviceInfo info, ProbeDevice(device));
+  const torch::Device where = info.device == Device::kCuda ? torch::kCUDA : torch::kCPU;
+  const auto type = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  const auto options = torch::TensorOptions().dtype(type).device(where);
+  torch::manual_seed(1);
+  const torch::Tensor a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+  auto sync = [&] {
+    if (where.is_cuda()) torch::cuda::synchronize();
+  };
+  for (int i = 0; i < 3; ++i) (void)torch::matmul(a, b);
+  sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < repeats; ++i) (void)torch::matmul(a, b);
+  sync();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double flops = 2.0 * static_cast<double>(n) * n * n * repeats;
+  nlohmann::json j = {{"impl", "matmul"},
+                      {"device", std::string(DeviceName(info.device))},
+                      {"device_name", info.name},
+                      {"dtype", dtype},
+                      {"n", n},
+                      {"repeats", repeats},
+                      {"seconds", seconds},
+                      {"tflops", flops / seconds / 1e12}};
   std::printf("%s\n", j.dump().c_str());
   return absl::OkStatus();
 }
@@ -464,8 +519,20 @@ int main(int argc, char** argv) {
   thr->add_option("--warmup", tp.warmup, "untimed steps first");
   thr->add_option("--threads", tp.threads)->check(CLI::Range(1, 256));
   thr->add_flag("--checkpointing", tp.checkpointing, "activation checkpointing");
+  thr->add_option("--device", tp.device, "cpu | cuda | auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  thr->add_flag("--bf16", tp.bf16, "bf16 autocast with fp32 master weights (CUDA)");
   thr->add_flag("--probe-activations", tp.probe,
                 "one forward and backward pass without the optimizer, for the peak memory");
+  std::string mm_device = "cuda", mm_dtype = "bf16";
+  int64_t mm_n = 8192;
+  int mm_repeats = 10;
+  CLI::App* mm = app.add_subcommand("matmul", "time a plain matrix product, print JSON");
+  mm->add_option("--device", mm_device, "cpu | cuda | auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  mm->add_option("--dtype", mm_dtype, "bf16 | fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  mm->add_option("--n", mm_n, "rows = columns = inner size")->check(CLI::Range(16, 65536));
+  mm->add_option("--repeats", mm_repeats, "timed products")->check(CLI::Range(1, 1000));
   ts::worker::CheckpointArgs ck;
   CLI::App* ckpt = app.add_subcommand("checkpoint", "write a preset's checkpoint, print JSON");
   ckpt->add_option("--preset", ck.preset, "llama preset");
@@ -486,11 +553,12 @@ int main(int argc, char** argv) {
   train->add_option("--threads", t.threads)->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
 
-  absl::Status s = ckpt->parsed()  ? ts::worker::WriteCheckpoint(ck)
-                   : thr->parsed() ? ts::worker::Throughput(tp)
-                   : ref->parsed() ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads,
-                                                           ref_family, ref_tied, ref_inner)
-                                   : ts::worker::Train(t);
+  absl::Status s = mm->parsed()     ? ts::worker::MatmulPeak(mm_device, mm_dtype, mm_n, mm_repeats)
+                   : ckpt->parsed() ? ts::worker::WriteCheckpoint(ck)
+                   : thr->parsed()  ? ts::worker::Throughput(tp)
+                   : ref->parsed()  ? ts::worker::Reference(out_dir, seed, inner_steps, ref_threads,
+                                                            ref_family, ref_tied, ref_inner)
+                                    : ts::worker::Train(t);
   if (!s.ok()) {
     std::fprintf(stderr, "ts_worker_tool: %s\n", s.ToString().c_str());
     return 1;
