@@ -65,6 +65,11 @@ def pytorch_side(args):
     vocab, t = args.vocab, args.context
     torch.set_num_threads(args.threads)
     rss_before = proc_status_bytes("VmRSS")
+    # On CUDA, as PyTorch users train there: bf16 autocast (with --bf16), fused attention and
+    # the fused AdamW, gradients dropped between steps.
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda" if cuda else "cpu")
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
 
     class RmsNorm(nn.Module):
         def __init__(self):
@@ -101,8 +106,11 @@ def pytorch_side(args):
             q, k = rot(q), rot(k)
             k = k.repeat_interleave(heads // kv, dim=1)
             v = v.repeat_interleave(heads // kv, dim=1)
-            s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
-            y = torch.softmax(s.masked_fill(future, float("-inf")), dim=-1) @ v
+            if sdpa is not None:
+                y = sdpa(q, k, v, is_causal=True)
+            else:
+                s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+                y = torch.softmax(s.masked_fill(future, float("-inf")), dim=-1) @ v
             x = x + self.o(y.transpose(1, 2).reshape(b, n, d))
             h = self.n2(x)
             return x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -118,11 +126,11 @@ def pytorch_side(args):
         def forward(self, tokens):
             n = tokens.shape[1]
             hd = d // heads
-            inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2).float() / hd))
-            ang = torch.outer(torch.arange(n).float(), inv)
+            inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
+            ang = torch.outer(torch.arange(n, device=dev).float(), inv)
             ang = torch.cat((ang, ang), dim=-1)
             cos, sin = ang.cos(), ang.sin()
-            future = torch.ones(n, n, dtype=torch.bool).triu(1)
+            future = torch.ones(n, n, dtype=torch.bool, device=dev).triu(1)
             x = self.embed(tokens)
             for layer in self.layers:
                 x = layer(x, cos, sin, future)
@@ -130,29 +138,38 @@ def pytorch_side(args):
             return x @ self.embed.weight.t() if self.head is None else self.head(x)
 
     torch.manual_seed(1)
-    model = Llama()
+    model = Llama().to(dev)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-4,
-                            betas=(0.9, 0.95), eps=1e-8)
+                            betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if cuda else {}))
     gen = torch.Generator().manual_seed(7)
     micro = args.micro_batch or args.batch
     step_s, losses = [], []
     for i in range(args.warmup + args.steps):
-        batch = torch.randint(0, vocab, (args.batch, t + 1), generator=gen)
+        batch = torch.randint(0, vocab, (args.batch, t + 1), generator=gen).to(dev)
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.monotonic()
-        opt.zero_grad()  # this PyTorch's default: the gradients zeroed in place, as the worker
-        total = 0.0
+        # On the CPU this PyTorch's default (the gradients zeroed in place, as the worker did when
+        # it was measured); on CUDA PyTorch 2's (dropped).
+        opt.zero_grad(**({"set_to_none": True} if cuda else {}))
+        total = torch.zeros((), device=dev)
         for r in range(0, args.batch, micro):
             rows = batch[r:r + micro]
-            logits = model(rows[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, vocab), rows[:, 1:].reshape(-1))
+            if cuda and args.bf16:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(rows[:, :-1])
+            else:
+                logits = model(rows[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), rows[:, 1:].reshape(-1))
             (loss * rows.shape[0] / args.batch).backward()
-            total += float(loss) * rows.shape[0] / args.batch
+            total += loss.detach() * rows.shape[0] / args.batch
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        total = float(total)  # waits for the step, as the worker's last loss does
         s = time.monotonic() - t0
         if i >= args.warmup:
             step_s.append(s)
@@ -163,7 +180,9 @@ def pytorch_side(args):
         "context": t, "steps": args.steps, "step_s": step_s,
         "tokens_per_s": args.batch * t * args.steps / sum(step_s),
         "loss_first": losses[0], "loss_last": losses[-1],
-        "rss_before_model": rss_before, "rss_peak": proc_status_bytes("VmHWM")}))
+        "rss_before_model": rss_before, "rss_peak": proc_status_bytes("VmHWM"),
+        "device": args.device, "bf16": bool(cuda and args.bf16),
+        "device_peak_bytes": torch.cuda.max_memory_allocated() if cuda else 0}))
 
 
 def run(cmd, timeout):
@@ -188,6 +207,8 @@ def main():
     p.add_argument("--preset", default="20m", help=argparse.SUPPRESS)
     p.add_argument("--micro-batch", type=int, default=0,
                    help="rows per forward and backward pass (0: the whole batch)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help=argparse.SUPPRESS)
+    p.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.pytorch_side:
         pytorch_side(args)
