@@ -16,6 +16,7 @@
 #include "common/crypto/secp256k1.h"
 #include "common/crypto/signing.h"
 #include "common/hex.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "cosmos/crypto/secp256k1/keys.pb.h"
 
@@ -25,8 +26,6 @@ namespace {
 using cosmos::auth::v1beta1::BaseAccount;
 using u128 = unsigned __int128;
 
-constexpr std::string_view kReservationKind = "reservation";
-constexpr std::string_view kSettlementKind = "settlement";
 constexpr uint64_t kPpm = 1'000'000;
 constexpr uint64_t kBps = 10'000;
 
@@ -508,7 +507,7 @@ absl::Status Keeper::SubmitPocWeights(const pb::MsgSubmitPocWeights& msg) {
   std::vector<pb::HostWeight> weights;
   TS_ASSIGN_OR_RETURN(uint64_t total, CheckWeights("weights", msg.weights(), &weights));
   TS_RETURN_IF_ERROR(RecordEpoch(msg.epoch(), weights));
-  Emit("poc.weights_submitted",
+  Emit(protocol::kEventWeightsSubmitted,
        {{"epoch", Cat(msg.epoch())}, {"hosts", Cat(weights.size())}, {"total_weight", Cat(total)}});
   return absl::OkStatus();
 }
@@ -608,12 +607,12 @@ absl::Status Keeper::SubmitProposal(const cosmos::gov::v1::MsgSubmitProposal& ms
     shard.set_escrow_held("0");
     PutShard(shard);
     kv_->Set(keys::MemberCount(shard_id), Be64(0));
-    Emit("trainshard.shard_proposed", {{"shard_id", Cat(shard_id)},
-                                       {"proposal_id", Cat(id)},
-                                       {"creator", create.creator()},
-                                       {"hardware_profile", create.spec().hardware_profile()},
-                                       {"max_nodes", Cat(create.spec().max_nodes())},
-                                       {"escrow", create.spec().escrow().amount()}});
+    Emit(protocol::kEventShardProposed, {{"shard_id", Cat(shard_id)},
+                                         {"proposal_id", Cat(id)},
+                                         {"creator", create.creator()},
+                                         {"hardware_profile", create.spec().hardware_profile()},
+                                         {"max_nodes", Cat(create.spec().max_nodes())},
+                                         {"escrow", create.spec().escrow().amount()}});
   }
   PutProposal(proposal);
   return absl::OkStatus();
@@ -770,7 +769,7 @@ absl::Status Keeper::Tally(uint64_t proposal_id) {
                                       : pb::CLOSE_REASON_REJECTED);
       shard.set_closed_height(height_);
       PutShard(shard);
-      Emit("trainshard.shard_rejected",
+      Emit(protocol::kEventShardRejected,
            {{"shard_id", Cat(shard_id)},
             {"reason", unfunded ? "escrow_unfunded" : "proposal_rejected"}});
     }
@@ -805,7 +804,7 @@ absl::Status Keeper::ExecuteProposal(const pb::Proposal& proposal) {
     PutShard(shard);
     kv_->Set(keys::ReservationDeadline(shard.reservation_deadline_height(), shard_id), "");
     kv_->Set(keys::Deadline(shard.deadline_height(), shard_id), "");
-    Emit("trainshard.shard_opened",
+    Emit(protocol::kEventShardOpened,
          {{"shard_id", Cat(shard_id)},
           {"creator", shard.creator()},
           {"hardware_profile", shard.spec().hardware_profile()},
@@ -869,9 +868,9 @@ absl::Status Keeper::StartShard(pb::Shard* shard, uint64_t members) {
   shard->set_status(pb::SHARD_STATUS_RUNNING);
   kv_->Delete(keys::ReservationDeadline(shard->reservation_deadline_height(), shard->id()));
   PutShard(*shard);
-  Emit("trainshard.shard_running", {{"shard_id", Cat(shard->id())},
-                                    {"members", Cat(members)},
-                                    {"total_weight", Cat(shard->total_weight())}});
+  Emit(protocol::kEventShardRunning, {{"shard_id", Cat(shard->id())},
+                                      {"members", Cat(members)},
+                                      {"total_weight", Cat(shard->total_weight())}});
   return absl::OkStatus();
 }
 
@@ -885,7 +884,7 @@ absl::Status Keeper::ExpireShard(pb::Shard* shard, pb::CloseReason reason) {
   kv_->Delete(keys::ReservationDeadline(shard->reservation_deadline_height(), shard->id()));
   kv_->Delete(keys::Deadline(shard->deadline_height(), shard->id()));
   PutShard(*shard);
-  Emit("trainshard.shard_expired",
+  Emit(protocol::kEventShardExpired,
        {{"shard_id", Cat(shard->id())},
         {"reason", reason == pb::CLOSE_REASON_TIMEOUT ? "timeout" : "not_enough_nodes"},
         {"refund", Cat(held)}});
@@ -936,8 +935,8 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   pb::Reservation statement = r;
   statement.clear_signature();
   TS_ASSIGN_OR_RETURN(std::string sign_bytes,
-                      common::SignBytes(kReservationKind, env_.genesis.chain_id(), shard.id(),
-                                        DeterministicBytes(statement)));
+                      common::SignBytes(protocol::kSignReservation, env_.genesis.chain_id(),
+                                        shard.id(), DeterministicBytes(statement)));
   auto recovered = env_.sig_cache->Recover(common::Sha256(sign_bytes), r.signature());
   if (!recovered.ok() || recovered->address != r.host()) {
     return absl::UnauthenticatedError(
@@ -972,11 +971,11 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
                       common::CheckedAdd("total_weight", shard.total_weight(), weight));
   shard.set_total_weight(total);
   PutShard(shard);
-  Emit("trainshard.reservation_added", {{"shard_id", Cat(shard.id())},
-                                        {"host", r.host()},
-                                        {"frozen_weight", Cat(weight)},
-                                        {"endpoint", r.endpoint()},
-                                        {"members", Cat(members)}});
+  Emit(protocol::kEventReservationAdded, {{"shard_id", Cat(shard.id())},
+                                          {"host", r.host()},
+                                          {"frozen_weight", Cat(weight)},
+                                          {"endpoint", r.endpoint()},
+                                          {"members", Cat(members)}});
   if (members == shard.spec().max_nodes()) TS_RETURN_IF_ERROR(StartShard(&shard, members));
   return absl::OkStatus();
 }
@@ -1104,7 +1103,7 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
                    " members of shard ", shard.id());
   }
   // The sign bytes are built and hashed once for all signatures.
-  TS_ASSIGN_OR_RETURN(std::string sign_bytes, common::SignBytes(kSettlementKind, chain_id,
+  TS_ASSIGN_OR_RETURN(std::string sign_bytes, common::SignBytes(protocol::kSignSettlement, chain_id,
                                                                 shard.id(), DeterministicBytes(s)));
   const std::string digest = common::Sha256(sign_bytes);
   std::string key_name = keys::MemberKey(shard.id(), "");  // + host, per signature
@@ -1133,7 +1132,7 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
     }
     signed_weight += signer->frozen_weight;
   }
-  if (signed_weight * 3 <= u128{shard.total_weight()} * 2) {
+  if (!protocol::IsQuorum(signed_weight, shard.total_weight())) {
     return absl::FailedPreconditionError(Cat("signed weight ", U128ToString(signed_weight),
                                              " is not more than 2/3 of ", shard.total_weight()));
   }
@@ -1161,7 +1160,7 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
       Emit("bank.transfer",
            {{"from", escrow_address}, {"to", payout.host()}, {"amount", amount_text}});
     }
-    Emit("trainshard.payout",
+    Emit(protocol::kEventPayout,
          {{"shard_id", shard_id}, {"host", payout.host()}, {"amount", amount_text}});
   }
   SetBalanceAt(escrow_key, escrow_balance);
@@ -1182,7 +1181,7 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
   record.set_height(height_);
   record.set_submitter(msg->submitter());
   kv_->Set(keys::Settlement(shard.id()), DeterministicBytes(record));
-  Emit("trainshard.shard_settled",
+  Emit(protocol::kEventShardSettled,
        {{"shard_id", shard_id},
         {"final_checkpoint_root", common::HexEncode(record.settlement().final_checkpoint_root())},
         {"signed_weight", U128ToString(signed_weight)},

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/crypto/secp256k1.h"
+#include "common/protocol.h"
 #include "gonka/trainshard/v1/shard.pb.h"
 
 namespace ts::sidecar {
@@ -40,7 +41,7 @@ inline constexpr size_t kMaxManifestBytes = 16u << 20;
 inline constexpr size_t kMaxManifestFiles = 100000;
 inline constexpr size_t kMaxManifestChunks = 400000;
 inline constexpr std::string_view kArtifactIdDomain = "gonka-trainshard/v1/artifact-manifest";
-inline constexpr std::string_view kArtifactSignKind = "artifact";
+inline constexpr std::string_view kArtifactSignKind = protocol::kSignArtifact;
 
 std::string MerkleRoot(const std::vector<std::string>& hashes);
 

@@ -10,6 +10,7 @@
 #include "common/crypto/bech32.h"
 #include "common/crypto/signing.h"
 #include "common/hex.h"
+#include "common/protocol.h"
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "proto/deterministic.h"
 #include "sidecar/cli/commands.h"
@@ -316,8 +317,9 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
     const pb::SettlementSignature& signature = signed_draft->signature();
     // One bad signature would make the chain refuse the whole settlement: check each here
     // and count a host whose signature is not over this draft as refusing.
-    auto signer = common::RecoverStatementSigner("settlement", draft.chain_id(), draft.shard_id(),
-                                                 draft_bytes, signature.signature());
+    auto signer =
+        common::RecoverStatementSigner(protocol::kSignSettlement, draft.chain_id(),
+                                       draft.shard_id(), draft_bytes, signature.signature());
     if (!signer.ok() || *signer != signature.host()) {
       std::string error = absl::StrCat("signature claimed for ", signature.host(),
                                        " does not verify over this draft");

@@ -13,12 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/crypto/signing.h"
+#include "common/protocol.h"
 #include "common/status.h"
 
 namespace ts::sidecar {
 namespace {
 
-constexpr std::string_view kCommitSignKind = "collective_commit";
+constexpr std::string_view kCommitSignKind = protocol::kSignCollectiveCommit;
 // commitment || recoverable signature || u64 (little-endian) payload size (sizes vary with
 // int8-zstd; a size that is not the committed payload's shows as a mismatch with the commitment).
 constexpr size_t kCommitBlockSize = 32 + 65 + 8;

@@ -13,19 +13,20 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/protocol.h"
 #include "tendermint/abci/types.pb.h"
 
 namespace ts::sidecar {
 
-inline constexpr std::string_view kEventShardProposed = "trainshard.shard_proposed";
-inline constexpr std::string_view kEventShardOpened = "trainshard.shard_opened";
-inline constexpr std::string_view kEventReservationAdded = "trainshard.reservation_added";
-inline constexpr std::string_view kEventShardRunning = "trainshard.shard_running";
-inline constexpr std::string_view kEventShardSettled = "trainshard.shard_settled";
-inline constexpr std::string_view kEventPayout = "trainshard.payout";
-inline constexpr std::string_view kEventShardExpired = "trainshard.shard_expired";
-inline constexpr std::string_view kEventShardRejected = "trainshard.shard_rejected";
-inline constexpr std::string_view kEventWeightsSubmitted = "poc.weights_submitted";
+inline constexpr std::string_view kEventShardProposed = protocol::kEventShardProposed;
+inline constexpr std::string_view kEventShardOpened = protocol::kEventShardOpened;
+inline constexpr std::string_view kEventReservationAdded = protocol::kEventReservationAdded;
+inline constexpr std::string_view kEventShardRunning = protocol::kEventShardRunning;
+inline constexpr std::string_view kEventShardSettled = protocol::kEventShardSettled;
+inline constexpr std::string_view kEventPayout = protocol::kEventPayout;
+inline constexpr std::string_view kEventShardExpired = protocol::kEventShardExpired;
+inline constexpr std::string_view kEventShardRejected = protocol::kEventShardRejected;
+inline constexpr std::string_view kEventWeightsSubmitted = protocol::kEventWeightsSubmitted;
 
 struct ShardProposedEvent {
   uint64_t shard_id = 0;

@@ -16,6 +16,7 @@
 #include "common/crypto/signing.h"
 #include "common/hex.h"
 #include "common/log.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "sidecar/host/events.h"
 
@@ -603,9 +604,9 @@ absl::StatusOr<HostCore::SignedReservation> HostCore::BuildReservationTx(uint64_
   r.set_valid_until_height(valid_until_height);
   // Signed over the canonical bytes with the signature and the chain-set fields cleared (they
   // are unset here).
-  TS_ASSIGN_OR_RETURN(
-      std::string signature,
-      common::SignStatement(key_, "reservation", chain_id_, shard_id, DeterministicBytes(r)));
+  TS_ASSIGN_OR_RETURN(std::string signature,
+                      common::SignStatement(key_, protocol::kSignReservation, chain_id_, shard_id,
+                                            DeterministicBytes(r)));
   r.set_signature(signature);
   pb::MsgReserveTrainshard msg;
   *msg.mutable_reservation() = r;
@@ -904,8 +905,8 @@ absl::StatusOr<pb::SettlementSignature> HostCore::SignSettlement(const pb::Settl
                                                       *escrow));
   }
 
-  TS_ASSIGN_OR_RETURN(std::string signature,
-                      common::SignStatement(key_, "settlement", chain_id_, shard_id, canonical));
+  TS_ASSIGN_OR_RETURN(std::string signature, common::SignStatement(key_, protocol::kSignSettlement,
+                                                                   chain_id_, shard_id, canonical));
   pb::GetSettlementResponse row;
   *row.mutable_settlement() = draft;
   row.mutable_signature()->set_host(address_);

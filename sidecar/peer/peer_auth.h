@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
+#include "common/protocol.h"
 #include "gonka/trainshard/v1/shard.pb.h"
 #include "google/protobuf/message.h"
 
@@ -46,7 +47,7 @@ namespace ts::sidecar {
 
 namespace pb = ::gonka::trainshard::v1;
 
-inline constexpr std::string_view kPeerRequestSignKind = "peer_request";
+inline constexpr std::string_view kPeerRequestSignKind = protocol::kSignPeerRequest;
 inline constexpr int64_t kDefaultPeerRequestLifetimeMs = 30000;
 
 struct PeerAuthOptions {

@@ -10,6 +10,7 @@
 #include "common/crypto/hash.h"
 #include "common/crypto/signing.h"
 #include "common/hex.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
 
@@ -67,8 +68,7 @@ std::string DataSeedOf(uint64_t seed, uint64_t round, std::string_view base_root
 }
 
 bool HasQuorum(uint64_t signed_weight, uint64_t total_weight) {
-  return static_cast<unsigned __int128>(signed_weight) * 3 >
-         static_cast<unsigned __int128>(total_weight) * 2;
+  return protocol::IsQuorum(signed_weight, total_weight);
 }
 
 uint64_t TotalWeight(const ShardView& shard) {

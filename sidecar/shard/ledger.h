@@ -18,15 +18,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/crypto/secp256k1.h"
+#include "common/protocol.h"
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "gonka/trainshard/v1/training.pb.h"
 #include "sidecar/peer/shard_directory.h"
 
 namespace ts::sidecar {
 
-inline constexpr std::string_view kPlanSignKind = "round_plan";
-inline constexpr std::string_view kRoundSignKind = "round";
-inline constexpr std::string_view kEvaluationSignKind = "evaluation";
+inline constexpr std::string_view kPlanSignKind = protocol::kSignRoundPlan;
+inline constexpr std::string_view kRoundSignKind = protocol::kSignRound;
+inline constexpr std::string_view kEvaluationSignKind = protocol::kSignEvaluation;
 
 // Members sorted by SHA-256("gonka-trainshard/v1/planner" || u64 seed || u64 round || address)
 // (integers big-endian), ties by address: the first plans the round, the next takes over when

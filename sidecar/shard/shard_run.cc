@@ -29,6 +29,7 @@
 #include "common/crypto/signing.h"
 #include "common/hex.h"
 #include "common/log.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
 #include "proto/grpc_status.h"
@@ -1247,8 +1248,8 @@ struct ShardRun::Impl {
               &s)) {
         continue;
       }
-      auto signer = common::RecoverStatementSigner("settlement", host.chain_id, shard_id, bytes,
-                                                   s.signature());
+      auto signer = common::RecoverStatementSigner(protocol::kSignSettlement, host.chain_id,
+                                                   shard_id, bytes, s.signature());
       if (signer.ok() && *signer == s.host() && s.host() == group.members[i].address) {
         settlement_signatures.push_back(s);
       }
