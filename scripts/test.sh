@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh Debian 12 machine: installs the packages, builds,
 # runs the unit and functional suites (ctest), the unit suites again under ASan+UBSan, the
-# libFuzzer targets briefly, and the format check.
+# libFuzzer targets briefly, the format check and the check of the #include graph against the
+# library table (scripts/check_layers.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
@@ -16,6 +17,9 @@ if [ "$bad" != "0" ]; then
   echo "format check: $bad places differ from .clang-format" >&2
   exit 1
 fi
+
+step "layers"
+python3 scripts/check_layers.py
 
 step "release build"
 scripts/build.sh release
