@@ -156,8 +156,8 @@ struct ShardRun::Impl {
   std::string dir;       // <work_root>/<shard_id>
   std::string work_dir;  // dir/work: shared with the worker
 
-  // Owned by the run thread.
-  std::unique_ptr<worker::WorkerProcess> worker;
+  // Owned by the run thread (the worker shared with eval_target below).
+  std::shared_ptr<worker::WorkerProcess> worker;
   std::unique_ptr<TcpTransport> transport;
   pb::PrepareDataResponse data;
   uint64_t parameters = 0;
@@ -208,6 +208,27 @@ struct ShardRun::Impl {
   // A member announcing a round past ours: we are behind it.
   std::string ahead_peer ABSL_GUARDED_BY(mu);
   pb::ShardRunStatus status ABSL_GUARDED_BY(mu);
+  // What an evaluation on a gRPC thread needs of the run (ShardRun::EvaluateArtifact): set once
+  // the worker and the data are prepared, cleared before the worker is stopped or replaced.
+  struct EvalTarget {
+    std::shared_ptr<worker::WorkerProcess> worker;
+    std::string eval_file;
+    std::string work_dir;
+    uint32_t eval_batch_size = 0;
+  };
+  std::optional<EvalTarget> eval_target ABSL_GUARDED_BY(mu);
+
+  void ShareEvalTarget(bool ready) {
+    absl::MutexLock lock(&mu);
+    if (!ready) {
+      eval_target.reset();
+      return;
+    }
+    eval_target = EvalTarget{.worker = worker,
+                             .eval_file = data.eval_file(),
+                             .work_dir = work_dir,
+                             .eval_batch_size = spec.spec.eval_batch_size()};
+  }
 
   // ---- status
 
@@ -372,6 +393,7 @@ struct ShardRun::Impl {
     Transition(absl::StrCat("worker started (pid ", worker->pid(), ", ", options.worker_threads,
                             " threads, ", device, ")"));
     TS_RETURN_IF_ERROR(PrepareData());
+    ShareEvalTarget(true);
     if (transport == nullptr) {
       TcpTransportOptions to;
       to.listen_address = options.collective_host + ":0";
@@ -1629,6 +1651,7 @@ struct ShardRun::Impl {
   // kWorkerRestartsMax times; then the run fails, and `shard run` or a daemon restart resumes it.
   bool RestartWorker(const absl::Status& why) {
     if (stopping) return false;
+    ShareEvalTarget(false);
     std::string how = worker->Stop().ToString();
     if (++worker_restarts > kWorkerRestartsMax) {
       Fail(absl::UnavailableError(absl::StrCat("the worker died ", worker_restarts,
@@ -1685,6 +1708,7 @@ void ShardRun::Stop() {
     if (impl_->stop_transport != nullptr) impl_->stop_transport->StopConnecting(impl_->Stopping());
   }
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->ShareEvalTarget(false);
   impl_->worker.reset();
 }
 
@@ -1759,29 +1783,37 @@ absl::StatusOr<pb::GetCertificatesResponse> ShardRun::OnGetCertificates(
 absl::StatusOr<pb::SignedEvaluation> ShardRun::EvaluateArtifact(const std::string& artifact_id,
                                                                 uint64_t windows_max) {
   Impl& m = *impl_;
-  if (m.worker == nullptr || m.data.eval_file().empty()) {
-    return absl::UnavailableError("the run has not prepared its worker and data yet");
-  }
+  // The artifact first (the host's store serves any thread), then what the run shares.
   TS_ASSIGN_OR_RETURN(std::vector<pb::ArtifactSummary> held, m.host.artifacts->List(m.shard_id));
-  const pb::ArtifactSummary* summary = nullptr;
-  for (const pb::ArtifactSummary& a : held) {
-    if (a.artifact_id() == artifact_id) summary = &a;
-  }
-  if (summary == nullptr) {
+  auto summary = std::find_if(held.begin(), held.end(), [&](const pb::ArtifactSummary& a) {
+    return a.artifact_id() == artifact_id;
+  });
+  if (summary == held.end()) {
     return absl::NotFoundError(absl::StrCat("artifact ", common::HexEncode(artifact_id),
                                             " is not complete in this host's store of shard ",
                                             m.shard_id));
   }
+  std::optional<Impl::EvalTarget> target;
+  {
+    absl::MutexLock lock(&m.mu);
+    target = m.eval_target;
+  }
+  if (m.stopping) return absl::UnavailableError("the run is stopping");
+  if (!target.has_value()) {
+    return absl::UnavailableError("the run has not prepared its worker and data yet");
+  }
   const std::string name = absl::StrCat("eval/", common::HexEncode(artifact_id));
-  m.RemoveTree(name);
-  TS_RETURN_IF_ERROR(m.host.artifacts->Export(m.shard_id, artifact_id, m.Path(name)));
+  const std::string dir = absl::StrCat(target->work_dir, "/", name);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  TS_RETURN_IF_ERROR(m.host.artifacts->Export(m.shard_id, artifact_id, dir));
   pb::EvaluateRequest er;
   er.set_checkpoint_file(absl::StrCat(name, "/", kCheckpointFile));
-  er.set_eval_file(m.data.eval_file());
-  er.set_batch_size(m.spec.spec.eval_batch_size());
+  er.set_eval_file(target->eval_file);
+  er.set_batch_size(target->eval_batch_size);
   er.set_windows_max(windows_max);
-  auto ev = m.worker->client().Evaluate(er);
-  m.RemoveTree(name);
+  auto ev = target->worker->client().Evaluate(er);
+  std::filesystem::remove_all(dir, ec);
   TS_RETURN_IF_ERROR(ev.status());
   pb::SignedEvaluation out;
   pb::EvaluationResult* e = out.mutable_result();
@@ -1813,7 +1845,7 @@ ShardRunManager::ShardRunManager(ShardRunHost host, ShardRunOptions options)
 ShardRunManager::~ShardRunManager() { StopAll(); }
 
 void ShardRunManager::StopAll() {
-  std::map<uint64_t, std::unique_ptr<ShardRun>> runs;
+  std::map<uint64_t, std::shared_ptr<ShardRun>> runs;
   {
     absl::MutexLock lock(&mu_);
     runs.swap(runs_);
@@ -1863,7 +1895,7 @@ absl::StatusOr<pb::StartShardRunResponse> ShardRunManager::StartRun(uint64_t sha
     if (verifier_ == nullptr) {
       return absl::UnavailableError("the host has not reached the chain yet");
     }
-    if (ShardRun* run = Find(shard_id); run != nullptr) {
+    if (std::shared_ptr<ShardRun> run = Find(shard_id); run != nullptr) {
       if (run->spec_hash() != spec.hash) {
         return absl::AlreadyExistsError(absl::StrCat("shard ", shard_id,
                                                      " already runs another run spec (",
@@ -1899,9 +1931,9 @@ absl::StatusOr<pb::StartShardRunResponse> ShardRunManager::StartRun(uint64_t sha
   return response;
 }
 
-ShardRun* ShardRunManager::Find(uint64_t shard_id) {
+std::shared_ptr<ShardRun> ShardRunManager::Find(uint64_t shard_id) {
   auto it = runs_.find(shard_id);
-  return it == runs_.end() ? nullptr : it->second.get();
+  return it == runs_.end() ? nullptr : it->second;
 }
 
 absl::StatusOr<std::string> ShardRunManager::VerifyPeer(const pb::PeerRequestAuth& auth,
@@ -1932,7 +1964,7 @@ grpc::Status ShardRunManager::Start(grpc::ServerContext*, const pb::StartShardRu
 grpc::Status ShardRunManager::Status(grpc::ServerContext*, const pb::ShardRunStatusRequest* request,
                                      pb::ShardRunStatus* response) {
   absl::MutexLock lock(&mu_);
-  ShardRun* run = Find(request->shard_id());
+  std::shared_ptr<ShardRun> run = Find(request->shard_id());
   if (run == nullptr) return ToGrpcStatus(NoRun(request->shard_id()));
   *response = run->Status();
   return grpc::Status::OK;
@@ -1945,7 +1977,8 @@ grpc::Status ShardRunManager::Evaluate(grpc::ServerContext*,
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("artifact_id: ", request->artifact_id().size(), " bytes, want 32")));
   }
-  ShardRun* run;
+  // Held by shared ownership for the call: StopAll may stop the run meanwhile, never free it.
+  std::shared_ptr<ShardRun> run;
   {
     absl::MutexLock lock(&mu_);
     run = Find(request->shard_id());
@@ -1966,7 +1999,7 @@ grpc::Status ShardRunManager::Announce(grpc::ServerContext*, const pb::AnnounceR
         "collective_endpoint: ", request->collective_endpoint().size(), " bytes, want 1..300")));
   }
   absl::MutexLock lock(&mu_);
-  ShardRun* run = Find(request->shard_id());
+  std::shared_ptr<ShardRun> run = Find(request->shard_id());
   if (run == nullptr) {
     return ToGrpcStatus(absl::UnavailableError(
         absl::StrCat("shard ", request->shard_id(), ": no run on this host yet")));
@@ -1981,7 +2014,7 @@ grpc::Status ShardRunManager::GetCertificates(grpc::ServerContext*,
   auto signer = VerifyPeer(request->auth(), kGetCertificatesMethod, request->shard_id(), *request);
   if (!signer.ok()) return ToGrpcStatus(signer.status());
   absl::MutexLock lock(&mu_);
-  ShardRun* run = Find(request->shard_id());
+  std::shared_ptr<ShardRun> run = Find(request->shard_id());
   if (run == nullptr) {
     return ToGrpcStatus(absl::UnavailableError(
         absl::StrCat("shard ", request->shard_id(), ": no run on this host yet")));

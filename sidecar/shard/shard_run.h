@@ -114,7 +114,10 @@ class ShardRun {
       const std::string& signer, const ::gonka::trainshard::v1::AnnounceRequest& request);
   absl::StatusOr<::gonka::trainshard::v1::GetCertificatesResponse> OnGetCertificates(
       const ::gonka::trainshard::v1::GetCertificatesRequest& request) const;
-  // Evaluates a checkpoint artifact held in the shard's store on the run's held-out set.
+  // Evaluates a checkpoint artifact held in the shard's store on the run's held-out set. Called
+  // on a gRPC thread: it touches none of the run thread's fields, only the store and what the
+  // run shares under its lock (its worker, by shared ownership, and the held-out set's file);
+  // UNAVAILABLE while the worker is not prepared, being restarted, or the run stops.
   absl::StatusOr<::gonka::trainshard::v1::SignedEvaluation> EvaluateArtifact(
       const std::string& artifact_id, uint64_t windows_max);
 
@@ -166,7 +169,9 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
                                ::gonka::trainshard::v1::GetCertificatesResponse* response) override;
 
  private:
-  ShardRun* Find(uint64_t shard_id) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The run, shared: a call holds it while it runs without mu_, so StopAll (or a run replaced)
+  // never destroys a run under a call in progress.
+  std::shared_ptr<ShardRun> Find(uint64_t shard_id) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Why the shard has no run here: UNAVAILABLE until Activate has resumed the stored runs,
   // NOT_FOUND after.
   absl::Status NoRun(uint64_t shard_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -178,7 +183,7 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
   ShardRunHost host_;
   const ShardRunOptions options_;
   mutable absl::Mutex mu_;
-  std::map<uint64_t, std::unique_ptr<ShardRun>> runs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<ShardRun>> runs_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PeerRequestVerifier> verifier_ ABSL_GUARDED_BY(mu_);
   bool resumed_ ABSL_GUARDED_BY(mu_) = false;  // Activate has resumed the stored runs
 };
