@@ -3,8 +3,8 @@
 
 Each library's files are its CMake SOURCES (ts_library in the CMakeLists files) and the headers
 beside them; a header-only file belongs to its folder's lowest library. Every project #include in
-a library's files must name a file of the same library or of one the table lists for it (the
-text before the first ';' of its row, parentheses dropped). Generated Protobuf/gRPC headers and
+a library's files must name a file of the same library or of one the table lists for it (its
+row with the parentheses dropped, up to the first ';'). Generated Protobuf/gRPC headers and
 proto/ are ts_proto. Executables and tests are leaves and are not checked.
 
   python3 scripts/check_layers.py        # exit 1 and one line per violation, else a summary
@@ -34,12 +34,12 @@ def table():
     by_short = {short(lib): lib for lib in libs}
     allowed = {}
     for name, deps in rows:
-        deps = deps.split(";")[0]
         while True:
             dropped = re.sub(r"\([^()]*\)", "", deps)
             if dropped == deps:
                 break
             deps = dropped
+        deps = deps.split(";")[0]
         allowed[name] = set()
         for token in deps.split(","):
             words = token.strip().split()

@@ -20,7 +20,7 @@
 #include "common/process.h"
 #include "common/status.h"
 #include "proto/grpc_status.h"
-#include "sidecar/shard/shard_run.h"
+#include "sidecar/shard/shard_db.h"
 #include "state/db.h"
 
 namespace ts::sidecar {

@@ -21,7 +21,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include "sidecar/shard/shard_run.h"
+#include "sidecar/shard/shard_db.h"
 #include "state/db.h"
 
 namespace ts::sidecar {

@@ -1832,13 +1832,6 @@ absl::StatusOr<pb::SignedEvaluation> ShardRun::EvaluateArtifact(const std::strin
 // ---------------------------------------------------------------------------------------------
 // ShardRunManager
 
-state::DbOptions ShardDbOptions() {
-  state::DbOptions options;
-  options.tables = {std::string(kTableRounds), std::string(kTableRunSpecs)};
-  options.schema_version = 1;
-  return options;
-}
-
 ShardRunManager::ShardRunManager(ShardRunHost host, ShardRunOptions options)
     : host_(std::move(host)), options_(std::move(options)) {}
 

@@ -42,16 +42,10 @@
 #include "sidecar/peer/shard_directory.h"
 #include "sidecar/shard/host_link.h"
 #include "sidecar/shard/run_spec.h"
+#include "sidecar/shard/shard_db.h"
 #include "state/db.h"
 
 namespace ts::sidecar {
-
-// Tables in the shard process's database.
-inline constexpr std::string_view kTableRounds = "rounds";       // be64(shard) be64(round)
-inline constexpr std::string_view kTableRunSpecs = "run_specs";  // be64(shard) -> document
-
-// The shard process's database (<shards_dir>/<shard_id>/state): kTableRounds and kTableRunSpecs.
-state::DbOptions ShardDbOptions();
 
 inline constexpr std::string_view kAnnounceMethod = "/gonka.trainshard.v1.ShardRound/Announce";
 inline constexpr std::string_view kGetCertificatesMethod =
