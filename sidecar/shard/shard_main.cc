@@ -32,7 +32,7 @@
 #include "common/process.h"
 #include "sidecar/peer/shard_directory.h"
 #include "sidecar/shard/host_link.h"
-#include "sidecar/shard/shard_run.h"
+#include "sidecar/shard/shard_run_manager.h"
 #include "state/db.h"
 
 namespace ts::sidecar {

@@ -3,7 +3,7 @@
 // store is a fake whose List blocks until the test lets it go, so the call is held inside the
 // run while the runs are stopped. Under the sanitizer build, a run freed under the call is a
 // heap-use-after-free report here.
-#include "sidecar/shard/shard_run.h"
+#include "sidecar/shard/shard_run_manager.h"
 
 #include <stdlib.h>
 
