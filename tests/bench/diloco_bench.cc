@@ -42,7 +42,8 @@
 //                [--batch B] [--files F] [--warmup W] [--outer-lr X] [--outer-momentum X]
 //                [--outer-lr-start X] [--outer-ramp R]
 //                [--only diloco_h20,diloco_h50_int8,diloco_h20_int8-zstd,dp_param_avg,...]
-//                (dp always runs) [--parallel] [--progress STEPS]
+//                (dp always runs, unless --dp-loss X --dp-bytes Y give an earlier run's)
+//                [--parallel] [--progress STEPS]
 //                [--preset 20m --dataset DIR [--context 128]] [--h 10,20,50]
 #include <algorithm>
 #include <chrono>
@@ -98,6 +99,10 @@ struct Flags {
   std::string only;  // comma-separated method names to run besides dp; empty: all DiLoCo ones
   bool parallel = false;
   uint32_t progress = 0;  // a line every this many steps per method; 0: none
+  // DP's figures from an earlier run with the same flags (its JSON's dp.eval_loss and dp.bytes):
+  // DP is deterministic, so a sweep of DiLoCo's rates need not train it again. 0: run DP.
+  double dp_loss = 0;
+  double dp_bytes = 0;
   // The model and data: empty preset = the bench GPT on fortunes; a llama preset (20m, ...) on a
   // packed dataset (tests/bench/bench_corpus.py) with `context`-token windows.
   std::string preset;
@@ -115,6 +120,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->quick = true;
     } else if (flag == "--parallel") {
       f->parallel = true;
+    } else if (flag == "--dp-loss" && value(&v) && v > 0) {
+      f->dp_loss = v;
+    } else if (flag == "--dp-bytes" && value(&v) && v > 0) {
+      f->dp_bytes = v;
     } else if (flag == "--progress" && value(&v) && v >= 0 && v <= 1e6) {
       f->progress = static_cast<uint32_t>(v);
     } else if (flag == "--steps" && value(&v) && v >= 1 && v <= 1e6) {
@@ -165,6 +174,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     }
   }
   if (f->quick) f->steps = 120;
+  if ((f->dp_loss == 0) != (f->dp_bytes == 0)) {
+    std::fprintf(stderr, "diloco_bench: --dp-loss and --dp-bytes go together\n");
+    return false;
+  }
   if (f->preset.empty() != f->dataset.empty()) {
     std::fprintf(stderr, "diloco_bench: --preset and --dataset go together\n");
     return false;
@@ -379,6 +392,11 @@ absl::Status Run(const Flags& flags) {
 
   std::vector<Method> methods;
   methods.push_back({.name = "dp", .h = 1, .kind = Kind::kDataParallel});
+  if (flags.dp_loss != 0) {  // given: DP is not trained again
+    methods[0].eval_loss = flags.dp_loss;
+    methods[0].bytes_per_worker = flags.dp_bytes;
+    methods[0].exchanges = flags.steps;
+  }
   methods.push_back({.name = "dp_param_avg", .h = 1, .kind = Kind::kParamAverage});
   for (uint32_t h : flags.hs) {
     methods.push_back({.name = absl::StrCat("diloco_h", h), .h = h});
@@ -408,6 +426,7 @@ absl::Status Run(const Flags& flags) {
     std::vector<absl::Status> results(methods.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < methods.size(); ++i) {
+      if (i == 0 && flags.dp_loss != 0) continue;
       threads.emplace_back([&, i] {
         absl::StatusOr<std::unique_ptr<bench::BenchMesh>> mesh =
             bench::BenchMesh::Start(flags.workers);
@@ -423,6 +442,7 @@ absl::Status Run(const Flags& flags) {
     TS_ASSIGN_OR_RETURN(std::unique_ptr<bench::BenchMesh> exchange,
                         bench::BenchMesh::Start(flags.workers));
     for (Method& m : methods) {
+      if (&m == &methods[0] && flags.dp_loss != 0) continue;
       TS_RETURN_IF_ERROR(RunMethod(flags, setup, *exchange, m));
       PrintMethod(m);
     }
