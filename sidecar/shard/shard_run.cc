@@ -36,6 +36,7 @@
 #include "sidecar/collective/collective.h"
 #include "sidecar/collective/tcp_transport.h"
 #include "sidecar/shard/ledger.h"
+#include "sidecar/shard/rendezvous.h"
 #include "worker/client/work_dir.h"
 #include "worker/client/worker_client.h"
 #include "worker/dataset_manifest.h"
@@ -194,17 +195,8 @@ struct ShardRun::Impl {
   std::string certified_root ABSL_GUARDED_BY(mu);
   std::string certified_base_root ABSL_GUARDED_BY(mu);  // the base of certified_round
   std::string checkpoint_artifact ABSL_GUARDED_BY(mu);  // holds certified_root, if published
-  // Planning of round plan_round (by this host, if acting).
-  uint64_t plan_round ABSL_GUARDED_BY(mu) = 0;
-  uint32_t plan_attempt ABSL_GUARDED_BY(mu) = 0;
-  struct Announced {
-    std::string endpoint;
-    uint32_t min_attempt = 0;
-    int64_t at_ms = 0;
-    bool preparing = false;  // running its inner steps, not ready yet
-  };
-  std::map<std::string, Announced> announces ABSL_GUARDED_BY(mu);
-  std::optional<pb::RoundPlan> plan ABSL_GUARDED_BY(mu);
+  // The round this host plans or would plan: the announces it has heard and its plan.
+  Rendezvous rendezvous ABSL_GUARDED_BY(mu);
   // A member announcing a round past ours: we are behind it.
   std::string ahead_peer ABSL_GUARDED_BY(mu);
   pb::ShardRunStatus status ABSL_GUARDED_BY(mu);
@@ -635,21 +627,14 @@ struct ShardRun::Impl {
     const int64_t start = host.clock->MonotonicMs();
     int64_t last_probe = start;
     size_t probe = 0;
-    const uint64_t total = TotalWeight(view);
     const int64_t preparing_wait_ms =
         spec.spec.join_window_ms() + static_cast<int64_t>(round_inner_seconds * 1000.0);
+    const Rendezvous::Timing timing{.join_window_ms = spec.spec.join_window_ms(),
+                                    .preparing_wait_ms = preparing_wait_ms,
+                                    .fresh_ms = kAnnounceFreshMs};
     {
       absl::MutexLock lock(&mu);
-      if (plan_round != round) {
-        plan_round = round;
-        plan_attempt = min_attempt;
-        announces.clear();
-        plan.reset();
-      }
-      if (min_attempt > plan_attempt) {
-        plan_attempt = min_attempt;
-        plan.reset();
-      }
+      rendezvous.Enter(round, min_attempt);
       status.set_planner(host.address);
       status.set_planner_round(round);
     }
@@ -658,38 +643,21 @@ struct ShardRun::Impl {
         absl::MutexLock lock(&mu);
         if (!ahead_peer.empty())
           return PlanOutcome{.plan = std::nullopt, .behind_peer = std::exchange(ahead_peer, "")};
-        if (plan && plan->attempt() >= min_attempt)
-          return PlanOutcome{.plan = *plan, .behind_peer = {}};
-        announces[host.address] = {transport->endpoint(), plan_attempt, host.clock->MonotonicMs()};
+        if (const pb::RoundPlan* made = rendezvous.PlanFor(min_attempt); made != nullptr)
+          return PlanOutcome{.plan = *made, .behind_peer = {}};
         const int64_t now = host.clock->MonotonicMs();
-        uint64_t weight = 0;
-        std::vector<std::pair<std::string, std::string>> ready;
-        bool waiting_for_preparing = false;
-        for (const auto& [address, a] : announces) {
-          const ShardMember* m = view.Find(address);
-          if (m == nullptr) continue;
-          if (a.preparing) {
-            waiting_for_preparing |= now - a.at_ms <= preparing_wait_ms;
-            continue;
-          }
-          if (a.min_attempt < plan_attempt || now - a.at_ms > kAnnounceFreshMs) continue;
-          weight += m->weight;
-          ready.emplace_back(address, a.endpoint);
-        }
-        const bool everyone = ready.size() == view.members.size();
-        // Past the join window a quorum plans without the others, unless a member said it is
-        // running its inner steps: that one is waited for up to the planner's own inner-step
-        // time more, so a host that caught up a little late is not left out round after round.
-        const int64_t waited = now - start;
-        const bool window = waited >= spec.spec.join_window_ms() &&
-                            (!waiting_for_preparing || waited >= preparing_wait_ms);
-        if (ready.size() >= 2 && (everyone || (window && HasQuorum(weight, total)))) {
+        rendezvous.Announce(host.address, {.endpoint = transport->endpoint(),
+                                           .min_attempt = rendezvous.attempt(),
+                                           .at_ms = now,
+                                           .preparing = false});
+        const Rendezvous::Decision decision = rendezvous.Decide(view, now, start, timing);
+        if (decision.plan) {
           pb::RoundPlan p;
           p.set_shard_id(shard_id);
           p.set_round(round);
-          p.set_attempt(plan_attempt);
+          p.set_attempt(rendezvous.attempt());
           p.set_planner(host.address);
-          for (const auto& [address, endpoint] : ready) {
+          for (const auto& [address, endpoint] : decision.ready) {
             pb::RoundMember* m = p.add_members();
             m->set_address(address);
             m->set_collective_endpoint(endpoint);
@@ -698,7 +666,7 @@ struct ShardRun::Impl {
           TS_ASSIGN_OR_RETURN(std::string data_root, DataRoot(round));
           p.set_data_seed(DataSeedOf(spec.spec.seed(), round, data_root));
           TS_RETURN_IF_ERROR(SignPlan(*host.key, host.chain_id, &p));
-          plan = p;
+          rendezvous.set_plan(p);
           return PlanOutcome{.plan = p, .behind_peer = {}};
         }
       }
@@ -1737,26 +1705,14 @@ pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
     if (!overlapping) m.ahead_peer = signer;
     return response;
   }
-  if (m.plan_round != request.round()) {
-    m.plan_round = request.round();
-    m.plan_attempt = request.min_attempt();
-    m.announces.clear();
-    m.plan.reset();
-  }
-  if (request.min_attempt() > m.plan_attempt) {
-    m.plan_attempt = request.min_attempt();
-    m.plan.reset();
-  }
-  auto [it, added] = m.announces.try_emplace(signer);
-  // A preparing announce never replaces a ready one of the same attempt.
-  if (added || !request.preparing() || it->second.preparing ||
-      it->second.min_attempt < request.min_attempt()) {
-    it->second = {request.collective_endpoint(), request.min_attempt(), m.host.clock->MonotonicMs(),
-                  request.preparing()};
-  }
-  response.set_attempt(m.plan_attempt);
-  if (m.plan && m.plan->attempt() >= request.min_attempt()) {
-    *response.mutable_plan() = *m.plan;
+  m.rendezvous.Enter(request.round(), request.min_attempt());
+  m.rendezvous.Announce(signer, {.endpoint = request.collective_endpoint(),
+                                 .min_attempt = request.min_attempt(),
+                                 .at_ms = m.host.clock->MonotonicMs(),
+                                 .preparing = request.preparing()});
+  response.set_attempt(m.rendezvous.attempt());
+  if (const pb::RoundPlan* made = m.rendezvous.PlanFor(request.min_attempt()); made != nullptr) {
+    *response.mutable_plan() = *made;
   } else {
     response.set_note("no plan yet");
   }
