@@ -20,7 +20,13 @@ constexpr char kComponent[] = "shard_run";
 }  // namespace
 
 ShardRunManager::ShardRunManager(ShardRunHost host, ShardRunOptions options)
-    : host_(std::move(host)), options_(std::move(options)) {}
+    : host_(std::move(host)), options_(std::move(options)) {
+  // A chain id known from the start (the shard process's --chain-id) takes calls at once: a run
+  // started between the socket's first answer and Activate is not refused.
+  if (!host_.chain_id.empty()) {
+    verifier_ = std::make_unique<PeerRequestVerifier>(host_.address, host_.chain_id, host_.clock);
+  }
+}
 
 ShardRunManager::~ShardRunManager() { StopAll(); }
 
@@ -36,9 +42,12 @@ void ShardRunManager::StopAll() {
 void ShardRunManager::Activate(const std::string& chain_id) {
   {
     absl::MutexLock lock(&mu_);
-    if (verifier_ != nullptr) return;
-    host_.chain_id = chain_id;
-    verifier_ = std::make_unique<PeerRequestVerifier>(host_.address, chain_id, host_.clock);
+    if (activated_) return;
+    activated_ = true;
+    if (verifier_ == nullptr) {
+      host_.chain_id = chain_id;
+      verifier_ = std::make_unique<PeerRequestVerifier>(host_.address, chain_id, host_.clock);
+    }
   }
   std::vector<std::pair<uint64_t, std::string>> specs;
   (void)host_.db->Scan(kTableRunSpecs, "", [&](std::string_view key, std::string_view value) {

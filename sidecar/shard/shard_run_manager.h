@@ -28,7 +28,7 @@ namespace ts::sidecar {
 class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::Service,
                               public ::gonka::trainshard::v1::ShardRound::Service {
  public:
-  // `host.chain_id` may be empty until Activate.
+  // `host.chain_id` may be empty until Activate; when given, runs may be started at once.
   ShardRunManager(ShardRunHost host, ShardRunOptions options);
   ~ShardRunManager() override;  // stops every run
 
@@ -81,7 +81,8 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShardRun>> runs_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PeerRequestVerifier> verifier_ ABSL_GUARDED_BY(mu_);
-  bool resumed_ ABSL_GUARDED_BY(mu_) = false;  // Activate has resumed the stored runs
+  bool activated_ ABSL_GUARDED_BY(mu_) = false;  // Activate was called
+  bool resumed_ ABSL_GUARDED_BY(mu_) = false;    // Activate has resumed the stored runs
 };
 
 }  // namespace ts::sidecar
