@@ -98,28 +98,6 @@ absl::StatusOr<std::vector<pb::RoundCertificate>> LoadStoredCertificates(const s
   return out;
 }
 
-// The settlement this host's records imply: its certificates of rounds 1..rounds_total, and the
-// shard's escrow and reward policy as the chain has them. FAILED_PRECONDITION while a round's
-// certificate is missing (the run has not finished here).
-absl::StatusOr<pb::Settlement> DraftFromOwnRecords(const ShardRunHost& host, uint64_t shard_id,
-                                                   uint64_t rounds_total) {
-  TS_ASSIGN_OR_RETURN(
-      std::vector<pb::RoundCertificate> certs,
-      // rounds_total is a validated run spec's (at most 100,000).
-      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds_total + 1)));
-  if (certs.size() != rounds_total ||
-      (!certs.empty() && certs.back().result().round() != rounds_total)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", shard_id, ": this host's records certify ", certs.size(), " of ",
-                     rounds_total, " rounds; the run has not finished here"));
-  }
-  TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
-  TS_ASSIGN_OR_RETURN(uint64_t escrow,
-                      common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
-  return DraftSettlement(host.chain_id, shard_id, escrow, shard.spec().reward_policy(), certs,
-                         rounds_total);
-}
-
 // A block of an all-gather: u32 length (big-endian) then the message, zero-padded.
 absl::StatusOr<std::string> PackBlock(const google::protobuf::MessageLite& m, size_t size) {
   std::string body = DeterministicBytes(m);
@@ -1206,7 +1184,7 @@ struct ShardRun::Impl {
   }
 
   absl::StatusOr<pb::Settlement> Draft() {
-    return DraftFromOwnRecords(host, shard_id, spec.spec.rounds());
+    return DraftFromRecords(host, shard_id, spec.spec.rounds());
   }
 
   void ExchangeSettlement(Collective* collective, const GroupSpec& group, int64_t deadline) {
@@ -1787,7 +1765,21 @@ absl::StatusOr<pb::SignedEvaluation> ShardRun::EvaluateArtifact(const std::strin
 
 absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64_t shard_id,
                                                 uint64_t rounds_total) {
-  return DraftFromOwnRecords(host, shard_id, rounds_total);
+  TS_ASSIGN_OR_RETURN(
+      std::vector<pb::RoundCertificate> certs,
+      // rounds_total is a validated run spec's (at most 100,000).
+      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds_total + 1)));
+  if (certs.size() != rounds_total ||
+      (!certs.empty() && certs.back().result().round() != rounds_total)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, ": this host's records certify ", certs.size(), " of ",
+                     rounds_total, " rounds; the run has not finished here"));
+  }
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
+  TS_ASSIGN_OR_RETURN(uint64_t escrow,
+                      common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
+  return DraftSettlement(host.chain_id, shard_id, escrow, shard.spec().reward_policy(), certs,
+                         rounds_total);
 }
 
 }  // namespace ts::sidecar
