@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -30,6 +31,7 @@
 #include "common/key_file.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/status.h"
 #include "sidecar/peer/shard_directory.h"
 #include "sidecar/shard/host_link.h"
 #include "sidecar/shard/shard_run_manager.h"
@@ -62,8 +64,7 @@ absl::Status CheckSocketPath(const char* field, const std::string& path) {
   return absl::OkStatus();
 }
 
-int Main(int argc, char** argv) {
-  CLI::App app{"ts_shard: a host's shard process (started by trainshardd)", "ts_shard"};
+struct Flags {
   uint64_t shard_id = 0;
   std::string shards_dir, socket, host_socket, key_file, chain, chain_id, worker_binary;
   std::string collective_host = "127.0.0.1", log_level = "info";
@@ -71,24 +72,31 @@ int Main(int argc, char** argv) {
   std::string worker_device = "cpu";
   uint64_t worker_memory_bytes_max = 0;
   int64_t heartbeat_ms = 500;
-  app.add_option("--shard-id", shard_id, "the shard")->required();
-  app.add_option("--shards-dir", shards_dir, "absolute; this shard's folder is <dir>/<id>")
+};
+
+// Parses the flags into `f`; an exit code when the process ends here (--help, --version, a
+// flag CLI11 refuses).
+std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
+  CLI::App app{"ts_shard: a host's shard process (started by trainshardd)", "ts_shard"};
+  app.add_option("--shard-id", f->shard_id, "the shard")->required();
+  app.add_option("--shards-dir", f->shards_dir, "absolute; this shard's folder is <dir>/<id>")
       ->required();
-  app.add_option("--socket", socket, "Unix socket to serve on")->required();
-  app.add_option("--host-socket", host_socket, "the host sidecar's Unix socket")->required();
-  app.add_option("--key-file", key_file, "the host key")->required();
-  app.add_option("--chain", chain, "chain endpoint (host:port)")->required();
-  app.add_option("--chain-id", chain_id, "the chain id")->required();
-  app.add_option("--worker-binary", worker_binary, "the ts_worker executable")->required();
-  app.add_option("--worker-threads", worker_threads, "worker threads")->check(CLI::Range(1, 256));
-  app.add_option("--worker-device", worker_device, "the worker's --device: cpu | cuda | auto")
+  app.add_option("--socket", f->socket, "Unix socket to serve on")->required();
+  app.add_option("--host-socket", f->host_socket, "the host sidecar's Unix socket")->required();
+  app.add_option("--key-file", f->key_file, "the host key")->required();
+  app.add_option("--chain", f->chain, "chain endpoint (host:port)")->required();
+  app.add_option("--chain-id", f->chain_id, "the chain id")->required();
+  app.add_option("--worker-binary", f->worker_binary, "the ts_worker executable")->required();
+  app.add_option("--worker-threads", f->worker_threads, "worker threads")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--worker-device", f->worker_device, "the worker's --device: cpu | cuda | auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--worker-memory-bytes-max", worker_memory_bytes_max,
+  app.add_option("--worker-memory-bytes-max", f->worker_memory_bytes_max,
                  "the worker's --memory-bytes-max (0: the machine's memory)");
-  app.add_option("--collective-host", collective_host, "host the collective listener binds");
-  app.add_option("--heartbeat-ms", heartbeat_ms, "collective heartbeat interval")
+  app.add_option("--collective-host", f->collective_host, "host the collective listener binds");
+  app.add_option("--heartbeat-ms", f->heartbeat_ms, "collective heartbeat interval")
       ->check(CLI::Range(int64_t{50}, int64_t{60'000}));
-  app.add_option("--log-level", log_level, "debug | info | warn | error");
+  app.add_option("--log-level", f->log_level, "debug | info | warn | error");
   app.set_version_flag("--version", kVersion);
   try {
     app.parse(argc, argv);
@@ -97,23 +105,105 @@ int Main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? 0 : kExitBadFlags;
   }
-  common::LogLevel level = common::LogLevel::kInfo;
-  common::ParseLogLevel(log_level, &level);
-  common::SetLogLevel(level);
-  absl::Status valid =
-      shard_id == 0 ? absl::InvalidArgumentError("--shard-id: 0 is no shard") : absl::OkStatus();
-  if (valid.ok() && (shards_dir.empty() || shards_dir.front() != '/')) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("--shards-dir: \"", shards_dir, "\" is not an absolute path"));
+  return std::nullopt;
+}
+
+absl::Status CheckFlags(const Flags& f) {
+  if (f.shard_id == 0) return absl::InvalidArgumentError("--shard-id: 0 is no shard");
+  if (f.shards_dir.empty() || f.shards_dir.front() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shards-dir: \"", f.shards_dir, "\" is not an absolute path"));
   }
-  if (valid.ok()) valid = CheckSocketPath("--socket", socket);
-  if (valid.ok()) valid = CheckSocketPath("--host-socket", host_socket);
-  if (valid.ok() && chain_id.empty()) valid = absl::InvalidArgumentError("--chain-id: empty");
-  if (!valid.ok()) {
+  TS_RETURN_IF_ERROR(CheckSocketPath("--socket", f.socket));
+  TS_RETURN_IF_ERROR(CheckSocketPath("--host-socket", f.host_socket));
+  if (f.chain_id.empty()) return absl::InvalidArgumentError("--chain-id: empty");
+  return absl::OkStatus();
+}
+
+ShardRunOptions RunOptionsOf(const Flags& f) {
+  ShardRunOptions o;
+  o.worker_binary = f.worker_binary;
+  o.worker_threads = f.worker_threads;
+  o.worker_device = f.worker_device;
+  o.worker_memory_bytes_max = f.worker_memory_bytes_max;
+  o.work_root = f.shards_dir;
+  o.collective_host = f.collective_host;
+  o.heartbeat_interval_ms = f.heartbeat_ms;
+  return o;
+}
+
+// The host as the runs see it: the chain through its own client (serialized), the artifact
+// store and the settlement through the sidecar's link. Everything referenced outlives the runs.
+ShardRunHost RunHostOf(const Flags& f, const common::PrivateKey* key, ShardDirectory* directory,
+                       HostLink* link, state::Db* db, bridge::ChainClient* chain,
+                       absl::Mutex* chain_mu) {
+  ShardRunHost h;
+  h.key = key;
+  h.address = common::AddressFromPublicKey(key->public_key());
+  h.chain_id = f.chain_id;
+  h.directory = directory;
+  h.artifacts = link;
+  h.db = db;
+  h.clock = &common::SystemClock();
+  h.chain_shard = [chain, chain_mu](uint64_t id) {
+    absl::MutexLock lock(chain_mu);
+    return chain->Shard(id);
+  };
+  h.sign_settlement = [link](const pb::Settlement& draft) { return link->SignSettlement(draft); };
+  h.submit_settlement = [link](const pb::Settlement& s,
+                               const std::vector<pb::SettlementSignature>& sigs) {
+    return link->SubmitSettlement(s, sigs);
+  };
+  return h;
+}
+
+// Serves the runs on the shard's socket until SIGINT or SIGTERM; stops the runs, then the
+// server (a call in progress keeps its run alive: the manager holds runs by shared ownership).
+int Serve(const Flags& f, const std::string& address, ShardRunManager& runs,
+          const sigset_t& signals) {
+  // The path belongs to this process: a socket left by a killed one is replaced.
+  ::unlink(f.socket.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", f.socket), grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(kMaxShardMessageBytes);
+  builder.RegisterService(static_cast<pb::ShardRunOperator::Service*>(&runs));
+  builder.RegisterService(static_cast<pb::ShardRound::Service*>(&runs));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    LogError("cannot serve", absl::UnavailableError(absl::StrCat("cannot bind unix:", f.socket)));
+    return kExitFailure;
+  }
+  ::chmod(f.socket.c_str(), 0600);
+  runs.Activate(f.chain_id);
+  common::Log(common::LogLevel::kInfo, kComponent, "started",
+              {{"version", kVersion},
+               {"shard", absl::StrCat(f.shard_id)},
+               {"pid", absl::StrCat(::getpid())},
+               {"address", address},
+               {"socket", f.socket}});
+
+  int sig = sigwaitinfo(&signals, nullptr);
+  common::Log(
+      common::LogLevel::kInfo, kComponent, "shutting down",
+      {{"shard", absl::StrCat(f.shard_id)}, {"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}});
+  runs.StopAll();
+  // The socket file stays: by now a new process of this shard may have bound the path (its
+  // sidecar restarted after a crash), and the next start replaces a stale one anyway.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  if (std::optional<int> code = ParseFlags(argc, argv, &f)) return *code;
+  common::LogLevel level = common::LogLevel::kInfo;
+  common::ParseLogLevel(f.log_level, &level);
+  common::SetLogLevel(level);
+  if (absl::Status valid = CheckFlags(f); !valid.ok()) {
     LogError("bad flags", valid);
     return kExitBadFlags;
   }
-  auto key = common::ReadKeyFile(key_file);
+  auto key = common::ReadKeyFile(f.key_file);
   if (!key.ok()) {
     LogError("bad key file", key.status());
     return kExitBadFlags;
@@ -122,7 +212,7 @@ int Main(int argc, char** argv) {
   // Signals are taken by sigwait on this thread; every thread started later inherits the mask.
   const sigset_t signals = common::BlockStopSignals();
 
-  const std::string dir = absl::StrCat(shards_dir, "/", shard_id);
+  const std::string dir = absl::StrCat(f.shards_dir, "/", f.shard_id);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -135,71 +225,15 @@ int Main(int argc, char** argv) {
     return kExitFailure;
   }
 
-  std::unique_ptr<bridge::ChainClient> directory_chain = bridge::NewGrpcChainClient(chain);
+  std::unique_ptr<bridge::ChainClient> directory_chain = bridge::NewGrpcChainClient(f.chain);
   ChainShardDirectory directory(directory_chain.get(), &common::SystemClock());
-  std::unique_ptr<bridge::ChainClient> run_chain = bridge::NewGrpcChainClient(chain);
+  std::unique_ptr<bridge::ChainClient> run_chain = bridge::NewGrpcChainClient(f.chain);
   absl::Mutex run_chain_mu;
-  HostLink link(host_socket);
-
-  ShardRunHost run_host;
-  run_host.key = &*key;
-  run_host.address = common::AddressFromPublicKey(key->public_key());
-  run_host.chain_id = chain_id;
-  run_host.directory = &directory;
-  run_host.artifacts = &link;
-  run_host.db = db->get();
-  run_host.clock = &common::SystemClock();
-  run_host.chain_shard = [&](uint64_t id) {
-    absl::MutexLock lock(&run_chain_mu);
-    return run_chain->Shard(id);
-  };
-  run_host.sign_settlement = [&link](const pb::Settlement& draft) {
-    return link.SignSettlement(draft);
-  };
-  run_host.submit_settlement = [&link](const pb::Settlement& s,
-                                       const std::vector<pb::SettlementSignature>& sigs) {
-    return link.SubmitSettlement(s, sigs);
-  };
-  ShardRunOptions run_options;
-  run_options.worker_binary = worker_binary;
-  run_options.worker_threads = worker_threads;
-  run_options.worker_device = worker_device;
-  run_options.worker_memory_bytes_max = worker_memory_bytes_max;
-  run_options.work_root = shards_dir;
-  run_options.collective_host = collective_host;
-  run_options.heartbeat_interval_ms = heartbeat_ms;
-  ShardRunManager runs(run_host, run_options);
-
-  // The path belongs to this process: a socket left by a killed one is replaced.
-  ::unlink(socket.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", socket), grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(kMaxShardMessageBytes);
-  builder.RegisterService(static_cast<pb::ShardRunOperator::Service*>(&runs));
-  builder.RegisterService(static_cast<pb::ShardRound::Service*>(&runs));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    LogError("cannot serve", absl::UnavailableError(absl::StrCat("cannot bind unix:", socket)));
-    return kExitFailure;
-  }
-  ::chmod(socket.c_str(), 0600);
-  runs.Activate(chain_id);
-  common::Log(common::LogLevel::kInfo, kComponent, "started",
-              {{"version", kVersion},
-               {"shard", absl::StrCat(shard_id)},
-               {"pid", absl::StrCat(::getpid())},
-               {"address", run_host.address},
-               {"socket", socket}});
-
-  int sig = sigwaitinfo(&signals, nullptr);
-  common::Log(
-      common::LogLevel::kInfo, kComponent, "shutting down",
-      {{"shard", absl::StrCat(shard_id)}, {"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}});
-  runs.StopAll();
-  // The socket file stays: by now a new process of this shard may have bound the path (its
-  // sidecar restarted after a crash), and the next start replaces a stale one anyway.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  return 0;
+  HostLink link(f.host_socket);
+  const ShardRunHost run_host =
+      RunHostOf(f, &*key, &directory, &link, db->get(), run_chain.get(), &run_chain_mu);
+  ShardRunManager runs(run_host, RunOptionsOf(f));
+  return Serve(f, run_host.address, runs, signals);
 }
 
 }  // namespace

@@ -38,6 +38,7 @@
 #include "sidecar/peer/shard_directory.h"
 #include "sidecar/shard/host_link.h"
 #include "sidecar/shard/run_spec.h"
+#include "sidecar/shard/run_worker.h"
 #include "sidecar/shard/shard_db.h"
 #include "state/db.h"
 
@@ -69,6 +70,8 @@ struct ShardRunHost {
       const ::gonka::trainshard::v1::Settlement&,
       const std::vector<::gonka::trainshard::v1::SettlementSignature>&)>
       submit_settlement;
+  // Starts the run's worker; empty: the ts_worker process (StartWorkerProcess).
+  RunWorkerStarter start_worker;
 };
 
 struct ShardRunOptions {
@@ -85,7 +88,7 @@ struct ShardRunOptions {
 
 // The settlement this host's records imply: its certificates of rounds 1..rounds_total, and the
 // shard's escrow and reward policy as the chain has them. FAILED_PRECONDITION while a round's
-// certificate is missing (the run has not finished here).
+// certificate is missing (the run has not finished here). In settlement_exchange.cc.
 absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromRecords(const ShardRunHost& host,
                                                                      uint64_t shard_id,
                                                                      uint64_t rounds_total);

@@ -1,7 +1,10 @@
-// The run manager's lifetimes: a call in progress on a gRPC thread and StopAll (which the
-// shard process calls on SIGTERM) at the same time. Real RocksDB records; the host's artifact
-// store is a fake whose List blocks until the test lets it go, so the call is held inside the
-// run while the runs are stopped. Under the sanitizer build, a run freed under the call is a
+// The run's lifetimes under calls on gRPC threads. (1) The manager: a call in progress and
+// StopAll (which the shard process calls on SIGTERM) at the same time; the host's artifact store
+// is a fake whose List blocks until the test lets it go, so the call is held inside the run while
+// the runs are stopped. (2) The run: evaluations of a checkpoint artifact while the run thread
+// replaces its dying worker again and again; the worker is a fake whose calls take a moment, so
+// an evaluation is inside the worker when it is replaced. Real RocksDB records and a real
+// collective transport; under the sanitizer build, a run or a worker freed under a call is a
 // heap-use-after-free report here.
 #include "sidecar/shard/shard_run_manager.h"
 
@@ -9,6 +12,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +25,8 @@
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/crypto/secp256k1.h"
+#include "sidecar/peer/shard_directory.h"
+#include "sidecar/shard/run_worker.h"
 
 namespace ts::sidecar {
 namespace {
@@ -42,10 +48,73 @@ constexpr char kSpec[] = R"({
 })";
 constexpr uint64_t kShard = 3;
 
+// A worker that answers at once but for Evaluate and InnerSteps, which take a moment, and dies
+// in every InnerSteps (so the run restarts it until it gives up).
+class DyingWorker final : public RunWorker {
+ public:
+  explicit DyingWorker(std::atomic<int>* evaluations) : evaluations_(evaluations) {}
+  ~DyingWorker() override { alive_ = 0; }
+
+  absl::StatusOr<pb::PrepareDataResponse> PrepareData(const pb::PrepareDataRequest&) override {
+    pb::PrepareDataResponse data;
+    data.add_shard_files("data/train-0.bin");
+    data.add_shard_ids(std::string(32, 's'));
+    data.set_eval_file("data/eval.bin");
+    data.set_eval_id(std::string(32, 'e'));
+    return data;
+  }
+  absl::StatusOr<pb::InitModelResponse> InitModel(const pb::InitModelRequest&) override {
+    pb::InitModelResponse made;
+    made.set_root(std::string(32, 'r'));
+    made.set_parameters(16);
+    return made;
+  }
+  absl::StatusOr<pb::LoadCheckpointResponse> LoadCheckpoint(
+      const pb::LoadCheckpointRequest&) override {
+    return pb::LoadCheckpointResponse();
+  }
+  absl::StatusOr<pb::InnerStepsResponse> InnerSteps(const pb::InnerStepsRequest&,
+                                                    int64_t) override {
+    common::SystemClock().SleepMs(5);  // evaluations come in meanwhile
+    running_ = false;
+    return absl::UnavailableError("worker: killed");
+  }
+  absl::StatusOr<pb::OuterStepResponse> OuterStep(const pb::OuterStepRequest&) override {
+    return absl::UnimplementedError("outer step");
+  }
+  absl::StatusOr<pb::EvaluateResponse> Evaluate(const pb::EvaluateRequest& request) override {
+    common::SystemClock().SleepMs(2);
+    // Reads this object after the wait: freed meanwhile, the sanitizer reports it.
+    if (alive_ != kAlive) return absl::InternalError("evaluated by a destroyed worker");
+    evaluations_->fetch_add(1);
+    pb::EvaluateResponse ev;
+    ev.set_mean_loss(4.5);
+    ev.set_tokens(64);
+    ev.set_root(std::string(32, 'r'));
+    ev.set_eval_id(request.eval_file());
+    return ev;
+  }
+  absl::StatusOr<pb::WorkerStatusResponse> Status() override {
+    pb::WorkerStatusResponse about;
+    about.set_device("cpu");
+    return about;
+  }
+  bool Running() override { return running_; }
+  absl::Status Stop() override { return absl::AbortedError("killed by signal 9"); }
+  pid_t pid() const override { return 0; }
+
+ private:
+  static constexpr int kAlive = 0x5a5a;
+  std::atomic<int>* evaluations_;
+  std::atomic<bool> running_{true};
+  volatile int alive_ = kAlive;
+};
+
 // The host's store: List waits until released (after telling it was entered); nothing is held.
 class BlockingArtifacts final : public ShardArtifacts {
  public:
   absl::Notification entered, release;
+  std::atomic<bool> blocking{true};
   absl::StatusOr<std::string> Publish(uint64_t, const std::string&, std::string_view,
                                       uint64_t) override {
     return absl::UnimplementedError("publish");
@@ -55,12 +124,18 @@ class BlockingArtifacts final : public ShardArtifacts {
                                              const std::function<bool()>&) override {
     return absl::UnimplementedError("fetch");
   }
-  absl::Status Export(uint64_t, const std::string&, const std::string&) override {
-    return absl::UnimplementedError("export");
+  absl::Status Export(uint64_t, const std::string&, const std::string& dir) override {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    return absl::OkStatus();
   }
   absl::StatusOr<std::vector<pb::ArtifactSummary>> List(uint64_t) override {
+    if (!blocking) return Held();
     entered.Notify();
     release.WaitForNotification();
+    return Held();
+  }
+  static std::vector<pb::ArtifactSummary> Held() {
     pb::ArtifactSummary held;
     held.set_artifact_id(std::string(32, 'a'));
     held.set_round(1);
@@ -134,6 +209,64 @@ TEST_F(ShardRunTest, AnEvaluationInProgressOutlivesStopAll) {
   pb::ShardRunStatus status;
   EXPECT_EQ(manager.Status(nullptr, &status_request, &status).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ShardRunTest, EvaluationsOutliveTheWorkersTheRunReplaces) {
+  artifacts_.blocking = false;
+  StaticShardDirectory directory;
+  ShardView view;
+  view.shard_id = kShard;
+  view.status = pb::SHARD_STATUS_RUNNING;
+  view.members.push_back({host_.address, "127.0.0.1:1", 10});
+  directory.Set(view);
+  host_.directory = &directory;
+  std::atomic<int> evaluations{0};
+  std::atomic<int> workers{0};
+  host_.start_worker =
+      [&](const worker::WorkerProcessOptions&) -> absl::StatusOr<std::shared_ptr<RunWorker>> {
+    workers.fetch_add(1);
+    return std::make_shared<DyingWorker>(&evaluations);
+  };
+  ShardRunManager manager(host_, options_);
+  manager.Activate("test-chain");
+  ASSERT_TRUE(manager.StartRun(kShard, kSpec).ok());
+
+  // Evaluations on another thread until the run has given up on its workers.
+  std::atomic<bool> done{false};
+  int answered = 0, refused = 0;
+  std::string unexpected;
+  std::thread caller([&] {
+    while (!done) {
+      pb::EvaluateCheckpointRequest request;
+      request.set_shard_id(kShard);
+      request.set_artifact_id(std::string(32, 'a'));
+      pb::EvaluateCheckpointResponse response;
+      grpc::Status result = manager.Evaluate(nullptr, &request, &response);
+      if (result.ok()) {
+        ++answered;
+      } else if (result.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        ++refused;  // between a worker's end and the next one's data
+      } else {
+        unexpected = result.error_message();
+      }
+    }
+  });
+  pb::ShardRunStatusRequest status_request;
+  status_request.set_shard_id(kShard);
+  pb::ShardRunStatus status;
+  for (int i = 0; i < 3000 && status.state() != "failed"; ++i) {
+    common::SystemClock().SleepMs(10);
+    ASSERT_TRUE(manager.Status(nullptr, &status_request, &status).ok());
+  }
+  done = true;
+  caller.join();
+  manager.StopAll();
+  EXPECT_EQ(status.state(), "failed");
+  EXPECT_THAT(status.error(), HasSubstr("the worker died 6 times"));
+  EXPECT_EQ(workers.load(), 6);
+  EXPECT_GT(answered, 0);
+  EXPECT_EQ(unexpected, "");
+  EXPECT_EQ(evaluations.load(), answered + 6);  // each worker also evaluated round 0
 }
 
 }  // namespace

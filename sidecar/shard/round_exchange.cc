@@ -1,0 +1,199 @@
+#include "sidecar/shard/round_exchange.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "sidecar/shard/checkpoint_publishing.h"
+#include "sidecar/shard/ledger.h"
+#include "sidecar/shard/round_certificate.h"
+#include "worker/client/work_dir.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+// The least time members of a plan get to connect their mesh (see Reduce).
+constexpr int64_t kConnectMinMs = 5000;
+
+}  // namespace
+
+absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan& plan) {
+  Reduced r;
+  r.plan = plan;
+  const uint64_t round = plan.round();
+  r.started = run_.host.clock->MonotonicMs();
+  r.deadline = r.started + run_.spec.spec.exchange_timeout_ms();
+  TS_ASSIGN_OR_RETURN(r.view, run_.View());
+  r.group.shard_id = run_.shard_id;
+  r.group.session = (round << 16) | plan.attempt();
+  r.self = plan.members_size();
+  for (int i = 0; i < plan.members_size(); ++i) {
+    r.group.members.push_back({plan.members(i).address(), plan.members(i).collective_endpoint()});
+    if (plan.members(i).address() == run_.host.address) r.self = i;
+  }
+  // Every member of a plan announced within the last seconds and polls for the plan, so all of
+  // them dial within a poll or two; a member that died after the plan was made would otherwise
+  // hold the others until the exchange deadline.
+  const int64_t connect_deadline =
+      std::min(r.deadline, r.started + std::max<int64_t>(kConnectMinMs, run_.PlanningBoundMs()));
+  TS_ASSIGN_OR_RETURN(r.mesh, run_.transport->Connect(r.group, r.self, connect_deadline));
+  r.collective = std::make_unique<Collective>(r.mesh.get(), run_.host.key, run_.host.chain_id,
+                                              run_.host.clock);
+  AbortOnStop guard(&run_, r.mesh.get());
+
+  // Read straight into the buffer the collective reduces in place: one copy of the Δ here.
+  std::vector<float>& delta = r.aggregate;
+  delta.resize(run_.parameters);
+  TS_RETURN_IF_ERROR(worker::ReadWorkFileInto(
+      run_.work_dir, "delta_file", DeltaName(round),
+      std::span<char>(reinterpret_cast<char*>(delta.data()), 4 * delta.size())));
+  OpOptions op;
+  op.op_id = 1;
+  op.codec = run_.spec.codec;
+  op.reduce = ReduceOp::kMean;
+  op.deadline_ms = r.deadline;
+  OpStats stats;
+  if (run_.spec.aggregate.kind == Aggregator::kMean) {
+    TS_ASSIGN_OR_RETURN(stats, r.collective->AllReduce(op, delta));
+  } else {
+    TS_ASSIGN_OR_RETURN(stats, r.collective->RobustAllReduce(op, run_.spec.aggregate, delta));
+  }
+  r.bytes += stats.wire_bytes_sent;
+  r.reduced = run_.host.clock->MonotonicMs();
+  return r;
+}
+
+absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inner_seconds) {
+  const pb::RoundPlan& plan = r.plan;
+  const uint64_t round = plan.round();
+  // With overlap the members come here after their next round's steps, which take a while
+  // and not the same while on every host: the rest of the exchange gets its own timeout.
+  const int64_t deadline =
+      std::max(r.deadline, run_.host.clock->MonotonicMs() + run_.spec.spec.exchange_timeout_ms());
+  AbortOnStop guard(&run_, r.mesh.get());
+  TS_ASSIGN_OR_RETURN(std::string new_root, OuterStep(r));
+
+  pb::RoundResult result;
+  result.set_shard_id(run_.shard_id);
+  result.set_round(round);
+  result.set_base_root(plan.base_root());
+  result.set_new_root(new_root);
+  for (const auto& m : plan.members()) result.add_members(m.address());
+  result.set_run_spec_hash(run_.spec.hash);
+  const bool evaluate =
+      round % run_.spec.spec.eval_every() == 0 || round == run_.spec.spec.rounds();
+  TS_ASSIGN_OR_RETURN(pb::RoundCertificate vote, Vote(result, own_train_loss, evaluate));
+  size_t evaluations = 0;
+  TS_ASSIGN_OR_RETURN(pb::RoundCertificate cert,
+                      Certify(r, result, vote, deadline, evaluate, &evaluations));
+  TS_RETURN_IF_ERROR(run_.StoreCertificates({cert}));
+  run_.loaded = true;
+  const int64_t certified = run_.host.clock->MonotonicMs();
+  run_.RecordRound(cert, (certified - r.started) / 1000.0 + inner_seconds, inner_seconds,
+                   (r.reduced - r.started) / 1000.0, (certified - r.reduced) / 1000.0);
+  std::vector<std::string> short_members;
+  for (const auto& m : result.members()) short_members.push_back(Short(m));
+  run_.Transition(absl::StrCat("round ", round, " certified (attempt ", plan.attempt(), ", ",
+                               cert.signatures_size(), " signatures, weight ", cert.signed_weight(),
+                               "/", cert.total_weight(), "): root ", Hex8(result.new_root()),
+                               ", train loss ", cert.train_loss(),
+                               evaluate ? absl::StrCat(", eval loss ", cert.eval_loss_micro() / 1e6,
+                                                       " (median of ", evaluations, ")")
+                                        : std::string(),
+                               "; members ", absl::StrJoin(short_members, ", ")));
+
+  PublishCheckpoint(run_, round, r.collective.get(), r.group, r.self, deadline);
+  {
+    const double publish_seconds = (run_.host.clock->MonotonicMs() - certified) / 1000.0;
+    absl::MutexLock lock(&run_.mu);
+    for (pb::RoundSummary& s : *run_.status.mutable_rounds()) {
+      if (s.round() == round) s.set_publish_seconds(publish_seconds);
+    }
+  }
+  if (round == run_.spec.spec.rounds()) {
+    settlement_.Exchange(r.collective.get(), r.group, deadline);
+  }
+  // Files of rounds no longer needed.
+  if (round >= 2) run_.RemoveTree(CheckpointDir(round - 2));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RoundExchange::OuterStep(Reduced& r) {
+  const std::vector<float>& delta = r.aggregate;
+  TS_RETURN_IF_ERROR(worker::WriteWorkFile(
+      run_.work_dir, "aggregate", "aggregate.bin",
+      std::string_view(reinterpret_cast<const char*>(delta.data()), 4 * delta.size())));
+  TS_RETURN_IF_ERROR(run_.MakeDir(CheckpointDir(r.plan.round())));
+  pb::OuterStepRequest outer;
+  outer.set_delta_file("aggregate.bin");
+  *outer.mutable_outer() = run_.spec.spec.outer();
+  outer.set_checkpoint_file(CheckpointName(r.plan.round()));
+  outer.set_base_root(r.plan.base_root());
+  TS_ASSIGN_OR_RETURN(pb::OuterStepResponse stepped, run_.worker->OuterStep(outer));
+  run_.loaded = false;  // the worker now holds an uncertified checkpoint
+  return stepped.root();
+}
+
+absl::StatusOr<pb::RoundCertificate> RoundExchange::Vote(const pb::RoundResult& result,
+                                                         float own_train_loss, bool evaluate) {
+  pb::RoundCertificate vote;
+  *vote.mutable_result() = result;
+  pb::MemberSignature* own = vote.add_signatures();
+  own->set_host(run_.host.address);
+  TS_ASSIGN_OR_RETURN(std::string sig, SignRoundResult(*run_.host.key, run_.host.chain_id, result));
+  own->set_signature(sig);
+  vote.set_train_loss(own_train_loss);
+  if (!evaluate) return vote;
+  pb::EvaluateRequest er;
+  er.set_eval_file(run_.data.eval_file());
+  er.set_batch_size(run_.spec.spec.eval_batch_size());
+  er.set_windows_max(run_.spec.spec.eval_windows_max());
+  TS_ASSIGN_OR_RETURN(pb::EvaluateResponse ev, run_.worker->Evaluate(er));
+  pb::SignedEvaluation* se = vote.add_evaluations();
+  pb::EvaluationResult* e = se->mutable_result();
+  e->set_shard_id(run_.shard_id);
+  e->set_round(result.round());
+  e->set_checkpoint_root(result.new_root());
+  e->set_eval_set_id(ev.eval_id());
+  e->set_loss_micro(static_cast<int64_t>(std::llround(ev.mean_loss() * 1e6)));
+  e->set_tokens(ev.tokens());
+  e->set_host(run_.host.address);
+  TS_ASSIGN_OR_RETURN(std::string esig, SignEvaluation(*run_.host.key, run_.host.chain_id, *e));
+  se->set_signature(esig);
+  return vote;
+}
+
+absl::StatusOr<pb::RoundCertificate> RoundExchange::Certify(Reduced& r,
+                                                            const pb::RoundResult& result,
+                                                            const pb::RoundCertificate& vote,
+                                                            int64_t deadline, bool evaluate,
+                                                            size_t* evaluations) {
+  TS_ASSIGN_OR_RETURN(std::string block, PackBlock(vote, kVoteBlockBytes));
+  std::string gathered(kVoteBlockBytes * r.group.members.size(), '\0');
+  OpOptions op;
+  op.op_id = 2;
+  op.codec = run_.spec.codec;
+  op.reduce = ReduceOp::kMean;
+  op.deadline_ms = deadline;
+  TS_ASSIGN_OR_RETURN(OpStats gstats, r.collective->AllGather(op, block, gathered));
+  std::vector<std::string> members;
+  for (const auto& m : r.group.members) members.push_back(m.address);
+  CountedVotes counted =
+      CountVotes(run_.host.chain_id, r.view, result, r.plan.attempt(), members, gathered, evaluate);
+  for (const std::string& line : counted.refused) run_.Transition(line);
+  pb::RoundCertificate& cert = counted.certificate;
+  cert.set_bytes_exchanged(r.bytes + gstats.wire_bytes_sent);
+  if (!HasQuorum(cert.signed_weight(), cert.total_weight())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", result.round(), ": signatures of weight ", cert.signed_weight(),
+                     " of ", cert.total_weight(), " agree, not more than 2/3"));
+  }
+  TS_RETURN_IF_ERROR(VerifyCertificate(run_.host.chain_id, cert, r.view));
+  *evaluations = counted.evaluations;
+  return std::move(cert);
+}
+
+}  // namespace ts::sidecar

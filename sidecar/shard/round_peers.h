@@ -1,0 +1,39 @@
+// RoundPeers: how a run reaches the other members of its shard — the ShardRound calls one
+// member makes to another (Announce to a planner, GetCertificates to catch up). The run signs
+// its requests itself; a RoundPeers only carries them, with a deadline, to the endpoint the
+// shard directory names. GrpcRoundPeers is the real one (a channel per endpoint that reconnects
+// fast after a member restarts); a simulation or a test gives its own.
+//
+// Thread-safety: implementations are thread-safe (a run calls from its thread and from the
+// short-lived thread that pre-announces it).
+#ifndef TS_SIDECAR_SHARD_ROUND_PEERS_H_
+#define TS_SIDECAR_SHARD_ROUND_PEERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gonka/trainshard/v1/training.pb.h"
+
+namespace ts::sidecar {
+
+class RoundPeers {
+ public:
+  virtual ~RoundPeers() = default;
+  // Errors name the call and the endpoint; a member that does not answer in `timeout_ms` is
+  // UNAVAILABLE or DEADLINE_EXCEEDED.
+  virtual absl::StatusOr<::gonka::trainshard::v1::AnnounceResponse> Announce(
+      const std::string& endpoint, const ::gonka::trainshard::v1::AnnounceRequest& request,
+      int64_t timeout_ms) = 0;
+  virtual absl::StatusOr<::gonka::trainshard::v1::GetCertificatesResponse> GetCertificates(
+      const std::string& endpoint, const ::gonka::trainshard::v1::GetCertificatesRequest& request,
+      int64_t timeout_ms) = 0;
+};
+
+// ShardRound over gRPC, one channel per endpoint kept for the run's life.
+std::unique_ptr<RoundPeers> MakeGrpcRoundPeers();
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_SHARD_ROUND_PEERS_H_

@@ -1,0 +1,220 @@
+#include "sidecar/shard/round_planning.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "sidecar/shard/ledger.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+constexpr int64_t kAnnounceFreshMs = 3000;  // an announce older than this is not counted
+// How often a planner without a plan past its window asks a member for newer certificates.
+constexpr int64_t kStuckProbeMs = 1000;
+constexpr int64_t kPreAnnounceTimeoutMs = 1000;
+constexpr int64_t kPollMs = 100;
+constexpr int64_t kRetryMs = 200;
+constexpr int64_t kPlannerPollMs = 50;
+
+}  // namespace
+
+absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uint32_t min_attempt,
+                                                             bool has_delta) {
+  TS_ASSIGN_OR_RETURN(ShardView view, run_.View());
+  std::vector<std::string> order = PlannerOrder(run_.spec.spec.seed(), round, view.members);
+  size_t p = 0;
+  int64_t failing_since = -1;
+  std::string base;
+  std::string data_root;
+  {
+    absl::MutexLock lock(&run_.mu);
+    base = run_.certified_root;
+    TS_ASSIGN_OR_RETURN(data_root, run_.DataRoot(round));
+    run_.status.set_current_round(round);
+    run_.status.set_attempt(min_attempt);
+  }
+  const std::string seed = DataSeedOf(run_.spec.spec.seed(), round, data_root);
+  while (!run_.stopping) {
+    const std::string& candidate = order[p % order.size()];
+    if (candidate == run_.host.address) return PlanAsPlanner(round, min_attempt, view);
+    {
+      absl::MutexLock lock(&run_.mu);
+      run_.status.set_planner(candidate);
+      run_.status.set_planner_round(round);
+      if (!run_.ahead_peer.empty()) {
+        return Outcome{.plan = std::nullopt, .behind_peer = std::exchange(run_.ahead_peer, "")};
+      }
+    }
+    const ShardMember* member = view.Find(candidate);
+    TS_ASSIGN_OR_RETURN(pb::AnnounceRequest request,
+                        AnnounceTo(candidate, round, min_attempt, /*preparing=*/false));
+    auto answered = run_.peers->Announce(member->endpoint, request, kRpcTimeoutMs);
+    if (answered.ok()) {
+      failing_since = -1;
+      const pb::AnnounceResponse& response = *answered;
+      if (response.certified_round() >= round) {
+        return Outcome{.plan = std::nullopt, .behind_peer = candidate};
+      }
+      if (response.has_plan()) {
+        const pb::RoundPlan& plan = response.plan();
+        if (absl::Status valid = CheckPlan(plan, round, candidate, base, seed, view); !valid.ok()) {
+          run_.Transition(absl::StrCat("round ", round, ": plan from ", Short(candidate),
+                                       " refused: ", valid.message()));
+          ++p;
+          continue;
+        }
+        if (plan.attempt() >= min_attempt) return Outcome{.plan = plan, .behind_peer = {}};
+      } else if (response.attempt() > min_attempt && has_delta) {
+        // A planner already past the attempts this host knows of: join its attempt.
+        min_attempt = response.attempt();
+      }
+      run_.Sleep(kPollMs);
+      continue;
+    }
+    if (failing_since < 0) failing_since = run_.host.clock->MonotonicMs();
+    if (run_.host.clock->MonotonicMs() - failing_since > run_.spec.spec.planner_timeout_ms()) {
+      run_.Transition(absl::StrCat("round ", round, ": planner ", Short(candidate),
+                                   " does not answer (", answered.status().message(),
+                                   "); next in order: ", Short(order[(p + 1) % order.size()])));
+      ++p;
+      failing_since = -1;
+    }
+    run_.Sleep(kRetryMs);
+  }
+  return absl::CancelledError("stopping");
+}
+
+absl::Status RoundPlanning::CheckPlan(const pb::RoundPlan& plan, uint64_t round,
+                                      const std::string& planner, const std::string& base,
+                                      const std::string& seed, const ShardView& view) const {
+  TS_RETURN_IF_ERROR(VerifyPlan(run_.host.chain_id, plan, view));
+  if (plan.round() != round || plan.planner() != planner || plan.base_root() != base ||
+      plan.data_seed() != seed) {
+    return absl::InvalidArgumentError("the plan is for another round, planner or base");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t round,
+                                                                    uint32_t min_attempt,
+                                                                    const ShardView& view) {
+  const int64_t start = run_.host.clock->MonotonicMs();
+  int64_t last_probe = start;
+  size_t probe = 0;
+  const int64_t preparing_wait_ms =
+      run_.spec.spec.join_window_ms() + static_cast<int64_t>(run_.round_inner_seconds * 1000.0);
+  const Rendezvous::Timing timing{.join_window_ms = run_.spec.spec.join_window_ms(),
+                                  .preparing_wait_ms = preparing_wait_ms,
+                                  .fresh_ms = kAnnounceFreshMs};
+  {
+    absl::MutexLock lock(&run_.mu);
+    run_.rendezvous.Enter(round, min_attempt);
+    run_.status.set_planner(run_.host.address);
+    run_.status.set_planner_round(round);
+  }
+  while (!run_.stopping) {
+    {
+      absl::MutexLock lock(&run_.mu);
+      Rendezvous& rendezvous = run_.rendezvous;
+      if (!run_.ahead_peer.empty()) {
+        return Outcome{.plan = std::nullopt, .behind_peer = std::exchange(run_.ahead_peer, "")};
+      }
+      if (const pb::RoundPlan* made = rendezvous.PlanFor(min_attempt); made != nullptr) {
+        return Outcome{.plan = *made, .behind_peer = {}};
+      }
+      const int64_t now = run_.host.clock->MonotonicMs();
+      rendezvous.Announce(run_.host.address, {.endpoint = run_.transport->endpoint(),
+                                              .min_attempt = rendezvous.attempt(),
+                                              .at_ms = now,
+                                              .preparing = false});
+      const Rendezvous::Decision decision = rendezvous.Decide(view, now, start, timing);
+      if (decision.plan) {
+        TS_ASSIGN_OR_RETURN(pb::RoundPlan p, MakePlan(round, decision.ready));
+        rendezvous.set_plan(p);
+        return Outcome{.plan = std::move(p), .behind_peer = {}};
+      }
+    }
+    // No plan long past the window: the others may have certified this round without this
+    // host (it failed its attempt while they completed theirs) and be waiting on the next
+    // round's planner, so nobody announces this round here again. Ask one member a second,
+    // in turn, for certificates past this host's.
+    const int64_t now = run_.host.clock->MonotonicMs();
+    if (now - start > run_.PlanningBoundMs() && now - last_probe >= kStuckProbeMs) {
+      last_probe = now;
+      std::string peer;
+      if (CertifiedWithout(round, view, &probe, &peer)) {
+        return Outcome{.plan = std::nullopt, .behind_peer = peer};
+      }
+    }
+    run_.Sleep(kPlannerPollMs);
+  }
+  return absl::CancelledError("stopping");
+}
+
+absl::StatusOr<pb::RoundPlan> RoundPlanning::MakePlan(
+    uint64_t round, const std::vector<std::pair<std::string, std::string>>& ready) {
+  pb::RoundPlan p;
+  p.set_shard_id(run_.shard_id);
+  p.set_round(round);
+  p.set_attempt(run_.rendezvous.attempt());
+  p.set_planner(run_.host.address);
+  for (const auto& [address, endpoint] : ready) {
+    pb::RoundMember* m = p.add_members();
+    m->set_address(address);
+    m->set_collective_endpoint(endpoint);
+  }
+  p.set_base_root(run_.certified_root);
+  TS_ASSIGN_OR_RETURN(std::string data_root, run_.DataRoot(round));
+  p.set_data_seed(DataSeedOf(run_.spec.spec.seed(), round, data_root));
+  TS_RETURN_IF_ERROR(SignPlan(*run_.host.key, run_.host.chain_id, &p));
+  return p;
+}
+
+bool RoundPlanning::CertifiedWithout(uint64_t round, const ShardView& view, size_t* probe,
+                                     std::string* peer) {
+  const size_t n = view.members.size();
+  if (n < 2) return false;
+  if (view.members[*probe % n].address == run_.host.address) ++*probe;
+  *peer = view.members[(*probe)++ % n].address;
+  if (!catch_up_.CatchUp(*peer).ok() || run_.CertifiedRound() < round) return false;
+  run_.Transition(absl::StrCat("round ", round, " was certified without this host; caught up from ",
+                               Short(*peer)));
+  return true;
+}
+
+absl::StatusOr<pb::AnnounceRequest> RoundPlanning::AnnounceTo(const std::string& candidate,
+                                                              uint64_t round, uint32_t min_attempt,
+                                                              bool preparing) const {
+  pb::AnnounceRequest request;
+  request.set_shard_id(run_.shard_id);
+  request.set_round(round);
+  request.set_min_attempt(min_attempt);
+  request.set_collective_endpoint(run_.transport->endpoint());
+  request.set_preparing(preparing);
+  TS_RETURN_IF_ERROR(run_.Sign(&request, kAnnounceMethod, candidate));
+  return request;
+}
+
+std::jthread RoundPlanning::PreAnnounce(uint64_t round, uint32_t min_attempt) {
+  auto view = run_.View();
+  if (!view.ok()) return {};
+  std::vector<std::pair<std::string, pb::AnnounceRequest>> sends;  // endpoint, request
+  for (const std::string& candidate : PlannerOrder(run_.spec.spec.seed(), round, view->members)) {
+    if (sends.size() == 2) break;
+    if (candidate == run_.host.address) continue;
+    const ShardMember* member = view->Find(candidate);
+    if (member == nullptr) continue;
+    auto request = AnnounceTo(candidate, round, min_attempt, /*preparing=*/true);
+    if (!request.ok()) return {};
+    sends.emplace_back(member->endpoint, std::move(*request));
+  }
+  return std::jthread([peers = run_.peers.get(), sends = std::move(sends)] {
+    for (const auto& [endpoint, request] : sends) {
+      (void)peers->Announce(endpoint, request, kPreAnnounceTimeoutMs);
+    }
+  });
+}
+
+}  // namespace ts::sidecar

@@ -1,0 +1,196 @@
+#include "sidecar/shard/run_context.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/hex.h"
+#include "common/log.h"
+#include "state/db.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+constexpr char kComponent[] = "shard_run";
+constexpr size_t kRoundsKept = 256;
+
+std::string RoundKey(uint64_t shard_id, uint64_t round) {
+  return state::EncodeU64Key(shard_id) + state::EncodeU64Key(round);
+}
+
+}  // namespace
+
+std::string CheckpointDir(uint64_t round) { return absl::StrCat("ckpt/r", round); }
+std::string CheckpointName(uint64_t round) {
+  return absl::StrCat(CheckpointDir(round), "/", kCheckpointFile);
+}
+std::string DeltaName(uint64_t round) { return absl::StrCat("delta-", round % 2, ".bin"); }
+
+std::string Hex8(std::string_view bytes) { return common::HexEncode(bytes).substr(0, 16); }
+std::string Short(const std::string& address) {
+  return address.size() > 14 ? address.substr(0, 14) + "…" : address;
+}
+
+absl::StatusOr<std::vector<pb::RoundCertificate>> LoadStoredCertificates(const state::Db& db,
+                                                                         uint64_t shard_id,
+                                                                         uint64_t from,
+                                                                         uint32_t max) {
+  std::vector<pb::RoundCertificate> out;
+  absl::Status parse = absl::OkStatus();
+  TS_RETURN_IF_ERROR(
+      db.ScanFrom(kTableRounds, state::EncodeU64Key(shard_id), RoundKey(shard_id, from),
+                  [&](std::string_view, std::string_view value) {
+                    pb::RoundCertificate c;
+                    if (!c.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+                      parse = absl::DataLossError("a stored round certificate does not parse");
+                      return false;
+                    }
+                    out.push_back(std::move(c));
+                    return out.size() < max;
+                  }));
+  TS_RETURN_IF_ERROR(parse);
+  return out;
+}
+
+RunContext::RunContext(const ShardRunHost& h, const ShardRunOptions& o, uint64_t id,
+                       ParsedRunSpec s, std::unique_ptr<RoundPeers> p)
+    : host(h), options(o), shard_id(id), spec(std::move(s)), peers(std::move(p)) {}
+
+void RunContext::ShareEvalTarget(bool ready) {
+  absl::MutexLock lock(&mu);
+  if (!ready) {
+    eval_target.reset();
+    return;
+  }
+  eval_target = EvalTarget{.worker = worker,
+                           .eval_file = data.eval_file(),
+                           .work_dir = work_dir,
+                           .eval_batch_size = spec.spec.eval_batch_size()};
+}
+
+void RunContext::Transition(const std::string& what) {
+  common::Log(common::LogLevel::kInfo, kComponent, what, {{"shard", absl::StrCat(shard_id)}});
+  absl::MutexLock lock(&mu);
+  status.add_transitions(
+      absl::StrCat(absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()), " ", what));
+  if (static_cast<size_t>(status.transitions_size()) > kTransitionsKept) {
+    status.mutable_transitions()->DeleteSubrange(0, 1);
+  }
+}
+
+void RunContext::SetState(const std::string& state) {
+  absl::MutexLock lock(&mu);
+  status.set_state(state);
+}
+
+void RunContext::Fail(const absl::Status& error) {
+  common::Log(common::LogLevel::kError, kComponent, "run failed",
+              {{"shard", absl::StrCat(shard_id)}, {"error", std::string(error.message())}});
+  absl::MutexLock lock(&mu);
+  status.set_state("failed");
+  status.set_error(std::string(error.message()));
+}
+
+bool RunContext::Sleep(int64_t ms) {
+  int64_t until = host.clock->MonotonicMs() + ms;
+  while (!stopping && host.clock->MonotonicMs() < until) {
+    host.clock->SleepMs(std::min<int64_t>(50, until - host.clock->MonotonicMs()));
+  }
+  return !stopping;
+}
+
+uint64_t RunContext::CertifiedRound() const {
+  absl::MutexLock lock(&mu);
+  return certified_round;
+}
+
+RunContext::Certified RunContext::CertifiedState() const {
+  absl::MutexLock lock(&mu);
+  return {.round = certified_round, .root = certified_root};
+}
+
+absl::StatusOr<std::string> RunContext::DataRoot(uint64_t round) const {
+  const uint64_t lag = spec.spec.overlap() ? 2 : 1;
+  const uint64_t from = round > lag ? round - lag : 0;
+  if (certified_round == from) return certified_root;
+  if (certified_round == from + 1) return certified_base_root;
+  return absl::FailedPreconditionError(absl::StrCat("round ", round,
+                                                    ": its data seed needs the root of round ",
+                                                    from, ", certified is ", certified_round));
+}
+
+absl::Status RunContext::Stopping() const {
+  return PeerFailure(absl::StatusCode::kCancelled, host.address, "its run is stopping");
+}
+
+void RunContext::RemoveTree(const std::string& name) const {
+  std::error_code ec;
+  std::filesystem::remove_all(Path(name), ec);
+}
+
+absl::Status RunContext::MakeDir(const std::string& name) const {
+  std::error_code ec;
+  std::filesystem::create_directories(Path(name), ec);
+  if (ec) return absl::InternalError(absl::StrCat(Path(name), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+void RunContext::RecordRound(const pb::RoundCertificate& c, double round_seconds,
+                             double inner_seconds, double exchange_seconds,
+                             double certify_seconds) {
+  absl::MutexLock lock(&mu);
+  pb::RoundSummary* s = status.add_rounds();
+  s->set_round(c.result().round());
+  s->set_attempt(c.attempt());
+  for (const auto& m : c.result().members()) s->add_members(m);
+  s->set_new_root(c.result().new_root());
+  s->set_train_loss(c.train_loss());
+  s->set_eval_loss_micro(c.eval_loss_micro());
+  s->set_bytes_exchanged(c.bytes_exchanged());
+  s->set_signed_weight(c.signed_weight());
+  s->set_inner_seconds(inner_seconds);
+  s->set_round_seconds(round_seconds);
+  s->set_exchange_seconds(exchange_seconds);
+  s->set_certify_seconds(certify_seconds);
+  if (static_cast<size_t>(status.rounds_size()) > kRoundsKept) {
+    status.mutable_rounds()->DeleteSubrange(0, 1);
+  }
+  status.set_bytes_exchanged(status.bytes_exchanged() + c.bytes_exchanged());
+}
+
+absl::Status RunContext::StoreCertificates(const std::vector<pb::RoundCertificate>& certs) {
+  if (certs.empty()) return absl::OkStatus();
+  state::WriteBatch batch;
+  for (const auto& c : certs) {
+    batch.PutProto(kTableRounds, RoundKey(shard_id, c.result().round()), c);
+  }
+  TS_RETURN_IF_ERROR(host.db->Write(batch));
+  AdoptCertified(certs.back());
+  return absl::OkStatus();
+}
+
+void RunContext::AdoptCertified(const pb::RoundCertificate& last) {
+  absl::MutexLock lock(&mu);
+  certified_round = last.result().round();
+  certified_root = last.result().new_root();
+  certified_base_root = last.result().base_root();
+  status.set_certified_round(certified_round);
+  status.set_root(certified_root);
+  checkpoint_artifact.clear();
+}
+
+AbortOnStop::AbortOnStop(RunContext* run, Mesh* mesh) : run_(run), mesh_(mesh) {
+  absl::MutexLock lock(&run_->mu);
+  run_->meshes.insert(mesh_);
+  if (run_->stopping) mesh_->Abort(run_->Stopping());
+}
+
+AbortOnStop::~AbortOnStop() {
+  absl::MutexLock lock(&run_->mu);
+  run_->meshes.erase(mesh_);
+}
+
+}  // namespace ts::sidecar

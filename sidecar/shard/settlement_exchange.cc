@@ -1,0 +1,118 @@
+#include "sidecar/shard/settlement_exchange.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/amount.h"
+#include "common/crypto/signing.h"
+#include "common/protocol.h"
+#include "proto/deterministic.h"
+#include "sidecar/shard/ledger.h"
+#include "sidecar/shard/round_certificate.h"
+
+namespace ts::sidecar {
+namespace {
+
+namespace pb = ::gonka::trainshard::v1;
+// The other members' wait for the first member's submission before submitting themselves.
+constexpr int64_t kSubmitGraceMs = 15000;
+constexpr int64_t kChainPollMs = 500;
+
+}  // namespace
+
+void SettlementExchange::Exchange(Collective* collective, const GroupSpec& group,
+                                  int64_t deadline) {
+  auto draft = DraftFromRecords(run_.host, run_.shard_id, run_.spec.spec.rounds());
+  if (!draft.ok()) {
+    run_.Transition(absl::StrCat("settlement not drafted: ", draft.status().message()));
+    return;
+  }
+  settlement_ = *draft;
+  auto signed_draft = run_.host.sign_settlement(*draft);
+  pb::SettlementSignature mine;
+  if (signed_draft.ok()) {
+    mine = *signed_draft;
+  } else {
+    run_.Transition(absl::StrCat("settlement not signed: ", signed_draft.status().message()));
+  }
+  auto block = PackBlock(mine, kSettlementBlockBytes);
+  if (!block.ok()) return;
+  std::string gathered(kSettlementBlockBytes * group.members.size(), '\0');
+  OpOptions op;
+  op.op_id = 4;
+  op.deadline_ms = deadline;
+  if (!collective->AllGather(op, *block, gathered).ok()) return;
+  const std::string bytes = DeterministicBytes(*draft);
+  signatures_.clear();
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    pb::SettlementSignature s;
+    if (!UnpackBlock(
+            std::string_view(gathered).substr(i * kSettlementBlockBytes, kSettlementBlockBytes),
+            &s)) {
+      continue;
+    }
+    auto signer = common::RecoverStatementSigner(protocol::kSignSettlement, run_.host.chain_id,
+                                                 run_.shard_id, bytes, s.signature());
+    if (signer.ok() && *signer == s.host() && s.host() == group.members[i].address) {
+      signatures_.push_back(s);
+    }
+  }
+  run_.Transition(absl::StrCat(
+      "settlement drafted: final root ", Hex8(draft->final_checkpoint_root()), ", eval loss ",
+      draft->evaluation().value_micro() / 1e6, ", ", signatures_.size(), " signatures gathered"));
+  absl::MutexLock lock(&run_.mu);
+  *run_.status.mutable_settlement() = *draft;
+}
+
+void SettlementExchange::Settle(bool first_member) {
+  run_.SetState("settling");
+  const int64_t start = run_.host.clock->MonotonicMs();
+  bool submitted = false;
+  while (!run_.stopping) {
+    auto shard = run_.host.chain_shard(run_.shard_id);
+    if (shard.ok() && shard->status() == pb::SHARD_STATUS_SETTLED) {
+      run_.Transition("shard settled on chain");
+      run_.SetState("done");
+      return;
+    }
+    if (shard.ok() && shard->status() != pb::SHARD_STATUS_RUNNING) {
+      run_.Transition(absl::StrCat("shard is ", pb::ShardStatus_Name(shard->status())));
+      run_.SetState("done");
+      return;
+    }
+    const bool due = first_member || run_.host.clock->MonotonicMs() - start > kSubmitGraceMs;
+    if (!submitted && due && !signatures_.empty()) {
+      auto tx = run_.host.submit_settlement(settlement_, signatures_);
+      submitted = true;
+      if (tx.ok()) {
+        run_.Transition(absl::StrCat("settlement submitted, tx ", tx->substr(0, 16)));
+        absl::MutexLock lock(&run_.mu);
+        run_.status.set_settlement_txhash(*tx);
+      } else {
+        run_.Transition(absl::StrCat("settlement submission refused: ", tx.status().message()));
+      }
+    }
+    run_.Sleep(kChainPollMs);
+  }
+}
+
+absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64_t shard_id,
+                                                uint64_t rounds_total) {
+  TS_ASSIGN_OR_RETURN(
+      std::vector<pb::RoundCertificate> certs,
+      // rounds_total is a validated run spec's (at most 100,000).
+      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds_total + 1)));
+  if (certs.size() != rounds_total ||
+      (!certs.empty() && certs.back().result().round() != rounds_total)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, ": this host's records certify ", certs.size(), " of ",
+                     rounds_total, " rounds; the run has not finished here"));
+  }
+  TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
+  TS_ASSIGN_OR_RETURN(uint64_t escrow,
+                      common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
+  return DraftSettlement(host.chain_id, shard_id, escrow, shard.spec().reward_policy(), certs,
+                         rounds_total);
+}
+
+}  // namespace ts::sidecar

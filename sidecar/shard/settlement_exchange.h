@@ -1,0 +1,41 @@
+// The settlement of a run (docs/training.md "Settlement"): after the last round's certificate
+// each member drafts the settlement its own records imply (DraftFromRecords: every round's
+// certificate, the shard's escrow and reward policy as the chain has them), has its host sign
+// it (the host checks the draft against the records once more), and the members all-gather
+// their signatures over the last round's mesh, keeping those that recover to their member for
+// this very draft. Then the run waits for the chain: the first member of the final round
+// submits at once, the others after a while if it has not landed, and the run is done when the
+// chain says the shard is settled (or no longer running).
+//
+// Owns the draft and the signatures gathered.
+//
+// Thread-safety: the run thread's.
+#ifndef TS_SIDECAR_SHARD_SETTLEMENT_EXCHANGE_H_
+#define TS_SIDECAR_SHARD_SETTLEMENT_EXCHANGE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "sidecar/collective/collective.h"
+#include "sidecar/shard/run_context.h"
+
+namespace ts::sidecar {
+
+class SettlementExchange {
+ public:
+  explicit SettlementExchange(RunContext* run) : run_(*run) {}
+
+  // Drafts, signs and gathers the members' signatures over `collective` (the last round's).
+  void Exchange(Collective* collective, const GroupSpec& group, int64_t deadline);
+  // Submits (at once when `first_member`) and waits until the chain settles or ends the shard.
+  void Settle(bool first_member);
+
+ private:
+  RunContext& run_;
+  ::gonka::trainshard::v1::Settlement settlement_;
+  std::vector<::gonka::trainshard::v1::SettlementSignature> signatures_;
+};
+
+}  // namespace ts::sidecar
+
+#endif  // TS_SIDECAR_SHARD_SETTLEMENT_EXCHANGE_H_
