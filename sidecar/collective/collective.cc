@@ -68,15 +68,26 @@ struct Outgoing {
 };
 
 // Sends queued frames to one link on its own thread, so receiving, reducing and sending
-// overlap. Buffers it has sent go to a free list the producer draws from.
+// overlap. Buffers it has sent go to a free list the producer draws from. A link whose Send
+// never blocks (an in-memory one) is sent to inline, on the producer's thread: nothing to
+// overlap, and a simulation then sees every send on the thread it schedules.
 class FrameSender {
  public:
-  FrameSender(Link* link, int64_t deadline_ms) : link_(link), deadline_ms_(deadline_ms) {
-    thread_ = std::thread([this] { Run(); });
+  FrameSender(Link* link, int64_t deadline_ms)
+      : link_(link), deadline_ms_(deadline_ms), inline_(link->SendNeverBlocks()) {
+    if (!inline_) thread_ = std::thread([this] { Run(); });
   }
   ~FrameSender() { Finish().IgnoreError(); }
 
   void Push(Outgoing frame) {
+    if (inline_) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (closing_) return;
+      }
+      Send(std::move(frame));
+      return;
+    }
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(frame));
   }
@@ -120,34 +131,42 @@ class FrameSender {
         frame = std::move(queue_.front());
         queue_.pop_front();
       }
-      std::string_view payload = frame.use_view ? frame.view : std::string_view(frame.owned);
-      absl::Status status = link_->Send(frame.header, payload, deadline_ms_);
-      payload_bytes_ += payload.size();
-      ++frames_;
-      absl::MutexLock lock(&mu_);
-      if (!status.ok()) {
-        status_ = status;
-        queue_.clear();
-        closing_ = true;
-        return;
-      }
-      if (frame.use_view) continue;
-      if (frame.recycle_to != nullptr) {
-        frame.recycle_to->Recycle(std::move(frame.owned));
-      } else if (free_.size() < 8) {
-        free_.push_back(std::move(frame.owned));
-      }
+      if (!Send(std::move(frame))) return;
     }
+  }
+
+  // Sends one frame; false after a failure (kept as the sender's status, the queue dropped).
+  bool Send(Outgoing frame) {
+    std::string_view payload = frame.use_view ? frame.view : std::string_view(frame.owned);
+    absl::Status status = link_->Send(frame.header, payload, deadline_ms_);
+    payload_bytes_ += payload.size();
+    ++frames_;
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) {
+      status_ = status;
+      queue_.clear();
+      closing_ = true;
+      return false;
+    }
+    if (frame.use_view) return true;
+    if (frame.recycle_to != nullptr) {
+      frame.recycle_to->Recycle(std::move(frame.owned));
+    } else if (free_.size() < 8) {
+      free_.push_back(std::move(frame.owned));
+    }
+    return true;
   }
 
   Link* const link_;
   const int64_t deadline_ms_;
+  const bool inline_;
   absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> free_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  // Written by the sender thread only, read after it is joined.
+  // Written by the sending thread only (the sender thread, or the producer inline), read after
+  // it is joined.
   uint64_t payload_bytes_ = 0;
   uint64_t frames_ = 0;
   std::thread thread_;

@@ -76,6 +76,9 @@ class Link {
   // Hands a payload buffer back for reuse by later Recv calls (optional; saves allocating and
   // faulting in a fresh buffer per frame).
   virtual void Recycle(std::string buffer) = 0;
+  // Whether Send returns without waiting (an unbounded in-memory link): the collective then
+  // sends on the caller's thread instead of a sender thread of its own.
+  virtual bool SendNeverBlocks() const { return false; }
   // Bytes sent and received on this link so far, headers and heartbeats included.
   virtual uint64_t bytes_sent() const = 0;
   virtual uint64_t bytes_received() const = 0;

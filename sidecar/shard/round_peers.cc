@@ -45,6 +45,13 @@ class GrpcRoundPeers final : public RoundPeers {
     return response;
   }
 
+  std::jthread AnnounceInBackground(std::vector<std::pair<std::string, pb::AnnounceRequest>> sends,
+                                    int64_t timeout_ms) override {
+    return std::jthread([this, sends = std::move(sends), timeout_ms] {
+      for (const auto& [endpoint, request] : sends) (void)Announce(endpoint, request, timeout_ms);
+    });
+  }
+
  private:
   pb::ShardRound::Stub* StubFor(const std::string& endpoint) {
     absl::MutexLock lock(&mu_);

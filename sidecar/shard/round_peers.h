@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gonka/trainshard/v1/training.pb.h"
@@ -28,6 +31,11 @@ class RoundPeers {
       int64_t timeout_ms) = 0;
   virtual absl::StatusOr<::gonka::trainshard::v1::GetCertificatesResponse> GetCertificates(
       const std::string& endpoint, const ::gonka::trainshard::v1::GetCertificatesRequest& request,
+      int64_t timeout_ms) = 0;
+  // Sends each (endpoint, request) best effort, without waiting for the answers; what it
+  // returns (a thread, or nothing when it sent at once) is joined when it goes out of scope.
+  virtual std::jthread AnnounceInBackground(
+      std::vector<std::pair<std::string, ::gonka::trainshard::v1::AnnounceRequest>> sends,
       int64_t timeout_ms) = 0;
 };
 

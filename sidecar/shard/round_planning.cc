@@ -125,7 +125,7 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t rou
         return Outcome{.plan = *made, .behind_peer = {}};
       }
       const int64_t now = run_.host.clock->MonotonicMs();
-      rendezvous.Announce(run_.host.address, {.endpoint = run_.transport->endpoint(),
+      rendezvous.Announce(run_.host.address, {.endpoint = run_.collective_endpoint,
                                               .min_attempt = rendezvous.attempt(),
                                               .at_ms = now,
                                               .preparing = false});
@@ -191,7 +191,7 @@ absl::StatusOr<pb::AnnounceRequest> RoundPlanning::AnnounceTo(const std::string&
   request.set_shard_id(run_.shard_id);
   request.set_round(round);
   request.set_min_attempt(min_attempt);
-  request.set_collective_endpoint(run_.transport->endpoint());
+  request.set_collective_endpoint(run_.collective_endpoint);
   request.set_preparing(preparing);
   TS_RETURN_IF_ERROR(run_.Sign(&request, kAnnounceMethod, candidate));
   return request;
@@ -210,11 +210,7 @@ std::jthread RoundPlanning::PreAnnounce(uint64_t round, uint32_t min_attempt) {
     if (!request.ok()) return {};
     sends.emplace_back(member->endpoint, std::move(*request));
   }
-  return std::jthread([peers = run_.peers.get(), sends = std::move(sends)] {
-    for (const auto& [endpoint, request] : sends) {
-      (void)peers->Announce(endpoint, request, kPreAnnounceTimeoutMs);
-    }
-  });
+  return run_.peers->AnnounceInBackground(std::move(sends), kPreAnnounceTimeoutMs);
 }
 
 }  // namespace ts::sidecar

@@ -75,7 +75,8 @@ struct RunContext {
   // Made by preparation, replaced when the worker is restarted; the worker is also shared with
   // eval_target below.
   std::shared_ptr<RunWorker> worker;
-  std::unique_ptr<TcpTransport> transport;
+  std::unique_ptr<Transport> transport;
+  std::string collective_endpoint;  // the transport's, announced to planners
   ::gonka::trainshard::v1::PrepareDataResponse data;
   uint64_t parameters = 0;
   bool loaded = false;             // the worker holds the certified checkpoint
@@ -90,7 +91,7 @@ struct RunContext {
   // Stop aborts them, so the operations end at once instead of at their deadlines.
   std::set<Mesh*> meshes ABSL_GUARDED_BY(mu);
   // transport.get() once made, for Stop to end the Connects in progress.
-  TcpTransport* stop_transport ABSL_GUARDED_BY(mu) = nullptr;
+  Transport* stop_transport ABSL_GUARDED_BY(mu) = nullptr;
   // The certified state.
   uint64_t certified_round ABSL_GUARDED_BY(mu) = 0;
   std::string certified_root ABSL_GUARDED_BY(mu);

@@ -28,16 +28,30 @@ absl::Status RunPreparation::Prepare() {
   TS_RETURN_IF_ERROR(PrepareData());
   run_.ShareEvalTarget(true);
   if (run_.transport == nullptr) {
-    TcpTransportOptions to;
-    to.listen_address = run_.options.collective_host + ":0";
-    to.chain_id = run_.host.chain_id;
-    to.heartbeat_interval_ms = run_.options.heartbeat_interval_ms;
-    TS_ASSIGN_OR_RETURN(run_.transport, TcpTransport::Start(*run_.host.key, to, run_.host.clock));
+    TS_RETURN_IF_ERROR(StartTransport());
     absl::MutexLock lock(&run_.mu);
     run_.stop_transport = run_.transport.get();
     if (run_.stopping) run_.transport->StopConnecting(run_.Stopping());
   }
   return InitAndRestore();
+}
+
+absl::Status RunPreparation::StartTransport() {
+  if (run_.host.start_transport) {
+    TS_ASSIGN_OR_RETURN(StartedTransport started, run_.host.start_transport());
+    run_.transport = std::move(started.transport);
+    run_.collective_endpoint = std::move(started.endpoint);
+    return absl::OkStatus();
+  }
+  TcpTransportOptions to;
+  to.listen_address = run_.options.collective_host + ":0";
+  to.chain_id = run_.host.chain_id;
+  to.heartbeat_interval_ms = run_.options.heartbeat_interval_ms;
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<TcpTransport> tcp,
+                      TcpTransport::Start(*run_.host.key, to, run_.host.clock));
+  run_.collective_endpoint = tcp->endpoint();
+  run_.transport = std::move(tcp);
+  return absl::OkStatus();
 }
 
 absl::Status RunPreparation::StartWorker() {

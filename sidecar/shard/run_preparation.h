@@ -30,6 +30,7 @@ class RunPreparation {
 
  private:
   absl::Status StartWorker();
+  absl::Status StartTransport();
   absl::Status PreparePacked();
   // One dataset artifact tried as the run's: fetched from `holders` (none: already here),
   // exported and checked. NOT_FOUND when it is not the run's; UNAVAILABLE to try it later.

@@ -34,7 +34,7 @@ constexpr int kWorkerRestartsMax = 5;
 // between rounds — this host's Δs and what their inner steps reported, the worker's restarts.
 struct ShardRun::Impl {
   Impl(const ShardRunHost& h, const ShardRunOptions& o, uint64_t id, ParsedRunSpec s)
-      : ctx(h, o, id, std::move(s), MakeGrpcRoundPeers()) {}
+      : ctx(h, o, id, std::move(s), h.make_peers ? h.make_peers() : MakeGrpcRoundPeers()) {}
 
   RunContext ctx;
   RunPreparation preparation{&ctx};
@@ -397,10 +397,14 @@ ShardRun::ShardRun(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ShardRun::~ShardRun() { Stop(); }
 
 void ShardRun::Stop() {
-  if (impl_->ctx.stopping.exchange(true)) {
-    if (impl_->thread.joinable()) impl_->thread.join();
-    return;
-  }
+  RequestStop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->ctx.ShareEvalTarget(false);
+  impl_->ctx.worker.reset();
+}
+
+void ShardRun::RequestStop() {
+  if (impl_->ctx.stopping.exchange(true)) return;
   // A model call in progress ends with the worker, an exchange with its meshes (a mesh still
   // connecting with the transport's StopConnecting); the thread then sees `stopping`.
   if (pid_t pid = impl_->ctx.worker_pid.load(); pid > 0) ::kill(pid, SIGTERM);
@@ -410,9 +414,6 @@ void ShardRun::Stop() {
     if (impl_->ctx.stop_transport != nullptr)
       impl_->ctx.stop_transport->StopConnecting(impl_->ctx.Stopping());
   }
-  if (impl_->thread.joinable()) impl_->thread.join();
-  impl_->ctx.ShareEvalTarget(false);
-  impl_->ctx.worker.reset();
 }
 
 pb::ShardRunStatus ShardRun::Status() const {

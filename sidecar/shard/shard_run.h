@@ -34,9 +34,11 @@
 #include "common/crypto/secp256k1.h"
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "gonka/trainshard/v1/training.grpc.pb.h"
+#include "sidecar/collective/transport.h"
 #include "sidecar/peer/peer_auth.h"
 #include "sidecar/peer/shard_directory.h"
 #include "sidecar/shard/host_link.h"
+#include "sidecar/shard/round_peers.h"
 #include "sidecar/shard/run_spec.h"
 #include "sidecar/shard/run_worker.h"
 #include "sidecar/shard/shard_db.h"
@@ -49,6 +51,12 @@ inline constexpr std::string_view kGetCertificatesMethod =
     "/gonka.trainshard.v1.ShardRound/GetCertificates";
 inline constexpr uint32_t kCertificatesPerCallMax = 64;
 inline constexpr size_t kTransitionsKept = 256;
+
+// A collective transport and the endpoint its members dial (announced to planners).
+struct StartedTransport {
+  std::unique_ptr<Transport> transport;
+  std::string endpoint;
+};
 
 // What a run needs from the host it runs in. Pointers are not owned and outlive the run.
 struct ShardRunHost {
@@ -72,6 +80,10 @@ struct ShardRunHost {
       submit_settlement;
   // Starts the run's worker; empty: the ts_worker process (StartWorkerProcess).
   RunWorkerStarter start_worker;
+  // Starts the run's collective transport; empty: TCP on ShardRunOptions::collective_host.
+  std::function<absl::StatusOr<StartedTransport>()> start_transport;
+  // The other members' ShardRound; empty: gRPC (MakeGrpcRoundPeers).
+  std::function<std::unique_ptr<RoundPeers>()> make_peers;
 };
 
 struct ShardRunOptions {
@@ -105,6 +117,8 @@ class ShardRun {
 
   // Stops the worker and joins the thread; what is certified stays in the records. Idempotent.
   void Stop();
+  // Stop without the wait: the run's thread ends soon after (a simulation schedules it there).
+  void RequestStop();
 
   ::gonka::trainshard::v1::ShardRunStatus Status() const;
   const std::string& spec_hash() const { return spec_.hash; }
