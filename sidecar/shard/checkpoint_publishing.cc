@@ -33,7 +33,31 @@ void AddTokenizer(RunContext& run, uint64_t round) {
   }
 }
 
+// Names `id` as the holder of the certified checkpoint when `round` is still the certified one.
+void Adopt(RunContext& run, uint64_t round, const std::string& id) {
+  absl::MutexLock lock(&run.mu);
+  if (run.certified_round == round) run.checkpoint_artifact = id;
+  run.status.set_final_checkpoint_artifact_id(id);
+}
+
 }  // namespace
+
+void RepublishCheckpoint(RunContext& run, uint64_t round) {
+  if (auto list = run.host.artifacts->List(run.shard_id); list.ok()) {
+    for (const auto& a : *list) {
+      if (a.kind() == "checkpoint" && a.round() == round) return Adopt(run, round, a.artifact_id());
+    }
+  }
+  AddTokenizer(run, round);
+  auto published = run.host.artifacts->Publish(run.shard_id, run.Path(CheckpointDir(round)),
+                                               "checkpoint", round);
+  if (!published.ok()) {
+    run.Transition(absl::StrCat(
+        "round ", round, ": checkpoint not published again: ", published.status().message()));
+    return;
+  }
+  Adopt(run, round, *published);
+}
 
 void PublishCheckpoint(RunContext& run, uint64_t round, Collective* collective,
                        const GroupSpec& group, size_t self, int64_t deadline) {
@@ -61,11 +85,7 @@ void PublishCheckpoint(RunContext& run, uint64_t round, Collective* collective,
       (void)run.host.artifacts->Drop(run.shard_id, {mine});
     }
   }
-  {
-    absl::MutexLock lock(&run.mu);
-    if (run.certified_round == round) run.checkpoint_artifact = adopted;
-    run.status.set_final_checkpoint_artifact_id(adopted);
-  }
+  Adopt(run, round, adopted);
   DropOldCheckpoints(run, adopted);
 }
 

@@ -25,6 +25,11 @@ namespace ts::sidecar {
 void PublishCheckpoint(RunContext& run, uint64_t round, Collective* collective,
                        const GroupSpec& group, size_t self, int64_t deadline);
 
+// After a restart with the certified checkpoint of `round` still on disk: names the artifact
+// that holds it (the one in the store, or published again), so members catching up from this
+// host can fetch it.
+void RepublishCheckpoint(RunContext& run, uint64_t round);
+
 }  // namespace ts::sidecar
 
 #endif  // TS_SIDECAR_SHARD_CHECKPOINT_PUBLISHING_H_

@@ -68,7 +68,14 @@ std::string DataSeedOf(uint64_t seed, uint64_t round, std::string_view base_root
 }
 
 bool HasQuorum(uint64_t signed_weight, uint64_t total_weight) {
+#ifdef TS_PLANTED_BUG_QUORUM_AT_TWO_THIRDS
+  // A bug planted on purpose, defined only by tests/sim's ts_sidecar_shard_planted (which the
+  // simulation must catch): exactly 2/3 passes.
+  return total_weight > 0 && 3 * static_cast<unsigned __int128>(signed_weight) >=
+                                 2 * static_cast<unsigned __int128>(total_weight);
+#else
   return protocol::IsQuorum(signed_weight, total_weight);
+#endif
 }
 
 uint64_t TotalWeight(const ShardView& shard) {

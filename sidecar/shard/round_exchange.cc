@@ -20,7 +20,7 @@ constexpr int64_t kConnectMinMs = 5000;
 
 }  // namespace
 
-absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan& plan) {
+absl::StatusOr<RoundExchange::Reduced> RoundExchange::Connect(const pb::RoundPlan& plan) {
   Reduced r;
   r.plan = plan;
   const uint64_t round = plan.round();
@@ -42,6 +42,12 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
   TS_ASSIGN_OR_RETURN(r.mesh, run_.transport->Connect(r.group, r.self, connect_deadline));
   r.collective = std::make_unique<Collective>(r.mesh.get(), run_.host.key, run_.host.chain_id,
                                               run_.host.clock);
+  return r;
+}
+
+absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan& plan) {
+  TS_ASSIGN_OR_RETURN(Reduced r, Connect(plan));
+  const uint64_t round = plan.round();
   AbortOnStop guard(&run_, r.mesh.get());
 
   // Read straight into the buffer the collective reduces in place: one copy of the Δ here.

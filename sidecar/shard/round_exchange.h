@@ -48,6 +48,9 @@ class RoundExchange {
     int64_t reduced = 0;  // when the aggregate was complete
   };
 
+  // The mesh of the plan's members (Reduced without the aggregate).
+  absl::StatusOr<Reduced> Connect(const ::gonka::trainshard::v1::RoundPlan& plan);
+  // Connect, then the allreduce of this host's Δ.
   absl::StatusOr<Reduced> Reduce(const ::gonka::trainshard::v1::RoundPlan& plan);
   // `own_train_loss` and `inner_seconds` are this host's of the round's inner steps.
   absl::Status Finish(Reduced& r, float own_train_loss, double inner_seconds);

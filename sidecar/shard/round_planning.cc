@@ -36,9 +36,16 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
     run_.status.set_attempt(min_attempt);
   }
   const std::string seed = DataSeedOf(run_.spec.spec.seed(), round, data_root);
+  int64_t no_plan_since = -1;  // a planner past the first answers, without a plan
   while (!run_.stopping) {
     const std::string& candidate = order[p % order.size()];
-    if (candidate == run_.host.address) return PlanAsPlanner(round, min_attempt, view);
+    const bool first = p % order.size() == 0;
+    if (candidate == run_.host.address) {
+      TS_ASSIGN_OR_RETURN(Outcome planned, PlanAsPlanner(round, min_attempt, view, first));
+      if (!planned.start_over) return planned;
+      p = 0;
+      continue;
+    }
     {
       absl::MutexLock lock(&run_.mu);
       run_.status.set_planner(candidate);
@@ -57,6 +64,12 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
       if (response.certified_round() >= round) {
         return Outcome{.plan = std::nullopt, .behind_peer = candidate};
       }
+      if (response.cannot_plan() && !response.has_plan()) {
+        ++p;
+        no_plan_since = -1;
+        run_.Sleep(kRetryMs);
+        continue;
+      }
       if (response.has_plan()) {
         const pb::RoundPlan& plan = response.plan();
         if (absl::Status valid = CheckPlan(plan, round, candidate, base, seed, view); !valid.ok()) {
@@ -70,9 +83,14 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
         // A planner already past the attempts this host knows of: join its attempt.
         min_attempt = response.attempt();
       }
+      if (!first && StartOver(round, candidate, order[0], &no_plan_since)) {
+        p = 0;
+        continue;
+      }
       run_.Sleep(kPollMs);
       continue;
     }
+    no_plan_since = -1;
     if (failing_since < 0) failing_since = run_.host.clock->MonotonicMs();
     if (run_.host.clock->MonotonicMs() - failing_since > run_.spec.spec.planner_timeout_ms()) {
       run_.Transition(absl::StrCat("round ", round, ": planner ", Short(candidate),
@@ -84,6 +102,18 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
     run_.Sleep(kRetryMs);
   }
   return absl::CancelledError("stopping");
+}
+
+bool RoundPlanning::StartOver(uint64_t round, const std::string& planner, const std::string& first,
+                              int64_t* no_plan_since) {
+  const int64_t now = run_.host.clock->MonotonicMs();
+  if (*no_plan_since < 0) *no_plan_since = now;
+  if (now - *no_plan_since <= run_.PlanningBoundMs()) return false;
+  *no_plan_since = -1;
+  run_.Transition(absl::StrCat("round ", round, ": planner ", Short(planner),
+                               " has made no plan; back to the first planner in order, ",
+                               Short(first)));
+  return true;
 }
 
 absl::Status RoundPlanning::CheckPlan(const pb::RoundPlan& plan, uint64_t round,
@@ -99,7 +129,8 @@ absl::Status RoundPlanning::CheckPlan(const pb::RoundPlan& plan, uint64_t round,
 
 absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t round,
                                                                     uint32_t min_attempt,
-                                                                    const ShardView& view) {
+                                                                    const ShardView& view,
+                                                                    bool first) {
   const int64_t start = run_.host.clock->MonotonicMs();
   int64_t last_probe = start;
   size_t probe = 0;
@@ -118,6 +149,8 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t rou
     {
       absl::MutexLock lock(&run_.mu);
       Rendezvous& rendezvous = run_.rendezvous;
+      // Certified meanwhile (a catch-up stored the round's certificate): nothing to plan.
+      if (run_.certified_round >= round) return Outcome{};
       if (!run_.ahead_peer.empty()) {
         return Outcome{.plan = std::nullopt, .behind_peer = std::exchange(run_.ahead_peer, "")};
       }
@@ -146,6 +179,13 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t rou
       std::string peer;
       if (CertifiedWithout(round, view, &probe, &peer)) {
         return Outcome{.plan = std::nullopt, .behind_peer = peer};
+      }
+      // A planner past the first (an earlier one did not answer for a while) without a quorum:
+      // the members may be split between planners; meet again at the first that answers.
+      if (!first) {
+        run_.Transition(absl::StrCat("round ", round, ": no quorum announced to this host as a ",
+                                     "later planner; back to the first planner in order"));
+        return Outcome{.plan = std::nullopt, .behind_peer = {}, .start_over = true};
       }
     }
     run_.Sleep(kPlannerPollMs);
@@ -178,7 +218,9 @@ bool RoundPlanning::CertifiedWithout(uint64_t round, const ShardView& view, size
   if (n < 2) return false;
   if (view.members[*probe % n].address == run_.host.address) ++*probe;
   *peer = view.members[(*probe)++ % n].address;
-  if (!catch_up_.CatchUp(*peer).ok() || run_.CertifiedRound() < round) return false;
+  // The certificates count even when the checkpoint could not be fetched yet.
+  catch_up_.CatchUp(*peer).IgnoreError();
+  if (run_.CertifiedRound() < round) return false;
   run_.Transition(absl::StrCat("round ", round, " was certified without this host; caught up from ",
                                Short(*peer)));
   return true;

@@ -30,9 +30,11 @@ class RoundPlanning {
  public:
   RoundPlanning(RunContext* run, RunCatchUp* catch_up) : run_(*run), catch_up_(*catch_up) {}
 
+  // Neither a plan nor a member to catch up from: the round was certified meanwhile.
   struct Outcome {
     std::optional<::gonka::trainshard::v1::RoundPlan> plan;
     std::string behind_peer;  // set: catch up from this member
+    bool start_over = false;  // (PlanAsPlanner) no plan as a later planner: try the first again
   };
 
   // The plan of `round` at attempt `min_attempt` or later, from the planner in order that
@@ -46,8 +48,13 @@ class RoundPlanning {
   std::jthread PreAnnounce(uint64_t round, uint32_t min_attempt);
 
  private:
-  absl::StatusOr<Outcome> PlanAsPlanner(uint64_t round, uint32_t min_attempt,
-                                        const ShardView& view);
+  // `first`: this host is the first planner in order (it never gives up on planning).
+  absl::StatusOr<Outcome> PlanAsPlanner(uint64_t round, uint32_t min_attempt, const ShardView& view,
+                                        bool first);
+  // Whether to go back to the first planner `first`: `planner`, a later one, has answered
+  // without a plan for longer than the planning bound (since *no_plan_since).
+  bool StartOver(uint64_t round, const std::string& planner, const std::string& first,
+                 int64_t* no_plan_since);
   // The planner's signed plan of the members `ready` (address, endpoint).
   absl::StatusOr<::gonka::trainshard::v1::RoundPlan> MakePlan(
       uint64_t round, const std::vector<std::pair<std::string, std::string>>& ready)

@@ -101,6 +101,9 @@ struct RunContext {
   Rendezvous rendezvous ABSL_GUARDED_BY(mu);
   // A member announcing a round past ours: we are behind it.
   std::string ahead_peer ABSL_GUARDED_BY(mu);
+  // Whether this host can plan a round now (its worker holds the certified checkpoint and it
+  // is not waiting for the settlement); Announce answers cannot_plan when not.
+  bool can_plan ABSL_GUARDED_BY(mu) = false;
   ::gonka::trainshard::v1::ShardRunStatus status ABSL_GUARDED_BY(mu);
   // What an evaluation on a gRPC thread needs of the run (ShardRun::EvaluateArtifact): set once
   // the worker and the data are prepared, cleared before the worker is stopped or replaced.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
+#include "sidecar/shard/checkpoint_publishing.h"
 
 namespace ts::sidecar {
 namespace {
@@ -297,6 +298,7 @@ absl::Status RunPreparation::InitAndRestore() {
   load.set_checkpoint_file(CheckpointName(last.result().round()));
   load.set_expected_root(last.result().new_root());
   run_.loaded = client.LoadCheckpoint(load).ok();
+  if (run_.loaded) RepublishCheckpoint(run_, last.result().round());
   run_.Transition(absl::StrCat(
       "restarted at certified round ", last.result().round(), ": ",
       run_.loaded ? "checkpoint found locally" : "checkpoint to be fetched from the members"));

@@ -17,15 +17,18 @@ namespace pb = ::gonka::trainshard::v1;
 // The other members' wait for the first member's submission before submitting themselves.
 constexpr int64_t kSubmitGraceMs = 15000;
 constexpr int64_t kChainPollMs = 500;
+// How long a member without a settlement to wait for (no signatures, or refused) waits for
+// another member's to land before the members exchange signatures again.
+constexpr int64_t kSettleGiveUpMs = 45'000;
 
 }  // namespace
 
-void SettlementExchange::Exchange(Collective* collective, const GroupSpec& group,
+bool SettlementExchange::Exchange(Collective* collective, const GroupSpec& group,
                                   int64_t deadline) {
   auto draft = DraftFromRecords(run_.host, run_.shard_id, run_.spec.spec.rounds());
   if (!draft.ok()) {
     run_.Transition(absl::StrCat("settlement not drafted: ", draft.status().message()));
-    return;
+    return false;
   }
   settlement_ = *draft;
   auto signed_draft = run_.host.sign_settlement(*draft);
@@ -36,14 +39,17 @@ void SettlementExchange::Exchange(Collective* collective, const GroupSpec& group
     run_.Transition(absl::StrCat("settlement not signed: ", signed_draft.status().message()));
   }
   auto block = PackBlock(mine, kSettlementBlockBytes);
-  if (!block.ok()) return;
+  if (!block.ok()) return false;
   std::string gathered(kSettlementBlockBytes * group.members.size(), '\0');
   OpOptions op;
   op.op_id = 4;
   op.deadline_ms = deadline;
-  if (!collective->AllGather(op, *block, gathered).ok()) return;
-  const std::string bytes = DeterministicBytes(*draft);
   signatures_.clear();
+  if (auto s = collective->AllGather(op, *block, gathered); !s.ok()) {
+    run_.Transition(absl::StrCat("settlement signatures not exchanged: ", s.status().message()));
+    return false;
+  }
+  const std::string bytes = DeterministicBytes(*draft);
   for (size_t i = 0; i < group.members.size(); ++i) {
     pb::SettlementSignature s;
     if (!UnpackBlock(
@@ -62,28 +68,35 @@ void SettlementExchange::Exchange(Collective* collective, const GroupSpec& group
       draft->evaluation().value_micro() / 1e6, ", ", signatures_.size(), " signatures gathered"));
   absl::MutexLock lock(&run_.mu);
   *run_.status.mutable_settlement() = *draft;
+  return !signatures_.empty();
 }
 
-void SettlementExchange::Settle(bool first_member) {
+bool SettlementExchange::Settle(bool first_member) {
   run_.SetState("settling");
+  {
+    absl::MutexLock lock(&run_.mu);
+    run_.can_plan = false;
+  }
   const int64_t start = run_.host.clock->MonotonicMs();
   bool submitted = false;
+  bool accepted = false;
   while (!run_.stopping) {
     auto shard = run_.host.chain_shard(run_.shard_id);
     if (shard.ok() && shard->status() == pb::SHARD_STATUS_SETTLED) {
       run_.Transition("shard settled on chain");
       run_.SetState("done");
-      return;
+      return true;
     }
     if (shard.ok() && shard->status() != pb::SHARD_STATUS_RUNNING) {
       run_.Transition(absl::StrCat("shard is ", pb::ShardStatus_Name(shard->status())));
       run_.SetState("done");
-      return;
+      return true;
     }
     const bool due = first_member || run_.host.clock->MonotonicMs() - start > kSubmitGraceMs;
     if (!submitted && due && !signatures_.empty()) {
       auto tx = run_.host.submit_settlement(settlement_, signatures_);
       submitted = true;
+      accepted = tx.ok();
       if (tx.ok()) {
         run_.Transition(absl::StrCat("settlement submitted, tx ", tx->substr(0, 16)));
         absl::MutexLock lock(&run_.mu);
@@ -92,8 +105,13 @@ void SettlementExchange::Settle(bool first_member) {
         run_.Transition(absl::StrCat("settlement submission refused: ", tx.status().message()));
       }
     }
+    if (!accepted && run_.host.clock->MonotonicMs() - start > kSettleGiveUpMs) {
+      run_.Transition("no settlement landed; the members exchange their signatures again");
+      return false;
+    }
     run_.Sleep(kChainPollMs);
   }
+  return true;
 }
 
 absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64_t shard_id,

@@ -5,7 +5,9 @@
 // their signatures over the last round's mesh, keeping those that recover to their member for
 // this very draft. Then the run waits for the chain: the first member of the final round
 // submits at once, the others after a while if it has not landed, and the run is done when the
-// chain says the shard is settled (or no longer running).
+// chain says the shard is settled (or no longer running). When no settlement lands (a member
+// died under the exchange, so nobody holds the signatures), the run plans a settlement attempt
+// like a round's and exchanges them again (shard_run.cc).
 //
 // Owns the draft and the signatures gathered.
 //
@@ -25,10 +27,14 @@ class SettlementExchange {
  public:
   explicit SettlementExchange(RunContext* run) : run_(*run) {}
 
-  // Drafts, signs and gathers the members' signatures over `collective` (the last round's).
-  void Exchange(Collective* collective, const GroupSpec& group, int64_t deadline);
-  // Submits (at once when `first_member`) and waits until the chain settles or ends the shard.
-  void Settle(bool first_member);
+  // Drafts, signs and gathers the members' signatures over `collective` (the last round's, or
+  // a settlement attempt's); whether any were gathered.
+  bool Exchange(Collective* collective, const GroupSpec& group, int64_t deadline);
+  // Submits (at once when `first_member`) and waits until the chain settles or ends the shard:
+  // true. False (or the run stopping) after a while when there is nothing to wait for — no
+  // signatures here or the chain refused them, and no member's settlement landed: the members
+  // then exchange their signatures again.
+  bool Settle(bool first_member);
 
  private:
   RunContext& run_;

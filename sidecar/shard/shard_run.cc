@@ -116,16 +116,44 @@ struct ShardRun::Impl {
   }
 
   // The next round to certify, with the run's wall time brought up to date.
+  // Whether this host can plan follows whether its worker holds the certified checkpoint.
   uint64_t NextRound() {
     absl::MutexLock lock(&ctx.mu);
     ctx.status.set_wall_seconds((ctx.host.clock->MonotonicMs() - ctx.start_ms) / 1000.0);
+    ctx.can_plan = ctx.loaded && ctx.certified_round < ctx.spec.spec.rounds();
     return ctx.certified_round + 1;
   }
 
-  // Past the last round: settles, then idles until stopped.
+  // Past the last round: the settlement, then idle until stopped. When none lands (no member
+  // gathered the signatures: one died under the final round's exchange of them), the members
+  // exchange them again, in attempts planned like a round's (round `rounds` + 1).
   void SettleAndIdle(bool first_member) {
-    settlement.Settle(first_member);
+    const uint64_t round = uint64_t{ctx.spec.spec.rounds()} + 1;
+    uint32_t min_attempt = 0;
+    while (!ctx.stopping && !settlement.Settle(first_member)) {
+      {
+        absl::MutexLock lock(&ctx.mu);
+        ctx.can_plan = true;
+      }
+      std::optional<pb::RoundPlan> plan = PlanWithThisHost(round, min_attempt);
+      if (!plan) continue;
+      first_member = plan->members(0).address() == ctx.host.address;
+      if (!SettlementAttempt(*plan)) min_attempt = plan->attempt() + 1;
+    }
     while (!ctx.stopping) ctx.Sleep(200);
+  }
+
+  // The members of `plan` meet and exchange their settlement signatures; whether this host
+  // gathered them.
+  bool SettlementAttempt(const pb::RoundPlan& plan) {
+    absl::StatusOr<RoundExchange::Reduced> met = exchange.Connect(plan);
+    if (!met.ok()) {
+      ctx.Transition(
+          absl::StrCat("settlement attempt ", plan.attempt(), ": ", met.status().message()));
+      return false;
+    }
+    AbortOnStop guard(&ctx, met->mesh.get());
+    return settlement.Exchange(met->collective.get(), met->group, met->deadline);
   }
 
   // One attempt of `plan` with this host's Δ; false when the run must end.
@@ -157,7 +185,10 @@ struct ShardRun::Impl {
     while (!ctx.stopping) {
       const uint64_t round = NextRound();
       if (round > ctx.spec.spec.rounds()) return SettleAndIdle(first_member);
-      if (!Loaded()) continue;
+      if (!ctx.loaded) {
+        if (!Reload()) return;
+        continue;
+      }
       if (attempt_round != round) {
         attempt_round = round;
         min_attempt = 0;
@@ -182,13 +213,16 @@ struct ShardRun::Impl {
     }
   }
 
-  // Whether the worker holds the certified checkpoint, catching up from anyone if not (and
-  // waiting a little when that did not help).
-  bool Loaded() {
-    if (ctx.loaded) return true;
+  // The certified checkpoint back into the worker: caught up from anyone; a worker that died
+  // meanwhile is started again; a short wait when neither helped. False when the run must end.
+  bool Reload() {
     catch_up.CatchUpFromAnyone();
-    if (!ctx.loaded) ctx.Sleep(500);
-    return ctx.loaded;
+    if (ctx.loaded) return true;
+    if (!ctx.worker->Running()) {
+      return RestartWorker(absl::UnavailableError("the worker died while the run caught up"));
+    }
+    ctx.Sleep(500);
+    return true;
   }
 
   // After inner steps that failed: a worker that died is started again, a data shard it
@@ -238,6 +272,7 @@ struct ShardRun::Impl {
       }
       return std::nullopt;
     }
+    if (!outcome->plan) return std::nullopt;  // certified meanwhile
     const pb::RoundPlan& plan = *outcome->plan;
     bool in_plan = false;
     for (const auto& m : plan.members()) in_plan |= m.address() == ctx.host.address;
@@ -295,7 +330,8 @@ struct ShardRun::Impl {
       if (next > ctx.spec.spec.rounds()) return SettleAndIdle(first_member);
       if (!flight && !ctx.loaded) {
         deltas.clear();
-        if (!Loaded()) continue;
+        if (!Reload()) return;
+        continue;
       }
       if (attempt_round != next) {
         attempt_round = next;
@@ -449,6 +485,9 @@ pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
   response.set_attempt(m.rendezvous.attempt());
   if (const pb::RoundPlan* made = m.rendezvous.PlanFor(request.min_attempt()); made != nullptr) {
     *response.mutable_plan() = *made;
+  } else if (!m.can_plan) {
+    response.set_cannot_plan(true);
+    response.set_note("this host cannot plan now (preparing, catching up or settling)");
   } else {
     response.set_note("no plan yet");
   }

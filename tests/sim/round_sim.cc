@@ -1,0 +1,561 @@
+#include "tests/sim/round_sim.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/signing.h"
+#include "common/hex.h"
+#include "common/log.h"
+#include "common/protocol.h"
+#include "proto/deterministic.h"
+#include "sidecar/peer/shard_directory.h"
+#include "sidecar/shard/run_context.h"
+#include "sidecar/shard/shard_db.h"
+#include "state/db.h"
+#include "tests/sim/sim_world.h"
+
+namespace ts::sim {
+namespace {
+
+constexpr uint64_t kShard = 7;
+constexpr char kChainId[] = "sim-chain";
+constexpr int kCheckStatusEvery = 16;
+
+std::string SpecOf(uint32_t rounds) {
+  return absl::StrCat(R"({
+  "version": 1,
+  "model": {"kind": "gpt", "seed": "7",
+            "config": {"layers": 2, "dModel": 64, "heads": 4, "context": 32, "vocab": 512,
+                       "mlpRatio": 4}},
+  "data": {"corpus": "fortunes", "files": 4, "vocab": 512, "shardTokens": 8192, "evalEvery": 20},
+  "rounds": )",
+                      rounds, R"(, "innerSteps": 10, "batchSize": 8,
+  "inner": {"lr": 0.003, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weightDecay": 0.1,
+            "gradClipNorm": 1.0},
+  "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": true},
+  "codec": "int8", "aggregation": "mean", "evalEvery": 2, "evalBatchSize": 16, "seed": "5",
+  "joinWindowMs": 2000, "plannerTimeoutMs": 3000, "exchangeTimeoutMs": 10000
+})");
+}
+
+enum class Fault { kKill, kWorker, kPartition, kSlow, kStall, kLie };
+constexpr const char* kFaultNames[] = {"kill", "worker", "partition", "slow", "stall", "lie"};
+
+struct PlannedFault {
+  int64_t at = 0;
+  Fault kind = Fault::kKill;
+  size_t host = 0;
+  int64_t duration = 0;
+};
+
+struct Host {
+  common::PrivateKey key = common::PrivateKey::Generate();
+  std::string address;
+  uint64_t weight = 0;
+  std::string dir;
+  std::unique_ptr<state::Db> db;
+  std::unique_ptr<sidecar::ShardArtifacts> artifacts;
+  sidecar::ShardRunHost run_host;
+  std::unique_ptr<sidecar::ShardRun> run;
+  std::shared_ptr<sidecar::RunWorker> worker;
+  int thread = 0;
+  bool stopping = false;
+  int64_t restart_at = -1;
+  uint64_t checked_round = 0;
+  std::string checked_root;  // of checked_round
+  bool resume_pending = false;
+  uint64_t resume_round = 0;
+  int64_t lie_until = 0;
+};
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+  return h;
+}
+
+class RoundSim {
+ public:
+  explicit RoundSim(const SimOptions& options)
+      : options_(options),
+        rng_(options.seed * 0x9e3779b97f4a7c15ULL + 1),
+        scheduler_(options.seed ^ 0x5ca1ab1eULL),
+        clock_(&scheduler_),
+        net_(&scheduler_, options.seed ^ 0xfeedULL) {}
+  ~RoundSim() {
+    std::error_code ec;
+    if (!root_dir_.empty()) std::filesystem::remove_all(root_dir_, ec);
+  }
+
+  SimResult Run();
+
+ private:
+  absl::Status Setup();
+  void StartHost(Host& h);
+  void Kill(Host& h, int64_t restart_after);
+  void PlanFaults();
+  void ApplyFaults(int64_t now);
+  void EndFaults(int64_t now);
+  void Reap(int64_t now);
+  bool CheckRecords(Host& h);
+  bool CheckResume(Host& h);
+  bool Finished();
+  bool CheckEnd();
+  void Teardown();
+  // Each host's state, certified round and last status lines.
+  std::string DescribeHosts();
+  bool Violation(const std::string& what);
+  void Note(const std::string& what);
+
+  // The chain's side of the shard.
+  absl::StatusOr<pb::Shard> ChainShard(uint64_t id) const;
+  absl::StatusOr<pb::SettlementSignature> SignSettlement(Host& h, const pb::Settlement& draft);
+  absl::StatusOr<std::string> Submit(const pb::Settlement& s,
+                                     const std::vector<pb::SettlementSignature>& sigs);
+
+  const SimOptions options_;
+  Rng rng_;
+  SimScheduler scheduler_;
+  SimClock clock_;
+  SimNet net_;
+  std::string root_dir_;
+  std::vector<std::unique_ptr<Host>> hosts_;
+  sidecar::StaticShardDirectory directory_;
+  sidecar::ShardView view_;
+  uint64_t total_weight_ = 0;
+  uint32_t rounds_ = 0;
+  sidecar::ParsedRunSpec spec_;
+  sidecar::ShardRunOptions run_options_;
+  std::vector<PlannedFault> faults_;
+  size_t next_fault_ = 0;
+  std::map<std::string, int> fault_counts_;
+  bool faults_over_ = false;
+  int64_t partitions_until_ = 0;
+  std::map<uint64_t, std::string> roots_;  // round -> certified root, as first seen
+  bool settled_ = false;
+  std::string settled_root_;
+  SimResult result_;
+  uint64_t trace_ = 0xcbf29ce484222325ULL;
+};
+
+bool RoundSim::Violation(const std::string& what) {
+  result_.ok = false;
+  result_.violation = absl::StrCat("seed ", options_.seed, " at t=", scheduler_.now(),
+                                   " ms (event ", scheduler_.events(), "): ", what);
+  return false;
+}
+
+void RoundSim::Note(const std::string& what) {
+  trace_ = Mix(trace_, std::hash<std::string>{}(what));
+  if (options_.verbose)
+    std::fprintf(stderr, "sim t=%lld %s\n", (long long)scheduler_.now(), what.c_str());
+}
+
+absl::Status RoundSim::Setup() {
+  char dir_template[] = "/tmp/ts-sim-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp");
+  root_dir_ = dir_template;
+  const size_t n = 3 + rng_.Below(3);
+  const bool equal = rng_.Chance(0.5);
+  rounds_ = 3 + static_cast<uint32_t>(rng_.Below(3));
+  TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_)));
+  view_.shard_id = kShard;
+  view_.status = pb::SHARD_STATUS_RUNNING;
+  for (size_t i = 0; i < n; ++i) {
+    auto h = std::make_unique<Host>();
+    TS_ASSIGN_OR_RETURN(h->key, common::PrivateKey::FromBytes(common::Sha256(
+                                    absl::StrCat("sim-key/", options_.seed, "/", i))));
+    h->address = common::AddressFromPublicKey(h->key.public_key());
+    h->weight = equal ? 10 : 1 + rng_.Below(10);
+    h->dir = absl::StrCat(root_dir_, "/", i);
+    std::error_code ec;
+    std::filesystem::create_directories(h->dir, ec);
+    TS_ASSIGN_OR_RETURN(h->db, state::Db::Open(h->dir + "/state", sidecar::ShardDbOptions()));
+    total_weight_ += h->weight;
+    view_.members.push_back({h->address, SimNet::RoundEndpoint(h->address), h->weight});
+    SimHostState& state = net_.hosts()[h->address];
+    state.address = h->address;
+    state.weight = h->weight;
+    state.key = &h->key;
+    h->artifacts = MakeSimArtifacts(&net_, h->address);
+    hosts_.push_back(std::move(h));
+  }
+  directory_.Set(view_);
+  run_options_.worker_binary = "sim";
+  for (auto& hp : hosts_) {
+    Host& h = *hp;
+    sidecar::ShardRunHost& r = h.run_host;
+    r.key = &h.key;
+    r.address = h.address;
+    r.chain_id = kChainId;
+    r.directory = &directory_;
+    r.artifacts = h.artifacts.get();
+    r.db = h.db.get();
+    r.clock = &clock_;
+    r.chain_shard = [this](uint64_t id) { return ChainShard(id); };
+    r.sign_settlement = [this, &h](const pb::Settlement& d) { return SignSettlement(h, d); };
+    r.submit_settlement = [this](const pb::Settlement& s,
+                                 const std::vector<pb::SettlementSignature>& sigs) {
+      return Submit(s, sigs);
+    };
+    r.start_worker = [this, &h](const worker::WorkerProcessOptions& wo)
+        -> absl::StatusOr<std::shared_ptr<sidecar::RunWorker>> {
+      h.worker = MakeSimWorker(&net_, h.address, wo.work_dir);
+      return h.worker;
+    };
+    r.start_transport = [this, &h]() -> absl::StatusOr<sidecar::StartedTransport> {
+      return MakeSimTransport(&net_, h.address);
+    };
+    r.make_peers = [this, &h] { return MakeSimPeers(&net_, h.address); };
+  }
+  result_.hosts = n;
+  result_.rounds = rounds_;
+  Note(absl::StrCat(n, " hosts, weights ", equal ? "equal" : "drawn", ", ", rounds_, " rounds"));
+  return absl::OkStatus();
+}
+
+void RoundSim::StartHost(Host& h) {
+  sidecar::ShardRunOptions options = run_options_;
+  options.work_root = h.dir + "/shards";
+  h.thread = scheduler_.StartThread(
+      [&] { h.run = sidecar::ShardRun::Start(h.run_host, options, kShard, spec_); });
+  net_.Host(h.address)->run = h.run.get();
+  h.restart_at = -1;
+}
+
+void RoundSim::Kill(Host& h, int64_t restart_after) {
+  if (h.run == nullptr || h.stopping) return;
+  h.run->RequestStop();
+  net_.Host(h.address)->run = nullptr;
+  net_.FailMeshesOf(h.address, "sim: process killed");
+  h.stopping = true;
+  h.restart_at = restart_after < 0 ? -1 : scheduler_.now() + restart_after;
+}
+
+// A killed run whose thread has ended is let go; a host due back is started from its records.
+void RoundSim::Reap(int64_t now) {
+  for (auto& hp : hosts_) {
+    Host& h = *hp;
+    if (h.stopping && !scheduler_.Has(h.thread)) {
+      h.run->Stop();
+      h.run.reset();
+      h.worker.reset();
+      h.stopping = false;
+    }
+    if (h.run == nullptr && !h.stopping && h.restart_at >= 0 && now >= h.restart_at) {
+      auto records = sidecar::LoadStoredCertificates(*h.db, kShard, 1, 1'000'000);
+      h.resume_round = records.ok() ? records->size() : 0;
+      h.resume_pending = true;
+      Note(absl::StrCat("restart ", h.address.substr(0, 12), " from round ", h.resume_round));
+      StartHost(h);
+    }
+  }
+}
+
+void RoundSim::PlanFaults() {
+  if (!options_.faults) return;
+  const size_t count = 4 + rng_.Below(10);
+  for (size_t i = 0; i < count; ++i) {
+    PlannedFault f;
+    f.at = rng_.Between(0, options_.faults_until_ms - 1);
+    f.kind = static_cast<Fault>(rng_.Below(6));
+    f.host = rng_.Below(hosts_.size());
+    f.duration = rng_.Between(200, 10'000);
+    faults_.push_back(f);
+  }
+  std::stable_sort(faults_.begin(), faults_.end(),
+                   [](const PlannedFault& a, const PlannedFault& b) { return a.at < b.at; });
+  net_.set_faulty(true);
+}
+
+void RoundSim::ApplyFaults(int64_t now) {
+  if (now >= partitions_until_) net_.Heal();
+  for (auto& hp : hosts_) {
+    SimHostState& s = *net_.Host(hp->address);
+    if (s.lies && now >= hp->lie_until) s.lies = false;
+  }
+  while (next_fault_ < faults_.size() && faults_[next_fault_].at <= now) {
+    const PlannedFault& f = faults_[next_fault_++];
+    Host& h = *hosts_[f.host];
+    SimHostState& s = *net_.Host(h.address);
+    ++fault_counts_[kFaultNames[static_cast<int>(f.kind)]];
+    Note(absl::StrCat("fault ", kFaultNames[static_cast<int>(f.kind)], " ", h.address.substr(0, 12),
+                      " for ", f.duration, " ms"));
+    switch (f.kind) {
+      case Fault::kKill:
+        Kill(h, f.duration);
+        break;
+      case Fault::kWorker:
+        if (h.worker != nullptr) KillSimWorker(h.worker.get());
+        break;
+      case Fault::kPartition:
+        for (auto& other : hosts_) {
+          if (other.get() != &h) net_.Partition(h.address, other->address);
+        }
+        partitions_until_ = std::max(partitions_until_, now + f.duration);
+        break;
+      case Fault::kSlow:
+        net_.set_slow_until(now + f.duration);
+        break;
+      case Fault::kStall:
+        s.stall_until_ms = now + f.duration;
+        break;
+      case Fault::kLie:
+        s.lies = true;
+        h.lie_until = now + f.duration;
+        break;
+    }
+  }
+  if (!faults_over_ && options_.faults && now >= options_.faults_until_ms) EndFaults(now);
+}
+
+void RoundSim::EndFaults(int64_t now) {
+  faults_over_ = true;
+  net_.Heal();
+  partitions_until_ = 0;
+  net_.set_faulty(false);
+  net_.set_slow_until(0);
+  for (auto& hp : hosts_) {
+    SimHostState& s = *net_.Host(hp->address);
+    s.lies = false;
+    s.stall_until_ms = 0;
+    if (hp->restart_at > now) hp->restart_at = now;
+  }
+  Note("faults end");
+}
+
+bool RoundSim::CheckRecords(Host& h) {
+  auto certs = sidecar::LoadStoredCertificates(*h.db, kShard, h.checked_round + 1, 64);
+  if (!certs.ok()) return Violation(absl::StrCat("records unreadable: ", certs.status().message()));
+  for (const pb::RoundCertificate& c : *certs) {
+    const uint64_t round = c.result().round();
+    const std::string& root = c.result().new_root();
+    if (round != h.checked_round + 1) {
+      return Violation(
+          absl::StrCat(h.address, " recorded round ", round, " after ", h.checked_round));
+    }
+    const std::string expected_base = round == 1 ? roots_[0] : h.checked_root;
+    if (round == 1 && roots_[0].empty()) roots_[0] = c.result().base_root();
+    if (!expected_base.empty() && c.result().base_root() != expected_base) {
+      return Violation(
+          absl::StrCat("round ", round, " of ", h.address, " does not continue the round before"));
+    }
+    auto [known, fresh] = roots_.emplace(round, root);
+    if (!fresh && known->second != root) {
+      return Violation(absl::StrCat("two certificates of round ", round, ": roots ",
+                                    common::HexEncode(known->second).substr(0, 16), " and ",
+                                    common::HexEncode(root).substr(0, 16), " (", h.address, ")"));
+    }
+    uint64_t weight = 0;
+    std::vector<std::string> signers;
+    for (const auto& sig : c.signatures()) {
+      const sidecar::ShardMember* m = view_.Find(sig.host());
+      if (m == nullptr || std::find(signers.begin(), signers.end(), sig.host()) != signers.end()) {
+        continue;
+      }
+      signers.push_back(sig.host());
+      weight += m->weight;
+    }
+    if (3 * static_cast<unsigned __int128>(weight) <=
+        2 * static_cast<unsigned __int128>(total_weight_)) {
+      return Violation(absl::StrCat("round ", round, " certified by weight ", weight, " of ",
+                                    total_weight_, ": not more than 2/3"));
+    }
+    h.checked_round = round;
+    h.checked_root = root;
+    trace_ = Mix(trace_, round);
+  }
+  return true;
+}
+
+bool RoundSim::CheckResume(Host& h) {
+  if (!h.resume_pending || h.run == nullptr || h.stopping) return true;
+  const pb::ShardRunStatus st = h.run->Status();
+  if (st.state() == "starting" || st.state() == "preparing") return true;
+  h.resume_pending = false;
+  if (st.state() != "failed" && st.certified_round() < h.resume_round) {
+    return Violation(absl::StrCat(h.address, " restarted at round ", st.certified_round(),
+                                  " but its records hold ", h.resume_round));
+  }
+  return true;
+}
+
+bool RoundSim::Finished() {
+  if (!settled_ || !faults_over_) return false;
+  for (auto& hp : hosts_) {
+    if (hp->run == nullptr || hp->stopping) return false;
+    const std::string state = hp->run->Status().state();
+    if (state != "done" && state != "failed") return false;
+  }
+  return true;
+}
+
+bool RoundSim::CheckEnd() {
+  for (auto& hp : hosts_) {
+    const pb::ShardRunStatus st = hp->run->Status();
+    if (st.state() == "failed") {
+      if (st.error().empty()) return Violation(absl::StrCat(hp->address, " failed saying nothing"));
+      continue;
+    }
+    if (hp->checked_round != rounds_ || hp->checked_root != settled_root_) {
+      return Violation(absl::StrCat(hp->address, " ends at round ", hp->checked_round,
+                                    ", not on the settled root of round ", rounds_));
+    }
+  }
+  return true;
+}
+
+std::string RoundSim::DescribeHosts() {
+  std::string out;
+  for (auto& hp : hosts_) {
+    absl::StrAppend(&out, "\n  ", hp->address.substr(0, 14), " weight ", hp->weight, ": ");
+    if (hp->run == nullptr) {
+      absl::StrAppend(&out, "down");
+      continue;
+    }
+    const pb::ShardRunStatus st = hp->run->Status();
+    absl::StrAppend(&out, st.state(), ", certified ", st.certified_round(), " ", st.error());
+    const int n = st.transitions_size();
+    for (int i = std::max(0, n - (options_.verbose ? 12 : 3)); i < n; ++i) {
+      absl::StrAppend(&out, "\n    ", st.transitions(i));
+    }
+  }
+  return out;
+}
+
+void RoundSim::Teardown() {
+  for (auto& hp : hosts_) Kill(*hp, /*restart_after=*/-1);
+  for (int i = 0; i < 1'000'000 && scheduler_.threads() > 0; ++i) scheduler_.Step();
+  for (auto& hp : hosts_) {
+    if (hp->run != nullptr) hp->run->Stop();
+    hp->run.reset();
+    hp->stopping = false;
+  }
+}
+
+absl::StatusOr<pb::Shard> RoundSim::ChainShard(uint64_t id) const {
+  pb::Shard shard;
+  shard.set_id(id);
+  shard.set_status(settled_ ? pb::SHARD_STATUS_SETTLED : pb::SHARD_STATUS_RUNNING);
+  shard.mutable_spec()->set_run_spec_hash(spec_.hash);
+  shard.mutable_spec()->mutable_escrow()->set_denom("ngonka");
+  shard.mutable_spec()->mutable_escrow()->set_amount("1000000");
+  shard.mutable_spec()->mutable_reward_policy()->set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+  shard.mutable_spec()->mutable_reward_policy()->set_max_host_share_bps(10000);
+  return shard;
+}
+
+absl::StatusOr<pb::SettlementSignature> RoundSim::SignSettlement(Host& h,
+                                                                 const pb::Settlement& draft) {
+  TS_ASSIGN_OR_RETURN(pb::Settlement mine, sidecar::DraftFromRecords(h.run_host, kShard, rounds_));
+  const std::string bytes = DeterministicBytes(draft);
+  if (DeterministicBytes(mine) != bytes) {
+    return absl::FailedPreconditionError("sim: the draft is not what this host's records imply");
+  }
+  TS_ASSIGN_OR_RETURN(std::string sig, common::SignStatement(h.key, protocol::kSignSettlement,
+                                                             kChainId, kShard, bytes));
+  pb::SettlementSignature out;
+  out.set_host(h.address);
+  out.set_signature(sig);
+  return out;
+}
+
+absl::StatusOr<std::string> RoundSim::Submit(const pb::Settlement& s,
+                                             const std::vector<pb::SettlementSignature>& sigs) {
+  if (settled_) return absl::FailedPreconditionError("sim chain: the shard is settled");
+  const std::string bytes = DeterministicBytes(s);
+  uint64_t weight = 0;
+  std::vector<std::string> counted;
+  for (const auto& sig : sigs) {
+    auto signer = common::RecoverStatementSigner(protocol::kSignSettlement, kChainId, kShard, bytes,
+                                                 sig.signature());
+    const sidecar::ShardMember* m = view_.Find(sig.host());
+    if (!signer.ok() || *signer != sig.host() || m == nullptr ||
+        std::find(counted.begin(), counted.end(), sig.host()) != counted.end()) {
+      continue;
+    }
+    counted.push_back(sig.host());
+    weight += m->weight;
+  }
+  if (3 * static_cast<unsigned __int128>(weight) <=
+      2 * static_cast<unsigned __int128>(total_weight_)) {
+    return absl::FailedPreconditionError("sim chain: not more than 2/3 of the weight signed");
+  }
+  settled_ = true;
+  settled_root_ = s.final_checkpoint_root();
+  Note(absl::StrCat("settled on ", common::HexEncode(settled_root_).substr(0, 16)));
+  return common::Sha256(bytes);
+}
+
+SimResult RoundSim::Run() {
+  if (absl::Status set = Setup(); !set.ok()) {
+    Violation(absl::StrCat("setup: ", set.message()));
+    return result_;
+  }
+  PlanFaults();
+  for (auto& hp : hosts_) StartHost(*hp);
+  const int64_t limit =
+      (options_.faults ? options_.faults_until_ms : 0) + options_.settle_within_ms;
+  if (!options_.faults) faults_over_ = true;
+  uint64_t turns = 0;
+  while (result_.ok) {
+    if (!scheduler_.Step()) {
+      // Every run is down: on to the next restart.
+      int64_t next = INT64_MAX;
+      for (auto& hp : hosts_) {
+        if (hp->restart_at >= 0) next = std::min(next, hp->restart_at);
+      }
+      if (next == INT64_MAX) {
+        Violation("no run is left and none is due back");
+        break;
+      }
+      scheduler_.AdvanceTo(next);
+    }
+    const int64_t now = scheduler_.now();
+    trace_ = Mix(trace_, static_cast<uint64_t>(now));
+    ApplyFaults(now);
+    Reap(now);
+    for (auto& hp : hosts_) {
+      if (!CheckRecords(*hp) || !CheckResume(*hp)) break;
+    }
+    if (!result_.ok) break;
+    if (++turns % kCheckStatusEvery == 0 && Finished()) {
+      CheckEnd();
+      break;
+    }
+    if (now > limit) {
+      Violation(absl::StrCat(
+          "the shard has not settled ", options_.settle_within_ms, " ms after the faults stopped",
+          settled_ ? " (settled on chain; a member is not done)" : "", DescribeHosts()));
+    }
+  }
+  result_.events = scheduler_.events();
+  result_.sim_ms = scheduler_.now();
+  Teardown();
+  result_.final_root = common::HexEncode(settled_root_);
+  result_.trace = Mix(trace_, std::hash<std::string>{}(settled_root_));
+  std::vector<std::string> counts;
+  for (const auto& [kind, n] : fault_counts_) counts.push_back(absl::StrCat(kind, " ", n));
+  result_.faults = absl::StrJoin(counts, ", ");
+  return result_;
+}
+
+}  // namespace
+
+SimResult RunRoundSim(const SimOptions& options) {
+  common::SetLogLevel(common::LogLevel::kError);
+  RoundSim sim(options);
+  return sim.Run();
+}
+
+}  // namespace ts::sim

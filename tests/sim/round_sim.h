@@ -1,0 +1,52 @@
+// A deterministic simulation of the round protocol (docs/training.md "Simulation"), in the
+// manner of FoundationDB's and TigerBeetle's simulators: N hosts (3 to 5, weights equal or
+// drawn) each run the real ShardRun — preparation, planning and the rendezvous, the exchange over
+// the collective, certificates, publishing, catch-up, settlement — over a simulated world
+// (sim_world.h: in-memory mesh and ShardRound calls, a tiny worker, the artifact store, a chain
+// that settles), on simulated time with a seeded scheduler (sim_scheduler.h). Each host keeps its
+// records in a real RocksDB.
+//
+// Faults, while they last (the first faults_until_ms of simulated time): shard processes killed
+// at any point and restarted later from their records, workers killed, hosts cut off from the
+// others, slow links, dropped and duplicated calls, planners that lie (a plan on a base of their
+// own), members whose inner steps stall. Invariants, checked after every event: no two
+// certificates of a round with different roots; every certificate continues the round before it
+// and holds more than 2/3 of the shard's weight (counted here, not by the code under test); a
+// restarted member resumes from its records; and once the faults stop, the shard settles within
+// settle_within_ms with every member on the settled root (or a member's run fails, saying why).
+//
+// A failing seed names itself; RunRoundSim with the same options replays it exactly (the same
+// events in the same order: SimResult::trace).
+#ifndef TS_TESTS_SIM_ROUND_SIM_H_
+#define TS_TESTS_SIM_ROUND_SIM_H_
+
+#include <cstdint>
+#include <string>
+
+namespace ts::sim {
+
+struct SimOptions {
+  uint64_t seed = 1;
+  bool faults = true;
+  int64_t faults_until_ms = 40'000;
+  int64_t settle_within_ms = 300'000;
+  bool verbose = false;  // every fault and the end, on stderr
+};
+
+struct SimResult {
+  bool ok = true;
+  std::string violation;  // "seed S at t=… ms (event E): what"
+  size_t hosts = 0;
+  uint32_t rounds = 0;
+  uint64_t events = 0;
+  int64_t sim_ms = 0;
+  std::string final_root;  // hex
+  uint64_t trace = 0;      // a hash of the run's course: equal for a replay
+  std::string faults;      // the faults injected, counted by kind
+};
+
+SimResult RunRoundSim(const SimOptions& options);
+
+}  // namespace ts::sim
+
+#endif  // TS_TESTS_SIM_ROUND_SIM_H_
