@@ -26,16 +26,8 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
   std::vector<std::string> order = PlannerOrder(run_.spec.spec.seed(), round, view.members);
   size_t p = 0;
   int64_t failing_since = -1;
-  std::string base;
-  std::string data_root;
-  {
-    absl::MutexLock lock(&run_.mu);
-    base = run_.certified_root;
-    TS_ASSIGN_OR_RETURN(data_root, run_.DataRoot(round));
-    run_.status.set_current_round(round);
-    run_.status.set_attempt(min_attempt);
-  }
-  const std::string seed = DataSeedOf(run_.spec.spec.seed(), round, data_root);
+  TS_ASSIGN_OR_RETURN(const auto expected, Expected(round, min_attempt));
+  const auto& [base, seed] = expected;
   int64_t no_plan_since = -1;  // a planner past the first answers, without a plan
   while (!run_.stopping) {
     const std::string& candidate = order[p % order.size()];
@@ -102,6 +94,15 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
     run_.Sleep(kRetryMs);
   }
   return absl::CancelledError("stopping");
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> RoundPlanning::Expected(uint64_t round,
+                                                                            uint32_t min_attempt) {
+  absl::MutexLock lock(&run_.mu);
+  run_.status.set_current_round(round);
+  run_.status.set_attempt(min_attempt);
+  TS_ASSIGN_OR_RETURN(std::string data_root, run_.DataRoot(round));
+  return std::make_pair(run_.certified_root, DataSeedOf(run_.spec.spec.seed(), round, data_root));
 }
 
 bool RoundPlanning::StartOver(uint64_t round, const std::string& planner, const std::string& first,

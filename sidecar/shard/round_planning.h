@@ -61,6 +61,9 @@ class RoundPlanning {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_.mu);
   // Whether `round` was certified without this host, asking the member `probe` (in turn).
   bool CertifiedWithout(uint64_t round, const ShardView& view, size_t* probe, std::string* peer);
+  // The base root and data seed every plan of `round` must carry (the status moved to it).
+  absl::StatusOr<std::pair<std::string, std::string>> Expected(uint64_t round,
+                                                               uint32_t min_attempt);
   // Checks a planner's plan for `round`; an error says why it is refused.
   absl::Status CheckPlan(const ::gonka::trainshard::v1::RoundPlan& plan, uint64_t round,
                          const std::string& planner, const std::string& base,

@@ -34,16 +34,8 @@ absl::Status CheckUnit(absl::string_view field, float v) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
-  if (spec.version() != 1) return Invalid("version", spec.version(), "is not 1");
-  auto model = worker::ModelConfigFromSpec(spec.model(), "model.");
-  if (!model.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("run spec: ", model.status().message()));
-  }
-  const worker::ModelConfig& c = *model;
-  const pb::DataSpec& d = spec.data();
+// The data section against the model's vocabulary and context.
+absl::Status ValidateData(const pb::DataSpec& d, const worker::ModelConfig& c) {
   if (d.corpus() == "packed") {
     // A dataset packed from the user's text (docs/training.md "Data"): pinned by its root, found
     // among the members' dataset artifacts; the packing options are the pack's, not the spec's.
@@ -75,6 +67,19 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
     return Invalid("data.corpus", absl::StrCat("\"", d.corpus(), "\""),
                    "is not a known corpus (known: fortunes, packed)");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
+  if (spec.version() != 1) return Invalid("version", spec.version(), "is not 1");
+  auto model = worker::ModelConfigFromSpec(spec.model(), "model.");
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("run spec: ", model.status().message()));
+  }
+  const worker::ModelConfig& c = *model;
+  TS_RETURN_IF_ERROR(ValidateData(spec.data(), c));
   TS_RETURN_IF_ERROR(CheckRange("rounds", spec.rounds(), 1, 100000));
   TS_RETURN_IF_ERROR(CheckRange("inner_steps", spec.inner_steps(), 1, 100000));
   TS_RETURN_IF_ERROR(CheckRange("batch_size", spec.batch_size(), 1, 4096));
