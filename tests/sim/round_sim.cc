@@ -152,6 +152,9 @@ bool RoundSim::Violation(const std::string& what) {
   result_.ok = false;
   result_.violation = absl::StrCat("seed ", options_.seed, " at t=", scheduler_.now(),
                                    " ms (event ", scheduler_.events(), "): ", what);
+  if (options_.verbose && what.find("\n  ") == std::string::npos) {
+    absl::StrAppend(&result_.violation, DescribeHosts());
+  }
   return false;
 }
 
@@ -426,7 +429,7 @@ std::string RoundSim::DescribeHosts() {
     const pb::ShardRunStatus st = hp->run->Status();
     absl::StrAppend(&out, st.state(), ", certified ", st.certified_round(), " ", st.error());
     const int n = st.transitions_size();
-    for (int i = std::max(0, n - (options_.verbose ? 12 : 3)); i < n; ++i) {
+    for (int i = std::max(0, n - (options_.verbose ? 30 : 3)); i < n; ++i) {
       absl::StrAppend(&out, "\n    ", st.transitions(i));
     }
   }
