@@ -17,6 +17,7 @@ absl::Status RunCatchUp::CatchUp(const std::string& peer) {
   if (member == nullptr) return absl::NotFoundError(absl::StrCat(peer, " is not a member"));
   auto [have, root] = run_.CertifiedState();
   pb::GetCertificatesResponse response;
+  bool superseded = false;
   while (true) {
     pb::GetCertificatesRequest request;
     request.set_shard_id(run_.shard_id);
@@ -26,7 +27,16 @@ absl::Status RunCatchUp::CatchUp(const std::string& peer) {
     TS_ASSIGN_OR_RETURN(response,
                         run_.peers->GetCertificates(member->endpoint, request, kRpcTimeoutMs));
     std::vector<pb::RoundCertificate> verified;
+    bool again = false;
     for (const auto& c : response.certificates()) {
+      if (c.result().round() == have + 1 && c.result().base_root() != root && !superseded &&
+          have > 0 && Supersede(peer, have)) {
+        // This host's round `have` was an abandoned attempt's: asked again from the
+        // superseding certificate on.
+        superseded = again = true;
+        root = run_.CertifiedState().root;
+        break;
+      }
       if (c.result().round() != have + 1 || c.result().base_root() != root) {
         return absl::InvalidArgumentError(
             absl::StrCat(peer, ": certificate of round ", c.result().round(),
@@ -37,6 +47,7 @@ absl::Status RunCatchUp::CatchUp(const std::string& peer) {
       have = c.result().round();
       root = c.result().new_root();
     }
+    if (again) continue;
     TS_RETURN_IF_ERROR(run_.StoreCertificates(verified));
     for (const auto& c : verified) run_.RecordRound(c, 0, run_.round_inner_seconds);
     if (!verified.empty()) {
@@ -82,6 +93,39 @@ absl::Status RunCatchUp::FetchCheckpoint(const std::string& artifact_id, uint64_
   absl::MutexLock lock(&run_.mu);
   if (run_.certified_round == round) run_.checkpoint_artifact = artifact_id;
   return absl::OkStatus();
+}
+
+bool RunCatchUp::Supersede(const std::string& peer, uint64_t round) {
+  auto view = run_.View();
+  if (!view.ok()) return false;
+  const ShardMember* member = view->Find(peer);
+  if (member == nullptr) return false;
+  pb::GetCertificatesRequest request;
+  request.set_shard_id(run_.shard_id);
+  request.set_from_round(round);
+  request.set_max(1);
+  if (!run_.Sign(&request, kGetCertificatesMethod, peer).ok()) return false;
+  auto response = run_.peers->GetCertificates(member->endpoint, request, kRpcTimeoutMs);
+  auto own = run_.LoadCertificates(round, 1);
+  if (!response.ok() || response->certificates_size() == 0 || !own.ok() || own->empty()) {
+    return false;
+  }
+  const pb::RoundCertificate& theirs = response->certificates(0);
+  const pb::RoundCertificate& mine = own->front();
+  if (theirs.result().round() != round || mine.result().round() != round ||
+      theirs.result().new_root() == mine.result().new_root() ||
+      theirs.attempt() <= mine.attempt() ||
+      theirs.result().base_root() != mine.result().base_root() ||
+      !VerifyCertificate(run_.host.chain_id, theirs, *view).ok()) {
+    return false;
+  }
+  if (!run_.ReplaceCertificatesFrom(theirs).ok()) return false;
+  run_.loaded = false;
+  run_.Transition(absl::StrCat("round ", round, ": this host's certificate (attempt ",
+                               mine.attempt(), ", root ", Hex8(mine.result().new_root()),
+                               ") is superseded by attempt ", theirs.attempt(), "'s (root ",
+                               Hex8(theirs.result().new_root()), ") from ", Short(peer)));
+  return true;
 }
 
 void RunCatchUp::CatchUpFromAnyone() {

@@ -28,6 +28,11 @@ class RunCatchUp {
   absl::Status CatchUp(const std::string& peer);
   // Asks every member for certificates past ours; catches up from the first that has some.
   void CatchUpFromAnyone();
+  // When `peer` holds a certificate of `round` from a later attempt than this host's, at another
+  // root (this host certified an attempt the others abandoned): replaces this host's records
+  // from that round with it, and the worker's checkpoint is to be fetched again. True when it
+  // did (docs/training.md "Why this is safe").
+  bool Supersede(const std::string& peer, uint64_t round);
 
  private:
   absl::Status FetchCheckpoint(const std::string& artifact_id, uint64_t round,

@@ -65,6 +65,12 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
       if (response.has_plan()) {
         const pb::RoundPlan& plan = response.plan();
         if (absl::Status valid = CheckPlan(plan, round, candidate, base, seed, view); !valid.ok()) {
+          // A planner at this host's round on another base: this host's last round may be an
+          // attempt the others abandoned (docs/training.md "Why this is safe").
+          if (plan.base_root() != base && response.certified_round() + 1 == round && round > 1 &&
+              catch_up_.Supersede(candidate, round - 1)) {
+            return Outcome{};
+          }
           run_.Transition(absl::StrCat("round ", round, ": plan from ", Short(candidate),
                                        " refused: ", valid.message()));
           ++p;

@@ -172,6 +172,18 @@ absl::Status RunContext::StoreCertificates(const std::vector<pb::RoundCertificat
   return absl::OkStatus();
 }
 
+absl::Status RunContext::ReplaceCertificatesFrom(const pb::RoundCertificate& c) {
+  const uint64_t round = c.result().round();
+  state::WriteBatch batch;
+  for (uint64_t r = round + 1; r <= CertifiedRound(); ++r) {
+    batch.Delete(kTableRounds, RoundKey(shard_id, r));
+  }
+  batch.PutProto(kTableRounds, RoundKey(shard_id, round), c);
+  TS_RETURN_IF_ERROR(host.db->Write(batch));
+  AdoptCertified(c);
+  return absl::OkStatus();
+}
+
 void RunContext::AdoptCertified(const pb::RoundCertificate& last) {
   absl::MutexLock lock(&mu);
   certified_round = last.result().round();

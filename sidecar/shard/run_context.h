@@ -173,6 +173,9 @@ struct RunContext {
   // and moves the certified state to the last.
   absl::Status StoreCertificates(
       const std::vector<::gonka::trainshard::v1::RoundCertificate>& certs);
+  // Replaces the records from `c`'s round on with `c` alone (a later attempt's certificate of
+  // a round this host certified in an abandoned attempt) and moves the certified state to it.
+  absl::Status ReplaceCertificatesFrom(const ::gonka::trainshard::v1::RoundCertificate& c);
   // The certified state as the records have it after a start: the last certificate's.
   void AdoptCertified(const ::gonka::trainshard::v1::RoundCertificate& last);
 };

@@ -131,6 +131,7 @@ struct ShardRun::Impl {
     const uint64_t round = uint64_t{ctx.spec.spec.rounds()} + 1;
     uint32_t min_attempt = 0;
     while (!ctx.stopping && !settlement.Settle(first_member)) {
+      if (SupersedeLast(round - 1)) continue;
       {
         absl::MutexLock lock(&ctx.mu);
         ctx.can_plan = true;
@@ -140,7 +141,19 @@ struct ShardRun::Impl {
       first_member = plan->members(0).address() == ctx.host.address;
       if (!SettlementAttempt(*plan)) min_attempt = plan->attempt() + 1;
     }
+    if (!ctx.stopping) SupersedeLast(round - 1);
     while (!ctx.stopping) ctx.Sleep(200);
+  }
+
+  // Whether a member holds a later attempt's certificate of the last round than this host's
+  // (this host certified an attempt the others abandoned); if so it is adopted.
+  bool SupersedeLast(uint64_t last) {
+    auto view = ctx.View();
+    if (!view.ok()) return false;
+    for (const ShardMember& m : view->members) {
+      if (m.address != ctx.host.address && catch_up.Supersede(m.address, last)) return true;
+    }
+    return false;
   }
 
   // The members of `plan` meet and exchange their settlement signatures; whether this host

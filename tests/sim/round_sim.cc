@@ -141,7 +141,8 @@ class RoundSim {
   std::map<std::string, int> fault_counts_;
   bool faults_over_ = false;
   int64_t partitions_until_ = 0;
-  std::map<uint64_t, std::string> roots_;  // round -> certified root, as first seen
+  std::map<uint64_t, std::string> roots_;  // round -> its final root (the next round's base)
+  std::map<std::string, std::string> attempt_roots_;  // "round/attempt" -> root
   bool settled_ = false;
   std::string settled_root_;
   SimResult result_;
@@ -338,6 +339,17 @@ void RoundSim::EndFaults(int64_t now) {
 }
 
 bool RoundSim::CheckRecords(Host& h) {
+  if (h.checked_round > 0) {
+    // A record replaced (superseded by a later attempt's): checked again from the start.
+    auto last = sidecar::LoadStoredCertificates(*h.db, kShard, h.checked_round, 1);
+    if (!last.ok() || last->empty() || last->front().result().new_root() != h.checked_root) {
+      Note(absl::StrCat("records of ", h.address.substr(0, 12), " replaced from round ",
+                        h.checked_round, " down"));
+      h.checked_round = 0;
+      h.checked_root.clear();
+      ++result_.superseded;
+    }
+  }
   auto certs = sidecar::LoadStoredCertificates(*h.db, kShard, h.checked_round + 1, 64);
   if (!certs.ok()) return Violation(absl::StrCat("records unreadable: ", certs.status().message()));
   for (const pb::RoundCertificate& c : *certs) {
@@ -349,15 +361,32 @@ bool RoundSim::CheckRecords(Host& h) {
     }
     const std::string expected_base = round == 1 ? roots_[0] : h.checked_root;
     if (round == 1 && roots_[0].empty()) roots_[0] = c.result().base_root();
+    if (round == 1 && c.result().base_root() != roots_[0]) {
+      return Violation(absl::StrCat("round 1 of ", h.address, " is not on the round-0 root"));
+    }
     if (!expected_base.empty() && c.result().base_root() != expected_base) {
       return Violation(
           absl::StrCat("round ", round, " of ", h.address, " does not continue the round before"));
     }
-    auto [known, fresh] = roots_.emplace(round, root);
+    // Certificates of one round may differ only across attempts (a later one supersedes);
+    // a round's certificate is final once the next round's builds on it, and two final
+    // certificates of a round never differ.
+    const std::string key = absl::StrCat(round, "/", c.attempt());
+    auto [known, fresh] = attempt_roots_.emplace(key, root);
     if (!fresh && known->second != root) {
-      return Violation(absl::StrCat("two certificates of round ", round, ": roots ",
-                                    common::HexEncode(known->second).substr(0, 16), " and ",
-                                    common::HexEncode(root).substr(0, 16), " (", h.address, ")"));
+      return Violation(absl::StrCat("two certificates of round ", round, " attempt ", c.attempt(),
+                                    ": roots ", common::HexEncode(known->second).substr(0, 16),
+                                    " and ", common::HexEncode(root).substr(0, 16), " (", h.address,
+                                    ")"));
+    }
+    if (round > 1) {
+      auto [final_root, first_seen] = roots_.emplace(round - 1, c.result().base_root());
+      if (!first_seen && final_root->second != c.result().base_root()) {
+        return Violation(absl::StrCat("two final certificates of round ", round - 1, ": roots ",
+                                      common::HexEncode(final_root->second).substr(0, 16), " and ",
+                                      common::HexEncode(c.result().base_root()).substr(0, 16), " (",
+                                      h.address, ")"));
+      }
     }
     uint64_t weight = 0;
     std::vector<std::string> signers;

@@ -43,6 +43,7 @@ struct SimResult {
   std::string final_root;  // hex
   uint64_t trace = 0;      // a hash of the run's course: equal for a replay
   std::string faults;      // the faults injected, counted by kind
+  int superseded = 0;      // records replaced by a later attempt's certificate
 };
 
 SimResult RunRoundSim(const SimOptions& options);
