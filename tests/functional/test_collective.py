@@ -232,7 +232,8 @@ class CollectiveTest(unittest.TestCase):
             fault_ms = time.time() * 1000
             survivors = [i for i in range(n) if i != victim]
             for i in survivors:
-                self.assertEqual(procs[i].wait(timeout=240), 0, reports(reps[i]))
+                self.assertEqual(procs[i].wait(timeout=240), 0,
+                                 self.fault_evidence(survivors, reps, tag))
         finally:
             procs[victim].kill()
             procs[victim].wait()
@@ -244,7 +245,7 @@ class CollectiveTest(unittest.TestCase):
         for i in survivors:
             rep = reports(reps[i])
             failures = [r for r in rep if not r["ok"]]
-            self.assertEqual(len(failures), 1, rep[-3:])
+            self.assertEqual(len(failures), 1, self.fault_evidence(survivors, reps, tag))
             self.assertEqual(failures[0]["failed_peer"], victim_address, failures[0])
             detect.append(failures[0]["failed_at_unix_ms"] - fault_ms)
             self.assertEqual(rep[-1]["members"], [self.keys[s]["address"] for s in survivors])
@@ -256,6 +257,18 @@ class CollectiveTest(unittest.TestCase):
         for r in results:
             self.assertEqual(r, expected.astype("<f4").tobytes())
         return max(detect)
+
+    def fault_evidence(self, survivors, reps, tag):
+        """Every survivor's failed operations and log tail, for a run whose survivors differ."""
+        lines = []
+        for i in survivors:
+            failed = [r for r in reports(reps[i]) if not r["ok"]]
+            lines.append(f"member {i} ({self.keys[i]['address']}) failures: {failed}")
+            log = os.path.join(self.root, f"log-{tag}-{i}.txt")
+            if os.path.exists(log):
+                with open(log, errors="replace") as f:
+                    lines.append(f"member {i} log tail:\n" + "".join(f.readlines()[-40:]))
+        return "\n".join(lines)
 
     def test_2_sigkill_mid_operation(self):
         detect_ms = self.run_with_fault(signal.SIGKILL, victim=2, heartbeat_ms=300)
