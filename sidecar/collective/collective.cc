@@ -472,7 +472,8 @@ absl::StatusOr<uint64_t> Collective::MinimumOf(const OpOptions& options, uint64_
 
 absl::StatusOr<OpStats> Collective::RobustAllReduce(const OpOptions& options,
                                                     const AggregateSpec& aggregate,
-                                                    std::span<float> data) {
+                                                    std::span<float> data,
+                                                    std::vector<std::string>* commitments) {
   const int64_t start_ms = clock_->MonotonicMs();
   if (absl::Status s = CheckOp(*mesh_, options); !s.ok()) return Fail(mesh_, s);
   const GroupSpec& group = mesh_->group();
@@ -555,6 +556,12 @@ absl::StatusOr<OpStats> Collective::RobustAllReduce(const OpOptions& options,
   if (options.reduce == ReduceOp::kSum) {
     const float count = static_cast<float>(n);
     for (float& x : data) x = x * count;
+  }
+  if (commitments != nullptr) {
+    commitments->clear();
+    for (size_t i = 0; i < n; ++i) {
+      commitments->emplace_back(commits.data() + i * kCommitBlockSize, 32);
+    }
   }
   stats.seconds = (clock_->MonotonicMs() - start_ms) / 1000.0;
   return stats;

@@ -83,9 +83,11 @@ class Collective {
                                     std::span<char> out);
   // Commit, gather, verify, aggregate (see file comment). DATA_LOSS naming the member whose
   // contribution does not match its commitment; UNAUTHENTICATED naming the member whose
-  // commitment is not signed by its key.
+  // commitment is not signed by its key. When `commitments` is set it receives the members'
+  // commitments (32 bytes each, member order), each held to its contribution.
   absl::StatusOr<OpStats> RobustAllReduce(const OpOptions& options, const AggregateSpec& aggregate,
-                                          std::span<float> data);
+                                          std::span<float> data,
+                                          std::vector<std::string>* commitments = nullptr);
 
   // All-gathers one value from every member and returns the smallest (the same on every
   // member). After a failure, members of the retry mesh may have got different distances

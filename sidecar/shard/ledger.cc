@@ -67,6 +67,43 @@ std::string DataSeedOf(uint64_t seed, uint64_t round, std::string_view base_root
   return common::Sha256(pre);
 }
 
+std::string AssignmentIdOf(std::string_view run_spec_hash, std::string_view data_seed,
+                           uint64_t round, std::string_view host) {
+  std::string pre = "gonka-trainshard/v1/assignment";
+  for (std::string_view part : {run_spec_hash, data_seed}) {
+    AppendU64(&pre, part.size());
+    pre.append(part);
+  }
+  AppendU64(&pre, round);
+  AppendU64(&pre, host.size());
+  pre.append(host);
+  return common::Sha256(pre);
+}
+
+absl::Status CheckContributions(const pb::RoundResult& result) {
+  if (result.contributions().empty()) return absl::OkStatus();
+  const std::string round_field = absl::StrCat("certificate of round ", result.round());
+  if (result.contributions_size() != result.members_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(round_field, ": ", result.contributions_size(),
+                                                   " contributions for ", result.members_size(),
+                                                   " members"));
+  }
+  for (int i = 0; i < result.contributions_size(); ++i) {
+    const pb::Contribution& c = result.contributions(i);
+    const std::string field = absl::StrCat(round_field, ": contributions[", i, "]");
+    if (c.host() != result.members(i)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".host: ", c.host(), " is not members[", i, "] ", result.members(i)));
+    }
+    if (c.delta_commitment().size() != 32 || c.assignment().size() != 32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": delta_commitment and assignment must be 32 bytes, not ",
+                       c.delta_commitment().size(), " and ", c.assignment().size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool HasQuorum(uint64_t signed_weight, uint64_t total_weight) {
 #ifdef TS_PLANTED_BUG_QUORUM_AT_TWO_THIRDS
   // A bug planted on purpose, defined only by tests/sim's ts_sidecar_shard_planted (which the
@@ -164,6 +201,7 @@ absl::Status VerifyCertificate(std::string_view chain_id, const pb::RoundCertifi
   if (result.new_root().size() != 32 || result.base_root().size() != 32) {
     return absl::InvalidArgumentError(absl::StrCat(round_field, ": roots must be 32 bytes"));
   }
+  TS_RETURN_IF_ERROR(CheckContributions(result));
   std::set<std::string> round_members(result.members().begin(), result.members().end());
   const std::string bytes = DeterministicBytes(result);
   std::set<std::string> signers;

@@ -39,6 +39,15 @@ std::vector<std::string> PlannerOrder(uint64_t seed, uint64_t round,
 // base checkpoint is certified, and chosen by no host.
 std::string DataSeedOf(uint64_t seed, uint64_t round, std::string_view base_root);
 
+// SHA-256("gonka-trainshard/v1/assignment" || u64 len || run_spec_hash || u64 len ||
+// data_seed || u64 round || u64 len || host): names the data a member of a round is to train
+// on, which AssignBatches (worker/data_shard.h) draws from exactly these inputs and the run's
+// data (pinned by the spec).
+std::string AssignmentIdOf(std::string_view run_spec_hash, std::string_view data_seed,
+                           uint64_t round, std::string_view host);
+// A round result's contributions, when it has them: one per member in plan order, naming that
+// member, with 32-byte commitment and assignment. INVALID_ARGUMENT naming the field otherwise.
+absl::Status CheckContributions(const ::gonka::trainshard::v1::RoundResult& result);
 // Strictly more than 2/3: 3·signed > 2·total.
 bool HasQuorum(uint64_t signed_weight, uint64_t total_weight);
 

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 
@@ -39,8 +40,16 @@ struct Fixture {
     r.set_base_root(std::string(32, static_cast<char>(round)));
     r.set_new_root(std::string(32, static_cast<char>(round + 1)));
     for (const Host& h : hosts) r.add_members(h.address);
+    for (size_t i = 0; with_contributions && i < hosts.size(); ++i) {
+      pb::Contribution* c = r.add_contributions();
+      c->set_host(hosts[i].address);
+      c->set_delta_commitment(common::Sha256(absl::StrCat("delta ", i)));
+      c->set_assignment(AssignmentIdOf("spec", "seed", round, hosts[i].address));
+      c->set_tokens(1024);
+    }
     return r;
   }
+  bool with_contributions = false;
   // A certificate of `round` signed by hosts[signers...], with an evaluation by each.
   pb::RoundCertificate Certify(uint64_t round, std::vector<size_t> signers) const {
     pb::RoundCertificate c;
@@ -157,6 +166,46 @@ TEST(Ledger, CertificateRefusesForgedOrInflatedParts) {
   // Signed for another chain.
   EXPECT_EQ(VerifyCertificate("other-chain", good, f.view).code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+TEST(Ledger, ContributionsAreSignedOnePerMemberInPlanOrder) {
+  Fixture f;
+  f.with_contributions = true;
+  pb::RoundCertificate good = f.Certify(3, {0, 1, 2, 3});
+  ASSERT_TRUE(VerifyCertificate(kChain, good, f.view).ok());
+
+  // A commitment changed after the members signed: the signatures no longer verify.
+  pb::RoundCertificate changed = good;
+  changed.mutable_result()->mutable_contributions(1)->set_delta_commitment(std::string(32, 'z'));
+  EXPECT_EQ(VerifyCertificate(kChain, changed, f.view).code(), absl::StatusCode::kUnauthenticated);
+
+  pb::RoundCertificate missing = good;
+  missing.mutable_result()->mutable_contributions()->RemoveLast();
+  EXPECT_THAT(VerifyCertificate(kChain, missing, f.view).message(),
+              HasSubstr("3 contributions for 4 members"));
+
+  pb::RoundCertificate swapped = good;
+  swapped.mutable_result()->mutable_contributions()->SwapElements(0, 1);
+  EXPECT_THAT(VerifyCertificate(kChain, swapped, f.view).message(),
+              HasSubstr("contributions[0].host: " + f.hosts[1].address + " is not members[0]"));
+
+  pb::RoundCertificate short_commitment = good;
+  short_commitment.mutable_result()->mutable_contributions(2)->set_delta_commitment("abc");
+  EXPECT_THAT(VerifyCertificate(kChain, short_commitment, f.view).message(),
+              HasSubstr("contributions[2]: delta_commitment and assignment must be 32 bytes, "
+                        "not 3 and 32"));
+}
+
+TEST(Ledger, AssignmentIdNamesTheSpecTheSeedTheRoundAndTheHost) {
+  const std::string id = AssignmentIdOf("spec", "seed", 4, "host");
+  EXPECT_EQ(id.size(), 32u);
+  EXPECT_EQ(id, AssignmentIdOf("spec", "seed", 4, "host"));
+  EXPECT_NE(id, AssignmentIdOf("spec2", "seed", 4, "host"));
+  EXPECT_NE(id, AssignmentIdOf("spec", "seed2", 4, "host"));
+  EXPECT_NE(id, AssignmentIdOf("spec", "seed", 5, "host"));
+  EXPECT_NE(id, AssignmentIdOf("spec", "seed", 4, "host2"));
+  // Lengths are part of the hash: moving bytes between fields gives another id.
+  EXPECT_NE(AssignmentIdOf("ab", "c", 1, "h"), AssignmentIdOf("a", "bc", 1, "h"));
 }
 
 TEST(Ledger, MedianIsTheLowerMedian) {

@@ -62,10 +62,11 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
   op.reduce = ReduceOp::kMean;
   op.deadline_ms = r.deadline;
   OpStats stats;
-  if (run_.spec.aggregate.kind == Aggregator::kMean) {
-    TS_ASSIGN_OR_RETURN(stats, r.collective->AllReduce(op, delta));
+  if (run_.spec.commitments) {
+    TS_ASSIGN_OR_RETURN(
+        stats, r.collective->RobustAllReduce(op, run_.spec.aggregate, delta, &r.commitments));
   } else {
-    TS_ASSIGN_OR_RETURN(stats, r.collective->RobustAllReduce(op, run_.spec.aggregate, delta));
+    TS_ASSIGN_OR_RETURN(stats, r.collective->AllReduce(op, delta));
   }
   r.bytes += stats.wire_bytes_sent;
   r.reduced = run_.host.clock->MonotonicMs();
@@ -89,6 +90,7 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   result.set_new_root(new_root);
   for (const auto& m : plan.members()) result.add_members(m.address());
   result.set_run_spec_hash(run_.spec.hash);
+  AddContributions(r, &result);
   const bool evaluate =
       round % run_.spec.spec.eval_every() == 0 || round == run_.spec.spec.rounds();
   TS_ASSIGN_OR_RETURN(pb::RoundCertificate vote, Vote(result, own_train_loss, evaluate));
@@ -125,6 +127,21 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   // Files of rounds no longer needed.
   if (round >= 2) run_.RemoveTree(CheckpointDir(round - 2));
   return absl::OkStatus();
+}
+
+void RoundExchange::AddContributions(const Reduced& r, pb::RoundResult* result) const {
+  if (r.commitments.empty()) return;
+  const pb::RunSpec& spec = run_.spec.spec;
+  const uint64_t tokens =
+      uint64_t{spec.inner_steps()} * spec.batch_size() * spec.model().config().context();
+  for (size_t i = 0; i < r.commitments.size(); ++i) {
+    pb::Contribution* c = result->add_contributions();
+    c->set_host(r.plan.members(static_cast<int>(i)).address());
+    c->set_delta_commitment(r.commitments[i]);
+    c->set_assignment(
+        AssignmentIdOf(run_.spec.hash, r.plan.data_seed(), r.plan.round(), c->host()));
+    c->set_tokens(tokens);
+  }
 }
 
 absl::StatusOr<std::string> RoundExchange::OuterStep(Reduced& r) {

@@ -1,7 +1,8 @@
 // RoundExchange: one attempt of a round's exchange among the members of its plan
 // (docs/training.md "Rounds"), in two halves. Reduce: the mesh of the plan's members over the
-// collective transport, and the allreduce (mean, or the spec's robust aggregator) of their Δ
-// files with the spec's codec. Finish: the outer step with the aggregate, this member's vote
+// collective transport, and the allreduce of their Δ files with the spec's codec: the ring
+// mean, or, with commitments (docs/verification.md), commit before reveal with the spec's
+// aggregator. Finish: the outer step with the aggregate, this member's vote
 // (its signed result and, in an evaluation round, its signed evaluation), the votes gathered
 // over the same mesh and counted into a certificate (round_certificate.h) that must hold more
 // than 2/3 of the shard's weight, the certificate stored, the checkpoint published
@@ -44,6 +45,8 @@ class RoundExchange {
     std::unique_ptr<Mesh> mesh;
     std::unique_ptr<Collective> collective;
     std::vector<float> aggregate;
+    // With commitments (run_spec.h): the members' Δ commitments, in plan order.
+    std::vector<std::string> commitments;
     uint64_t bytes = 0;
     int64_t reduced = 0;  // when the aggregate was complete
   };
@@ -56,6 +59,8 @@ class RoundExchange {
   absl::Status Finish(Reduced& r, float own_train_loss, double inner_seconds);
 
  private:
+  // With commitments: each member's commitment, assignment and tokens into `result`.
+  void AddContributions(const Reduced& r, ::gonka::trainshard::v1::RoundResult* result) const;
   // The outer step with the aggregate; the new root.
   absl::StatusOr<std::string> OuterStep(Reduced& r);
   // This member's vote on `result`, with its evaluation when `evaluate`.

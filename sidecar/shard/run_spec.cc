@@ -163,6 +163,7 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   out.hash = common::Sha256(document);
   out.codec.kind = *ParseCompression(spec.codec());
   out.aggregate.kind = *ParseAggregator(spec.aggregation());
+  out.commitments = spec.verification().commitments() || out.aggregate.kind != Aggregator::kMean;
   return out;
 }
 

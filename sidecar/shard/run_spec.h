@@ -31,6 +31,9 @@ struct ParsedRunSpec {
   std::string hash;                       // SHA-256 of the document's bytes
   CodecSpec codec;
   AggregateSpec aggregate;
+  // Commit before reveal (docs/verification.md): asked for by the spec's verification section,
+  // or implied by a robust aggregator, which gathers the contributions anyway.
+  bool commitments = false;
 };
 
 // Parses and checks a run spec document. INVALID_ARGUMENT naming the field and value.

@@ -45,6 +45,22 @@ TEST(RunSpec, ParsesAppliesDefaultsAndHashesTheExactBytes) {
   EXPECT_EQ(lossless->codec.kind, Compression::kFp32Zstd);
 }
 
+TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
+  EXPECT_FALSE(ParseRunSpec(kSpec)->commitments);
+  auto asked = ParseRunSpec(absl::StrReplaceAll(
+      kSpec, {{R"("seed": "5")", R"("seed": "5", "verification": {"commitments": true})"}}));
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_TRUE(asked->commitments);
+  EXPECT_EQ(asked->aggregate.kind, Aggregator::kMean);
+  auto robust = ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("mean")", R"("trimmed_mean")"}}));
+  ASSERT_TRUE(robust.ok()) << robust.status();
+  EXPECT_TRUE(robust->commitments);
+  // Unknown fields of the section are refused like any other.
+  auto unknown = ParseRunSpec(absl::StrReplaceAll(
+      kSpec, {{R"("seed": "5")", R"("seed": "5", "verification": {"replay": 1})"}}));
+  EXPECT_THAT(unknown.status().message(), HasSubstr("replay"));
+}
+
 TEST(RunSpec, ALlamaPresetWithTrainingAtSize) {
   const std::string doc = absl::StrReplaceAll(
       kSpec, {{R"("model": {"kind": "gpt", "seed": "7",

@@ -129,6 +129,7 @@ class SimWorker final : public sidecar::RunWorker {
     }
     Params delta = DeltaOf(params_, request.data_seed(), self_, request.steps());
     TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
+    me->deltas[request.base_root() + request.data_seed()] = Bytes(delta);
     pb::InnerStepsResponse done;
     done.add_losses(Loss(params_));
     done.set_seconds(kInnerStepsMs / 1000.0);
