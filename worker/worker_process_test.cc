@@ -145,11 +145,12 @@ class WorkerProcessTest : public ::testing::Test {
   }
 
   std::unique_ptr<WorkerProcess> Start(const std::string& name, const std::string& work,
-                                       std::vector<std::string> extra_args = {}) {
+                                       std::vector<std::string> extra_args = {},
+                                       int threads = kThreads) {
     WorkerProcessOptions options{.binary = TS_WORKER_BINARY,
                                  .socket_path = dir_ + "/" + name + ".sock",
                                  .work_dir = work,
-                                 .threads = kThreads,
+                                 .threads = threads,
                                  .extra_args = std::move(extra_args),
                                  .log_file = dir_ + "/" + name + ".log"};
     auto process = WorkerProcess::Start(options);
@@ -340,6 +341,81 @@ TEST_F(WorkerProcessTest, InnerStepsRebasedOnTheHostsOwnDeltaMatchTheLibrary) {
   refused = client.InnerSteps(rebased);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("not finite"));
+}
+
+// A validator's worker reproduces a member's Δ of a round bit for bit (docs/verification.md):
+// from the member's certified base, with fresh moments and the member's thread count, on a
+// trainer of its own, and its own checkpoint, moments and threads are as they were afterwards.
+TEST_F(WorkerProcessTest, AReplayReproducesAMembersDeltaAndLeavesTheWorkerAsItWas) {
+  const std::vector<std::string> works = {MakeWorkDir("member"), MakeWorkDir("validator"),
+                                          MakeWorkDir("twin")};
+  auto member = Start("member", works[0]);
+  auto validator = Start("validator", works[1], {}, /*threads=*/2);
+  auto twin = Start("twin", works[2], {}, /*threads=*/2);
+  ASSERT_TRUE(member && validator && twin);
+
+  // The member: round 1, the outer step, then round 2 with fresh moments — the Δ to check.
+  auto init = member->client().InitModel(InitRequest("ckpt-0.tsck"));
+  ASSERT_TRUE(init.ok()) << init.status();
+  pb::InnerStepsRequest first = InnerRequest(init->root(), 1, "d1.bin");
+  first.set_reset_optimizer(true);
+  ASSERT_TRUE(member->client().InnerSteps(first).ok());
+  auto outer = member->client().OuterStep(OuterRequest(init->root(), "d1.bin", "ckpt-1.tsck"));
+  ASSERT_TRUE(outer.ok()) << outer.status();
+  pb::InnerStepsRequest second = InnerRequest(outer->root(), 2, "d2.bin");
+  second.set_reset_optimizer(true);
+  auto own = member->client().InnerSteps(second);
+  ASSERT_TRUE(own.ok()) << own.status();
+
+  // The validator and its twin train a round of their own (moments now held), then the
+  // validator replays the member's round 2 from the member's base.
+  for (auto* w : {validator.get(), twin.get()}) {
+    auto start = w->client().InitModel(InitRequest("ckpt-0.tsck"));
+    ASSERT_TRUE(start.ok()) << start.status();
+    pb::InnerStepsRequest theirs = InnerRequest(start->root(), 1, "mine.bin");
+    theirs.set_host("another-member");
+    ASSERT_TRUE(w->client().InnerSteps(theirs).ok());
+  }
+  ASSERT_TRUE(WriteWorkFile(works[1], "f", "base.tsck", Read(works[0], "ckpt-1.tsck")).ok());
+  pb::InnerStepsRequest replay = second;
+  replay.set_delta_file("replayed.bin");
+  replay.set_reset_optimizer(false);  // a replay starts fresh whatever this says
+  replay.set_replay_checkpoint_file("base.tsck");
+  replay.set_replay_threads(kThreads);  // the member's: libtorch's rounding depends on it
+  auto replayed = validator->client().InnerSteps(replay);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_EQ(replayed->delta_sha256(), own->delta_sha256());
+  EXPECT_EQ(Read(works[1], "replayed.bin"), Read(works[0], "d2.bin"));
+
+  // The validator's own state is untouched: its next round equals its twin's, which never
+  // replayed anything.
+  for (auto* w : {validator.get(), twin.get()}) {
+    auto status = w->client().Status();
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_EQ(status->root(), init->root());
+    pb::InnerStepsRequest next = InnerRequest(init->root(), 2, "next.bin");
+    next.set_host("another-member");
+    ASSERT_TRUE(w->client().InnerSteps(next).ok());
+  }
+  EXPECT_EQ(Read(works[1], "next.bin"), Read(works[2], "next.bin"));
+
+  // A base file that is not at base_root, and a replay with a rebase, are refused.
+  pb::InnerStepsRequest wrong = replay;
+  wrong.set_base_root(init->root());
+  auto refused = validator->client().InnerSteps(wrong);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("replay_checkpoint_file: \"base.tsck\" has root"));
+  pb::InnerStepsRequest rebased = replay;
+  rebased.set_rebase_delta_file("mine.bin");
+  refused = validator->client().InnerSteps(rebased);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("cannot be combined with replay_checkpoint_file"));
+  pb::InnerStepsRequest greedy = replay;
+  greedy.set_replay_threads(5000);
+  refused = validator->client().InnerSteps(greedy);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("replay_threads: 5000 is more than 1024"));
 }
 
 TEST_F(WorkerProcessTest, TwoWorkersWithTheSameInputsGiveTheSameRoots) {

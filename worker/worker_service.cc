@@ -427,10 +427,12 @@ absl::Status WorkerService::DoLoadCheckpoint(const pb::LoadCheckpointRequest& re
   return SetCurrent(header.config, header.has_momentum, request.checkpoint_file(), root);
 }
 
-absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
-                                         pb::InnerStepsResponse* response) {
-  TS_RETURN_IF_ERROR(CheckBase(request.base_root()));
-  const ModelConfig& config = current_->config;
+namespace {
+
+constexpr uint32_t kReplayThreadsMax = 1024;
+
+// The fields of an InnerSteps request that need no state to check.
+absl::Status CheckInnerStepsFields(const pb::InnerStepsRequest& request) {
   if (request.shard_files().empty()) return absl::InvalidArgumentError("shard_files: missing");
   if (static_cast<uint32_t>(request.shard_files_size()) > kShardFilesMax) {
     return Invalid("shard_files", absl::StrCat(request.shard_files_size(), " files"),
@@ -459,6 +461,36 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
     return Invalid("steps x batch_size", uint64_t{request.steps()} * request.batch_size(),
                    absl::StrCat("is more than ", kAssignmentWindowsMax, " windows"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> WorkerService::InnerStepsConfig(const pb::InnerStepsRequest& request) {
+  if (request.replay_checkpoint_file().empty()) {
+    TS_RETURN_IF_ERROR(CheckBase(request.base_root()));
+    return current_->config;
+  }
+  TS_RETURN_IF_ERROR(CheckRoot("base_root", request.base_root()));
+  if (!request.rebase_delta_file().empty()) {
+    return Invalid("rebase_delta_file", Quoted(request.rebase_delta_file()),
+                   "cannot be combined with replay_checkpoint_file");
+  }
+  if (request.replay_threads() > kReplayThreadsMax) {
+    return Invalid("replay_threads", request.replay_threads(),
+                   absl::StrCat("is more than ", kReplayThreadsMax));
+  }
+  TS_ASSIGN_OR_RETURN(auto reader,
+                      OpenCheckpoint("replay_checkpoint_file", request.replay_checkpoint_file()));
+  TS_RETURN_IF_ERROR(CheckMemory("replay_checkpoint_file", reader->header().config));
+  return reader->header().config;
+}
+
+absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
+                                         pb::InnerStepsResponse* response) {
+  const bool replay = !request.replay_checkpoint_file().empty();
+  TS_ASSIGN_OR_RETURN(const ModelConfig config, InnerStepsConfig(request));
+  TS_RETURN_IF_ERROR(CheckInnerStepsFields(request));
   TS_ASSIGN_OR_RETURN(AdamWOptions adamw, AdamWFromProto(request));
   TS_ASSIGN_OR_RETURN(
       TrainingChoice training,
@@ -491,7 +523,12 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   };
   auto open_base = [&]() -> absl::StatusOr<Base> {
     Base base;
-    TS_ASSIGN_OR_RETURN(base.global, OpenCurrent());
+    if (replay) {
+      TS_ASSIGN_OR_RETURN(
+          base.global, OpenCheckpoint("replay_checkpoint_file", request.replay_checkpoint_file()));
+    } else {
+      TS_ASSIGN_OR_RETURN(base.global, OpenCurrent());
+    }
     base.reader = base.global.get();
     if (!request.rebase_delta_file().empty()) {
       TS_ASSIGN_OR_RETURN(base.own, OpenDelta("rebase_delta_file", request.rebase_delta_file()));
@@ -540,11 +577,35 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
                                    .checkpointing = inner.activation_checkpointing,
                                    .bf16 = inner.bf16 && options_.device.device == Device::kCuda,
                                    .fused_attention = FusedAttention()}));
-  TS_ASSIGN_OR_RETURN(Trainer * trainer, TrainerFor(config, adamw));
-  if (request.reset_optimizer()) trainer->ResetOptimizer();
+  // A replay trains on a trainer of its own, so the host's own state stays as it was.
+  std::unique_ptr<Trainer> replayer;
+  Trainer* trainer = nullptr;
+  if (replay) {
+    const int threads = request.replay_threads() > 0 ? static_cast<int>(request.replay_threads())
+                                                     : options_.num_threads;
+    TS_ASSIGN_OR_RETURN(
+        replayer,
+        Trainer::Create(config, adamw, {.num_threads = threads, .device = options_.device.device}));
+    trainer = replayer.get();
+  } else {
+    TS_ASSIGN_OR_RETURN(trainer, TrainerFor(config, adamw));
+    if (request.reset_optimizer()) trainer->ResetOptimizer();
+  }
+  // A replay's base is held to base_root on each pass over the file.
+  auto check_replay_root = [&](Base& base) -> absl::Status {
+    if (!replay) return absl::OkStatus();
+    TS_ASSIGN_OR_RETURN(const std::string root, base.global->Finish());
+    if (root != request.base_root()) {
+      return Invalid("replay_checkpoint_file", Quoted(request.replay_checkpoint_file()),
+                     absl::StrCat("has root ", absl::BytesToHexString(root), ", not base_root ",
+                                  absl::BytesToHexString(request.base_root())));
+    }
+    return absl::OkStatus();
+  };
   {
     TS_ASSIGN_OR_RETURN(Base base, open_base());
     TS_RETURN_IF_ERROR(trainer->Load(*base.reader));
+    TS_RETURN_IF_ERROR(check_replay_root(base));
   }
   const auto start = std::chrono::steady_clock::now();
   TS_ASSIGN_OR_RETURN(std::vector<float> losses, trainer->Steps(batches, inner));
@@ -560,6 +621,7 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   {
     TS_ASSIGN_OR_RETURN(Base base, open_base());
     TS_RETURN_IF_ERROR(trainer->WritePseudoGradient(*base.reader, values));
+    TS_RETURN_IF_ERROR(check_replay_root(base));
   }
   TS_ASSIGN_OR_RETURN(const std::string sha, out.Close());
   TS_RETURN_IF_ERROR(file.Commit());

@@ -111,6 +111,10 @@ class WorkerService final : public pb::Worker::Service {
     int64_t mtime_ns = 0;
   };
 
+  // The config an InnerSteps request trains: the current checkpoint's (base_root must be its
+  // root), or a replay's checkpoint file's (docs/verification.md).
+  absl::StatusOr<ModelConfig> InnerStepsConfig(const pb::InnerStepsRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION without a current checkpoint, or when base_root is not its root.
   absl::Status CheckBase(std::string_view base_root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A reader of a checkpoint file of the work dir (header checked, size exact).

@@ -167,4 +167,27 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   return out;
 }
 
+pb::InnerStepsRequest InnerStepsRequestOf(const ParsedRunSpec& parsed,
+                                          std::span<const std::string> shard_files, uint64_t round,
+                                          std::string_view data_seed, std::string_view host,
+                                          std::string_view base_root) {
+  const pb::RunSpec& spec = parsed.spec;
+  pb::InnerStepsRequest request;
+  for (const std::string& f : shard_files) request.add_shard_files(f);
+  request.set_data_seed(std::string(data_seed));
+  request.set_round(round);
+  request.set_host(std::string(host));
+  request.set_steps(spec.inner_steps());
+  request.set_batch_size(spec.batch_size());
+  *request.mutable_adamw() = spec.inner();
+  request.set_base_root(std::string(base_root));
+  request.set_reset_optimizer(parsed.commitments);
+  // The schedule is keyed to the global inner step, so a host that rejoins at round r uses
+  // the rate every other host uses there.
+  *request.mutable_training() = spec.training();
+  request.set_first_step((round - 1) * uint64_t{spec.inner_steps()});
+  request.set_total_steps(uint64_t{spec.rounds()} * spec.inner_steps());
+  return request;
+}
+
 }  // namespace ts::sidecar

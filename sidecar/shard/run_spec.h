@@ -8,6 +8,7 @@
 #define TS_SIDECAR_SHARD_RUN_SPEC_H_
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -43,6 +44,16 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document);
 // 600 s plus the round's training compute (6 · parameters · tokens) at 1 GFLOP/s — a floor far
 // below any host's, so only a wedged worker runs into it. At most 30 days.
 int64_t InnerStepsTimeoutMs(const ::gonka::trainshard::v1::RunSpec& spec);
+
+// The worker request for the inner steps of `round` that the spec asks of member `host`, from
+// the checkpoint at `base_root` on the run's `shard_files` with the round's `data_seed`. The
+// same function builds a member's own request and the one a validator replays
+// (docs/verification.md), so the two cannot drift apart. With commitments the inner optimizer
+// starts every round fresh: the Δ is then a function of the base, the assignment and the spec
+// alone, and anyone can reproduce it. The caller names the Δ file.
+::gonka::trainshard::v1::InnerStepsRequest InnerStepsRequestOf(
+    const ParsedRunSpec& spec, std::span<const std::string> shard_files, uint64_t round,
+    std::string_view data_seed, std::string_view host, std::string_view base_root);
 
 // The checks of ParseRunSpec on a message (defaults already applied).
 absl::Status ValidateRunSpec(const ::gonka::trainshard::v1::RunSpec& spec);

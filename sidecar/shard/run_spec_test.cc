@@ -61,6 +61,29 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
   EXPECT_THAT(unknown.status().message(), HasSubstr("replay"));
 }
 
+TEST(RunSpec, TheInnerStepsRequestIsTheSameForTheMemberAndItsValidator) {
+  auto parsed = ParseRunSpec(kSpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const std::vector<std::string> files = {"data/a.tsds", "data/b.tsds"};
+  pb::InnerStepsRequest r = InnerStepsRequestOf(*parsed, files, 3, "seed", "host-a", "base");
+  EXPECT_EQ(r.shard_files_size(), 2);
+  EXPECT_EQ(r.round(), 3u);
+  EXPECT_EQ(r.host(), "host-a");
+  EXPECT_EQ(r.data_seed(), "seed");
+  EXPECT_EQ(r.base_root(), "base");
+  EXPECT_EQ(r.steps(), 10u);
+  EXPECT_EQ(r.batch_size(), 8u);
+  EXPECT_EQ(r.first_step(), 20u);  // (round − 1) · H
+  EXPECT_EQ(r.total_steps(), 40u);
+  EXPECT_FALSE(r.reset_optimizer());
+  // With commitments every round starts with fresh moments, so anyone can replay it.
+  auto committed = ParseRunSpec(absl::StrReplaceAll(
+      kSpec, {{R"("seed": "5")", R"("seed": "5", "verification": {"commitments": true})"}}));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_TRUE(
+      InnerStepsRequestOf(*committed, files, 3, "seed", "host-a", "base").reset_optimizer());
+}
+
 TEST(RunSpec, ALlamaPresetWithTrainingAtSize) {
   const std::string doc = absl::StrReplaceAll(
       kSpec, {{R"("model": {"kind": "gpt", "seed": "7",

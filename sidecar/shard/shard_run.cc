@@ -74,22 +74,13 @@ struct ShardRun::Impl {
       ctx.status.set_state("training");
       ctx.status.set_current_round(round);
     }
-    pb::InnerStepsRequest request;
-    for (const auto& f : ctx.data.shard_files()) request.add_shard_files(f);
-    request.set_data_seed(DataSeedOf(spec.seed(), round, data_root));
-    request.set_round(round);
-    request.set_host(ctx.host.address);
-    request.set_steps(spec.inner_steps());
-    request.set_batch_size(spec.batch_size());
-    *request.mutable_adamw() = spec.inner();
+    std::vector<std::string> shard_files(ctx.data.shard_files().begin(),
+                                         ctx.data.shard_files().end());
+    pb::InnerStepsRequest request =
+        InnerStepsRequestOf(ctx.spec, shard_files, round, DataSeedOf(spec.seed(), round, data_root),
+                            ctx.host.address, base);
     request.set_delta_file(DeltaName(round));
     request.set_rebase_delta_file(rebase_on);
-    request.set_base_root(base);
-    // The schedule is keyed to the global inner step, so a host that rejoins at round r uses
-    // the rate every other host uses there.
-    *request.mutable_training() = spec.training();
-    request.set_first_step((round - 1) * uint64_t{spec.inner_steps()});
-    request.set_total_steps(uint64_t{spec.rounds()} * spec.inner_steps());
     if (spec.overlap()) {
       deltas.erase(round);  // rewritten now, over round - 2's
       deltas.erase(round - 2);
