@@ -80,6 +80,36 @@ std::string AssignmentIdOf(std::string_view run_spec_hash, std::string_view data
   return common::Sha256(pre);
 }
 
+namespace {
+
+uint64_t DrawOf(std::string_view seed, std::string_view what, uint64_t i) {
+  std::string pre(seed);
+  pre.append(what);
+  AppendU64(&pre, i);
+  const std::string h = common::Sha256(pre);
+  uint64_t v = 0;
+  for (int b = 0; b < 8; ++b) v = (v << 8) | static_cast<uint8_t>(h[b]);
+  return v;
+}
+
+}  // namespace
+
+std::vector<ReplayDraw> DrawReplays(const pb::RoundResult& result, uint32_t rate_bps) {
+  std::vector<ReplayDraw> draws;
+  const size_t n = static_cast<size_t>(result.contributions_size());
+  if (n < 2 || rate_bps == 0) return draws;
+  std::string pre = "gonka-trainshard/v1/replay";
+  pre.append(result.new_root());
+  AppendU64(&pre, result.round());
+  const std::string seed = common::Sha256(pre);
+  for (size_t i = 0; i < n; ++i) {
+    if (DrawOf(seed, "check", i) % 10000 >= rate_bps) continue;
+    draws.push_back(
+        {.member = i, .validator = (i + 1 + DrawOf(seed, "validator", i) % (n - 1)) % n});
+  }
+  return draws;
+}
+
 absl::Status CheckContributions(const pb::RoundResult& result) {
   if (result.contributions().empty()) return absl::OkStatus();
   const std::string round_field = absl::StrCat("certificate of round ", result.round());
@@ -160,6 +190,10 @@ absl::Status VerifyPlan(std::string_view chain_id, const pb::RoundPlan& plan,
     if (m.collective_endpoint().empty() || m.collective_endpoint().size() > 300) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".collective_endpoint: ", m.collective_endpoint().size(), " bytes, want 1..300"));
+    }
+    if (m.worker_threads() > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".worker_threads: ", m.worker_threads(), " is more than 1024"));
     }
   }
   if (plan.base_root().size() != 32 || plan.data_seed().size() != 32) {

@@ -48,6 +48,17 @@ std::string AssignmentIdOf(std::string_view run_spec_hash, std::string_view data
 // A round result's contributions, when it has them: one per member in plan order, naming that
 // member, with 32-byte commitment and assignment. INVALID_ARGUMENT naming the field otherwise.
 absl::Status CheckContributions(const ::gonka::trainshard::v1::RoundResult& result);
+// Who replays whom after a round is certified (docs/verification.md "Replay"): drawn from
+// SHA-256("gonka-trainshard/v1/replay" || new_root || u64 round), which no member knew while it
+// trained. Member i of the result's contributions is checked when the first 8 bytes (big-endian)
+// of SHA-256(seed || "check" || u64 i) modulo 10000 fall below `rate_bps`; its validator is
+// member (i + 1 + v mod (n − 1)) mod n, v from SHA-256(seed || "validator" || u64 i) — never i.
+struct ReplayDraw {
+  size_t member = 0;     // index in the result's contributions
+  size_t validator = 0;  // index in the result's members
+};
+std::vector<ReplayDraw> DrawReplays(const ::gonka::trainshard::v1::RoundResult& result,
+                                    uint32_t rate_bps);
 // Strictly more than 2/3: 3·signed > 2·total.
 bool HasQuorum(uint64_t signed_weight, uint64_t total_weight);
 

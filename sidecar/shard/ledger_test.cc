@@ -125,6 +125,12 @@ TEST(Ledger, PlanSignatureBindsPlannerAndMembers) {
   pb::RoundPlan twice = plan;
   twice.mutable_members(2)->set_address(f.hosts[0].address);
   EXPECT_THAT(VerifyPlan(kChain, twice, f.view).message(), HasSubstr("appears twice"));
+  // A thread count no replay could run with, signed by the planner itself.
+  pb::RoundPlan greedy = plan;
+  greedy.mutable_members(1)->set_worker_threads(5000);
+  ASSERT_TRUE(SignPlan(f.hosts[1].key, kChain, &greedy).ok());
+  EXPECT_THAT(VerifyPlan(kChain, greedy, f.view).message(),
+              HasSubstr("members[1].worker_threads: 5000 is more than 1024"));
 }
 
 TEST(Ledger, CertificateNeedsMoreThanTwoThirdsOfTheShardWeight) {
@@ -206,6 +212,36 @@ TEST(Ledger, AssignmentIdNamesTheSpecTheSeedTheRoundAndTheHost) {
   EXPECT_NE(id, AssignmentIdOf("spec", "seed", 4, "host2"));
   // Lengths are part of the hash: moving bytes between fields gives another id.
   EXPECT_NE(AssignmentIdOf("ab", "c", 1, "h"), AssignmentIdOf("a", "bc", 1, "h"));
+}
+
+TEST(Ledger, ReplaysAreDrawnFromTheCertifiedRootAndNeverByTheMemberItself) {
+  Fixture f;
+  f.with_contributions = true;
+  pb::RoundResult result = f.Result(2);
+  EXPECT_TRUE(DrawReplays(result, 0).empty());
+  // At 100 % every member is checked, each by another member.
+  std::vector<ReplayDraw> all = DrawReplays(result, 10000);
+  ASSERT_EQ(all.size(), 4u);
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].member, i);
+    EXPECT_NE(all[i].validator, i);
+    EXPECT_LT(all[i].validator, 4u);
+  }
+  // At 25 %, about a quarter of the member-rounds over many roots; the same root draws the same.
+  size_t drawn = 0;
+  std::set<size_t> validators;
+  for (int k = 0; k < 400; ++k) {
+    result.set_new_root(common::Sha256(absl::StrCat("root ", k)));
+    std::vector<ReplayDraw> draws = DrawReplays(result, 2500);
+    drawn += draws.size();
+    for (const ReplayDraw& d : draws) validators.insert(d.validator);
+    EXPECT_EQ(DrawReplays(result, 2500).size(), draws.size());
+  }
+  EXPECT_GT(drawn, 300u);  // 400 expected of 1,600
+  EXPECT_LT(drawn, 500u);
+  EXPECT_EQ(validators.size(), 4u);
+  // A round without contributions (no commitments) draws nothing.
+  EXPECT_TRUE(DrawReplays(Fixture().Result(2), 10000).empty());
 }
 
 TEST(Ledger, MedianIsTheLowerMedian) {

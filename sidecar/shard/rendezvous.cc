@@ -54,6 +54,11 @@ Rendezvous::Decision Rendezvous::Decide(const ShardView& view, int64_t now_ms, i
   return d;
 }
 
+const Rendezvous::Announcement* Rendezvous::AnnounceOf(const std::string& member) const {
+  auto it = announces_.find(member);
+  return it == announces_.end() ? nullptr : &it->second;
+}
+
 const pb::RoundPlan* Rendezvous::PlanFor(uint32_t min_attempt) const {
   return plan_ && plan_->attempt() >= min_attempt ? &*plan_ : nullptr;
 }

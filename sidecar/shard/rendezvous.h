@@ -32,7 +32,8 @@ class Rendezvous {
     std::string endpoint;  // the member's collective endpoint for the round
     uint32_t min_attempt = 0;
     int64_t at_ms = 0;
-    bool preparing = false;  // running its inner steps, not ready yet
+    bool preparing = false;       // running its inner steps, not ready yet
+    uint32_t worker_threads = 0;  // its worker's CPU threads (RoundMember.worker_threads)
   };
 
   struct Timing {
@@ -59,6 +60,9 @@ class Rendezvous {
   void set_plan(::gonka::trainshard::v1::RoundPlan plan) { plan_ = std::move(plan); }
   // The plan made for the current round, if its attempt is at least `min_attempt`.
   const ::gonka::trainshard::v1::RoundPlan* PlanFor(uint32_t min_attempt) const;
+
+  // The member's announce for the current round, or null.
+  const Announcement* AnnounceOf(const std::string& member) const;
 
   uint64_t round() const { return round_; }
   uint32_t attempt() const { return attempt_; }

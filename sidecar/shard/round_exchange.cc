@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "sidecar/shard/checkpoint_publishing.h"
 #include "sidecar/shard/ledger.h"
+#include "sidecar/shard/replay_checks.h"
 #include "sidecar/shard/round_certificate.h"
 #include "worker/client/work_dir.h"
 
@@ -124,6 +125,8 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   if (round == run_.spec.spec.rounds()) {
     settlement_.Exchange(r.collective.get(), r.group, deadline);
   }
+  // The replays drawn for this host, while it holds the round's base.
+  ReplayChecks(&run_).Run(plan, cert);
   // Files of rounds no longer needed.
   if (round >= 2) run_.RemoveTree(CheckpointDir(round - 2));
   return absl::OkStatus();
@@ -141,6 +144,7 @@ void RoundExchange::AddContributions(const Reduced& r, pb::RoundResult* result) 
     c->set_assignment(
         AssignmentIdOf(run_.spec.hash, r.plan.data_seed(), r.plan.round(), c->host()));
     c->set_tokens(tokens);
+    c->set_worker_threads(r.plan.members(static_cast<int>(i)).worker_threads());
   }
 }
 

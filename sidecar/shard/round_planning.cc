@@ -165,10 +165,12 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t rou
         return Outcome{.plan = *made, .behind_peer = {}};
       }
       const int64_t now = run_.host.clock->MonotonicMs();
-      rendezvous.Announce(run_.host.address, {.endpoint = run_.collective_endpoint,
-                                              .min_attempt = rendezvous.attempt(),
-                                              .at_ms = now,
-                                              .preparing = false});
+      rendezvous.Announce(run_.host.address,
+                          {.endpoint = run_.collective_endpoint,
+                           .min_attempt = rendezvous.attempt(),
+                           .at_ms = now,
+                           .preparing = false,
+                           .worker_threads = static_cast<uint32_t>(run_.options.worker_threads)});
       const Rendezvous::Decision decision = rendezvous.Decide(view, now, start, timing);
       if (decision.plan) {
         TS_ASSIGN_OR_RETURN(pb::RoundPlan p, MakePlan(round, decision.ready));
@@ -211,6 +213,8 @@ absl::StatusOr<pb::RoundPlan> RoundPlanning::MakePlan(
     pb::RoundMember* m = p.add_members();
     m->set_address(address);
     m->set_collective_endpoint(endpoint);
+    const Rendezvous::Announcement* announced = run_.rendezvous.AnnounceOf(address);
+    m->set_worker_threads(announced != nullptr ? announced->worker_threads : 0);
   }
   p.set_base_root(run_.certified_root);
   TS_ASSIGN_OR_RETURN(std::string data_root, run_.DataRoot(round));
@@ -241,6 +245,7 @@ absl::StatusOr<pb::AnnounceRequest> RoundPlanning::AnnounceTo(const std::string&
   request.set_round(round);
   request.set_min_attempt(min_attempt);
   request.set_collective_endpoint(run_.collective_endpoint);
+  request.set_worker_threads(static_cast<uint32_t>(run_.options.worker_threads));
   request.set_preparing(preparing);
   TS_RETURN_IF_ERROR(run_.Sign(&request, kAnnounceMethod, candidate));
   return request;

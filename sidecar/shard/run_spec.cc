@@ -70,6 +70,23 @@ absl::Status ValidateData(const pb::DataSpec& d, const worker::ModelConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateVerification(const pb::RunSpec& spec) {
+  const pb::VerificationSpec& v = spec.verification();
+  TS_RETURN_IF_ERROR(CheckRange("verification.replay_rate_bps", v.replay_rate_bps(), 0, 10000));
+  if (v.replay_rate_bps() == 0) return absl::OkStatus();
+  if (!v.commitments() && spec.aggregation() == "mean") {
+    return Invalid("verification.replay_rate_bps", v.replay_rate_bps(),
+                   "needs verification.commitments (or a robust aggregation): a replay is "
+                   "compared with the member's commitment");
+  }
+  if (spec.overlap()) {
+    return Invalid("verification.replay_rate_bps", v.replay_rate_bps(),
+                   "cannot be used with overlap (a member's steps then start from its own Δ in "
+                   "flight)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
@@ -122,7 +139,7 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
     return Invalid("requirements.device", absl::StrCat("\"", device, "\""),
                    "is not one of any, cpu, cuda");
   }
-  return absl::OkStatus();
+  return ValidateVerification(spec);
 }
 
 int64_t InnerStepsTimeoutMs(const pb::RunSpec& spec) {

@@ -149,6 +149,14 @@ TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
        "training.precision: \"fp16\""},
       {R"("seed": "5")", R"("seed": "5", "innerTimeoutMs": "10")",
        "inner_timeout_ms: 10 is outside"},
+      {R"("seed": "5")",
+       R"("seed": "5", "verification": {"commitments": true, "replayRateBps": 10001})",
+       "verification.replay_rate_bps: 10001 is outside 0..10000"},
+      {R"("seed": "5")", R"("seed": "5", "verification": {"replayRateBps": 100})",
+       "verification.replay_rate_bps: 100 needs verification.commitments"},
+      {R"("seed": "5")",
+       R"("seed": "5", "overlap": true, "verification": {"commitments": true, "replayRateBps": 1})",
+       "verification.replay_rate_bps: 1 cannot be used with overlap"},
   };
   for (const Case& c : cases) {
     std::string doc = absl::StrReplaceAll(kSpec, {{c.from, c.to}});

@@ -485,7 +485,8 @@ pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
   m.rendezvous.Announce(signer, {.endpoint = request.collective_endpoint(),
                                  .min_attempt = request.min_attempt(),
                                  .at_ms = m.host.clock->MonotonicMs(),
-                                 .preparing = request.preparing()});
+                                 .preparing = request.preparing(),
+                                 .worker_threads = request.worker_threads()});
   response.set_attempt(m.rendezvous.attempt());
   if (const pb::RoundPlan* made = m.rendezvous.PlanFor(request.min_attempt()); made != nullptr) {
     *response.mutable_plan() = *made;

@@ -16,6 +16,8 @@ namespace {
 
 namespace pb = ::gonka::trainshard::v1;
 constexpr char kComponent[] = "shard_run";
+// As the worker's replay_threads: a replay of an announced thread count must be possible.
+constexpr uint32_t kWorkerThreadsMax = 1024;
 
 }  // namespace
 
@@ -186,6 +188,10 @@ grpc::Status ShardRunManager::Announce(grpc::ServerContext*, const pb::AnnounceR
   if (request->collective_endpoint().empty() || request->collective_endpoint().size() > 300) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "collective_endpoint: ", request->collective_endpoint().size(), " bytes, want 1..300")));
+  }
+  if (request->worker_threads() > kWorkerThreadsMax) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "worker_threads: ", request->worker_threads(), " is more than ", kWorkerThreadsMax)));
   }
   absl::MutexLock lock(&mu_);
   std::shared_ptr<ShardRun> run = Find(request->shard_id());

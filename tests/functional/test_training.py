@@ -373,6 +373,36 @@ class TrainTest(unittest.TestCase):
         settlement = net.cli("shard", "settlement", "--id", sid)["settlement"]
         self.assertEqual(settlement["final_checkpoint_root"], s["root"])
 
+    def test_replays_check_members_on_other_thread_counts(self):
+        """Commitments and replays (docs/verification.md): every round's result commits each
+        member's Δ; after it is certified, every member's steps are replayed by another member
+        drawn from the certified root — the hosts' workers run 1, 2 and 1 threads, so a replay
+        runs with the member's thread count — and each replay reproduces the honest member's
+        commitment bit for bit."""
+        net = self.net
+        run_spec = net.write_run_spec("replays", rounds=3, codec="int8",
+                                      verification={"commitments": True,
+                                                    "replayRateBps": 10000})
+        sid = self.run_shard("replays", run_spec)
+        statuses = [net.train_status(h, sid) for h in net.hosts]
+        self.assertEqual(len({s["root"] for s in statuses}), 1)
+        replays = [int(s.get("replays", 0)) for s in statuses]
+        passed = [int(s.get("replays_passed", 0)) for s in statuses]
+        members_of = {}
+        for s in statuses:
+            for r in s["rounds"]:
+                members_of[int(r["round"])] = len(r["members"])
+        self.assertEqual(sorted(members_of), [1, 2, 3])
+        members = sum(members_of.values())
+        # Every member of every round is replayed once (a host that missed a round was not a
+        # member of it), by a validator that holds the round's base.
+        print(f"replays by host: {replays} of {members} member-rounds, all reproduced")
+        self.assertEqual(sum(replays), members, statuses[0].get("transitions"))
+        self.assertEqual(passed, replays, [s.get("transitions") for s in statuses])
+        for s in statuses:
+            self.assertFalse([t for t in s.get("transitions", []) if "replay" in t and
+                              ("FAILED" in t or "not run" in t)], s.get("transitions"))
+
     def test_bad_input(self):
         net = self.net
         run_spec = net.write_run_spec("bad", rounds=8, innerSteps=30)

@@ -36,23 +36,25 @@ constexpr uint64_t kShard = 7;
 constexpr char kChainId[] = "sim-chain";
 constexpr int kCheckStatusEvery = 16;
 
-// Every fourth seed (1, 5, 9, ...) runs with commitments (docs/verification.md), so the
-// commit-before-reveal exchange meets the same faults as the ring.
+// Every fourth seed (1, 5, 9, ...) runs with commitments and replays at half the rounds
+// (docs/verification.md), so the commit-before-reveal exchange and the validators meet the same
+// faults as the ring.
 std::string SpecOf(uint32_t rounds, bool commitments) {
-  return absl::StrCat(R"({
+  return absl::StrCat(
+      R"({
   "version": 1,
   "model": {"kind": "gpt", "seed": "7",
             "config": {"layers": 2, "dModel": 64, "heads": 4, "context": 32, "vocab": 512,
                        "mlpRatio": 4}},
   "data": {"corpus": "fortunes", "files": 4, "vocab": 512, "shardTokens": 8192, "evalEvery": 20},
   "rounds": )",
-                      rounds, R"(, "innerSteps": 10, "batchSize": 8,
+      rounds, R"(, "innerSteps": 10, "batchSize": 8,
   "inner": {"lr": 0.003, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weightDecay": 0.1,
             "gradClipNorm": 1.0},
   "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": true},
   "codec": "int8", "aggregation": "mean", "evalEvery": 2, "evalBatchSize": 16, "seed": "5",
   "joinWindowMs": 2000, "plannerTimeoutMs": 3000, "exchangeTimeoutMs": 10000)",
-                      commitments ? R"(, "verification": {"commitments": true})" : "", "}");
+      commitments ? R"(, "verification": {"commitments": true, "replayRateBps": 5000})" : "", "}");
 }
 
 enum class Fault { kKill, kWorker, kPartition, kSlow, kStall, kLie };
@@ -235,6 +237,7 @@ absl::Status RoundSim::Setup() {
     state.address = h->address;
     state.weight = h->weight;
     state.key = &h->key;
+    state.free_rider = options_.free_rider == static_cast<int>(i);
     h->artifacts = MakeSimArtifacts(&net_, h->address);
     hosts_.push_back(std::move(h));
   }
@@ -480,6 +483,20 @@ bool RoundSim::Finished() {
 bool RoundSim::CheckEnd() {
   for (auto& hp : hosts_) {
     const pb::ShardRunStatus st = hp->run->Status();
+    result_.replays += st.replays();
+    result_.replays_failed += st.replays() - st.replays_passed();
+    // A replay may fail only on the free rider: on an honest member it is a false accusation.
+    if (options_.free_rider < 0 && st.replays_passed() != st.replays()) {
+      return Violation(absl::StrCat(hp->address, " replayed ", st.replays(), " rounds and only ",
+                                    st.replays_passed(), " reproduced an honest commitment"));
+    }
+    for (const std::string& t : st.transitions()) {
+      if (t.find(": FAILED") == std::string::npos) continue;
+      if (options_.free_rider < 0 ||
+          t.find(sidecar::Short(hosts_[options_.free_rider]->address)) == std::string::npos) {
+        return Violation(absl::StrCat(hp->address, " accused an honest member: ", t));
+      }
+    }
     if (st.state() == "failed") {
       if (st.error().empty()) return Violation(absl::StrCat(hp->address, " failed saying nothing"));
       continue;

@@ -31,6 +31,9 @@ struct SimOptions {
   int64_t faults_until_ms = 40'000;
   int64_t settle_within_ms = 300'000;
   bool verbose = false;  // every fault and the end, on stderr
+  // The index of a host whose worker sends Δ = 0 and signs like the others (a free rider), or
+  // -1. Only a replay failing on it is allowed then (docs/verification.md).
+  int free_rider = -1;
 };
 
 struct SimResult {
@@ -40,10 +43,12 @@ struct SimResult {
   uint32_t rounds = 0;
   uint64_t events = 0;
   int64_t sim_ms = 0;
-  std::string final_root;  // hex
-  uint64_t trace = 0;      // a hash of the run's course: equal for a replay
-  std::string faults;      // the faults injected, counted by kind
-  int superseded = 0;      // records replaced by a later attempt's certificate
+  std::string final_root;       // hex
+  uint64_t trace = 0;           // a hash of the run's course: equal for a replay
+  std::string faults;           // the faults injected, counted by kind
+  int superseded = 0;           // records replaced by a later attempt's certificate
+  uint64_t replays = 0;         // replays by the hosts still up at the end (docs/verification.md)
+  uint64_t replays_failed = 0;  // of those, the ones that did not reproduce the commitment
 };
 
 SimResult RunRoundSim(const SimOptions& options);

@@ -17,11 +17,16 @@ uint64_t SeedsToRun() {
 }
 
 TEST(RoundSim, WithoutFaultsEveryShardSettles) {
+  uint64_t replays = 0;
   for (uint64_t seed = 1; seed <= 10; ++seed) {
     SimResult r = RunRoundSim({.seed = seed, .faults = false});
     ASSERT_TRUE(r.ok) << r.violation;
     EXPECT_EQ(r.final_root.size(), 64U) << "seed " << seed;
+    replays += r.replays;
   }
+  // Seeds 1, 5 and 9 replay about half their members' rounds, and every replay reproduced
+  // (CheckEnd holds every replay to the honest member's commitment).
+  EXPECT_GT(replays, 0u);
 }
 
 TEST(RoundSim, UnderFaultsNoInvariantBreaks) {
@@ -48,6 +53,18 @@ TEST(RoundSim, AnAbandonedAttemptsCertificateIsSuperseded) {
     ASSERT_TRUE(r.ok) << r.violation;
     EXPECT_GT(r.superseded, 0) << "seed " << seed;
   }
+}
+
+// A member whose worker sends Δ = 0 and signs is caught by the replays of its rounds, and no
+// honest member is (docs/verification.md "Replay").
+TEST(RoundSim, AFreeRiderFailsItsReplaysAndNoHonestMemberDoes) {
+  uint64_t failed = 0;
+  for (uint64_t seed : {1, 5, 9}) {  // seeds with commitments and replays
+    SimResult r = RunRoundSim({.seed = seed, .faults = false, .free_rider = 0});
+    ASSERT_TRUE(r.ok) << r.violation;
+    failed += r.replays_failed;
+  }
+  EXPECT_GT(failed, 0u);
 }
 
 TEST(RoundSim, ASeedReplaysExactly) {

@@ -123,11 +123,23 @@ class SimWorker final : public sidecar::RunWorker {
     SimHostState* me = net_.Host(self_);
     const bool stalled = net_.scheduler().now() < me->stall_until_ms;
     TS_RETURN_IF_ERROR(Call(stalled ? kStalledInnerStepsMs : kInnerStepsMs));
+    if (!request.replay_checkpoint_file().empty()) {
+      // Another member's steps, from the file, leaving this worker's state alone.
+      TS_ASSIGN_OR_RETURN(std::string bytes, ReadFile(Path(request.replay_checkpoint_file())));
+      if (common::Sha256(bytes) != request.base_root()) {
+        return absl::InvalidArgumentError("sim: the replay's checkpoint is not at base_root");
+      }
+      TS_ASSIGN_OR_RETURN(Params base, ParamsOf(bytes));
+      Params delta = DeltaOf(base, request.data_seed(), request.host(), request.steps());
+      TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
+      return pb::InnerStepsResponse();
+    }
     if (request.base_root() != root_) {
       return absl::FailedPreconditionError(
           "sim: inner steps from a base this worker does not hold");
     }
     Params delta = DeltaOf(params_, request.data_seed(), self_, request.steps());
+    if (me->free_rider) delta.assign(delta.size(), 0.0f);
     TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
     me->deltas[request.base_root() + request.data_seed()] = Bytes(delta);
     pb::InnerStepsResponse done;

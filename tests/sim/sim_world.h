@@ -46,6 +46,7 @@ struct SimHostState {
   int64_t stall_until_ms = 0;        // its worker's inner steps take long until then
   std::map<std::string, std::map<std::string, std::string>> artifacts;  // id -> files
   std::map<std::string, pb::ArtifactSummary> summaries;                 // id -> summary
+  bool free_rider = false;  // its worker writes Δ = 0 (SimOptions.free_rider)
   // Every Δ its worker wrote, by base root ‖ data seed: what its commitments must bind.
   std::map<std::string, std::string> deltas;
 };
