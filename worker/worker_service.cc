@@ -464,7 +464,80 @@ absl::Status CheckInnerStepsFields(const pb::InnerStepsRequest& request) {
   return absl::OkStatus();
 }
 
+// Micro-batches, schedule, checkpointing and precision of an InnerSteps request.
+absl::StatusOr<InnerOptions> InnerOptionsOf(const pb::InnerStepsRequest& request) {
+  TS_ASSIGN_OR_RETURN(
+      TrainingChoice training,
+      TrainingFromSpec(request.training(), request.batch_size(),
+                       std::max(request.total_steps(), request.first_step() + request.steps())));
+  InnerOptions inner;
+  inner.micro_batch = training.micro_batch;
+  inner.first_step = request.first_step();
+  inner.schedule.warmup_steps = training.warmup_steps;
+  inner.schedule.total_steps = training.cosine ? request.total_steps() : 0;
+  inner.schedule.min_lr_ratio = training.cosine ? training.min_lr_ratio : 1.0f;
+  inner.activation_checkpointing = training.activation_checkpointing;
+  inner.bf16 = training.bf16;
+  if (training.cosine && request.total_steps() < training.warmup_steps) {
+    return Invalid("total_steps", request.total_steps(),
+                   absl::StrCat("is below training.warmup_steps ", training.warmup_steps));
+  }
+  return inner;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<TokenBatch>> WorkerService::AssignedBatches(
+    const pb::InnerStepsRequest& request, const ModelConfig& config,
+    pb::InnerStepsResponse* response) {
+  std::vector<DataShard> shards;
+  AssignmentRequest assign{.data_seed = request.data_seed(),
+                           .round = request.round(),
+                           .host = request.host(),
+                           .shards = {},
+                           .steps = request.steps(),
+                           .batch_size = request.batch_size(),
+                           .context = config.context};
+  for (int i = 0; i < request.shard_files_size(); ++i) {
+    const std::string field = absl::StrCat("shard_files[", i, "]");
+    TS_ASSIGN_OR_RETURN(
+        std::string bytes,
+        ReadWorkFile(options_.work_dir, field, request.shard_files(i), options_.file_bytes_max));
+    auto shard = DecodeDataShard(bytes);
+    if (!shard.ok()) {
+      return Prefixed(absl::StrCat(field, ": ", Quoted(request.shard_files(i)), ": "),
+                      shard.status());
+    }
+    if (shard->vocab != config.vocab) {
+      return Invalid(field, Quoted(request.shard_files(i)),
+                     absl::StrCat("has vocab ", shard->vocab, ", the model's is ", config.vocab));
+    }
+    std::string id = DataShardId(bytes);
+    response->add_shard_ids(id);
+    assign.shards.push_back({.id = std::move(id), .tokens = shard->tokens.size()});
+    shards.push_back(*std::move(shard));
+  }
+  TS_ASSIGN_OR_RETURN(Assignment assignment, AssignBatches(assign));
+  return GatherBatches(assignment, shards);
+}
+
+absl::StatusOr<Trainer*> WorkerService::InnerStepsTrainer(const pb::InnerStepsRequest& request,
+                                                          const ModelConfig& config,
+                                                          const AdamWOptions& adamw,
+                                                          std::unique_ptr<Trainer>* replayer) {
+  if (request.replay_checkpoint_file().empty()) {
+    TS_ASSIGN_OR_RETURN(Trainer * trainer, TrainerFor(config, adamw));
+    if (request.reset_optimizer()) trainer->ResetOptimizer();
+    return trainer;
+  }
+  // A replay trains on a trainer of its own, so the host's own state stays as it was.
+  const int threads = request.replay_threads() > 0 ? static_cast<int>(request.replay_threads())
+                                                   : options_.num_threads;
+  TS_ASSIGN_OR_RETURN(
+      *replayer,
+      Trainer::Create(config, adamw, {.num_threads = threads, .device = options_.device.device}));
+  return replayer->get();
+}
 
 absl::StatusOr<ModelConfig> WorkerService::InnerStepsConfig(const pb::InnerStepsRequest& request) {
   if (request.replay_checkpoint_file().empty()) {
@@ -492,22 +565,7 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   TS_ASSIGN_OR_RETURN(const ModelConfig config, InnerStepsConfig(request));
   TS_RETURN_IF_ERROR(CheckInnerStepsFields(request));
   TS_ASSIGN_OR_RETURN(AdamWOptions adamw, AdamWFromProto(request));
-  TS_ASSIGN_OR_RETURN(
-      TrainingChoice training,
-      TrainingFromSpec(request.training(), request.batch_size(),
-                       std::max(request.total_steps(), request.first_step() + request.steps())));
-  InnerOptions inner;
-  inner.micro_batch = training.micro_batch;
-  inner.first_step = request.first_step();
-  inner.schedule.warmup_steps = training.warmup_steps;
-  inner.schedule.total_steps = training.cosine ? request.total_steps() : 0;
-  inner.schedule.min_lr_ratio = training.cosine ? training.min_lr_ratio : 1.0f;
-  inner.activation_checkpointing = training.activation_checkpointing;
-  inner.bf16 = training.bf16;
-  if (training.cosine && request.total_steps() < training.warmup_steps) {
-    return Invalid("total_steps", request.total_steps(),
-                   absl::StrCat("is below training.warmup_steps ", training.warmup_steps));
-  }
+  TS_ASSIGN_OR_RETURN(const InnerOptions inner, InnerOptionsOf(request));
   TS_RETURN_IF_ERROR(ValidateWorkFileName("delta_file", request.delta_file()));
   if (!request.rebase_delta_file().empty()) {
     // Checked before the data and the steps: the same file is read again for the Δ.
@@ -538,36 +596,7 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
     return base;
   };
 
-  std::vector<DataShard> shards;
-  AssignmentRequest assign{.data_seed = request.data_seed(),
-                           .round = request.round(),
-                           .host = request.host(),
-                           .shards = {},
-                           .steps = request.steps(),
-                           .batch_size = request.batch_size(),
-                           .context = config.context};
-  for (int i = 0; i < request.shard_files_size(); ++i) {
-    const std::string field = absl::StrCat("shard_files[", i, "]");
-    TS_ASSIGN_OR_RETURN(
-        std::string bytes,
-        ReadWorkFile(options_.work_dir, field, request.shard_files(i), options_.file_bytes_max));
-    auto shard = DecodeDataShard(bytes);
-    if (!shard.ok()) {
-      return Prefixed(absl::StrCat(field, ": ", Quoted(request.shard_files(i)), ": "),
-                      shard.status());
-    }
-    if (shard->vocab != config.vocab) {
-      return Invalid(field, Quoted(request.shard_files(i)),
-                     absl::StrCat("has vocab ", shard->vocab, ", the model's is ", config.vocab));
-    }
-    std::string id = DataShardId(bytes);
-    response->add_shard_ids(id);
-    assign.shards.push_back({.id = std::move(id), .tokens = shard->tokens.size()});
-    shards.push_back(*std::move(shard));
-  }
-  TS_ASSIGN_OR_RETURN(Assignment assignment, AssignBatches(assign));
-  TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, GatherBatches(assignment, shards));
-  shards.clear();
+  TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, AssignedBatches(request, config, response));
 
   const uint32_t rows = inner.micro_batch == 0 ? request.batch_size()
                                                : std::min(inner.micro_batch, request.batch_size());
@@ -577,20 +606,8 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
                                    .checkpointing = inner.activation_checkpointing,
                                    .bf16 = inner.bf16 && options_.device.device == Device::kCuda,
                                    .fused_attention = FusedAttention()}));
-  // A replay trains on a trainer of its own, so the host's own state stays as it was.
   std::unique_ptr<Trainer> replayer;
-  Trainer* trainer = nullptr;
-  if (replay) {
-    const int threads = request.replay_threads() > 0 ? static_cast<int>(request.replay_threads())
-                                                     : options_.num_threads;
-    TS_ASSIGN_OR_RETURN(
-        replayer,
-        Trainer::Create(config, adamw, {.num_threads = threads, .device = options_.device.device}));
-    trainer = replayer.get();
-  } else {
-    TS_ASSIGN_OR_RETURN(trainer, TrainerFor(config, adamw));
-    if (request.reset_optimizer()) trainer->ResetOptimizer();
-  }
+  TS_ASSIGN_OR_RETURN(Trainer * trainer, InnerStepsTrainer(request, config, adamw, &replayer));
   // A replay's base is held to base_root on each pass over the file.
   auto check_replay_root = [&](Base& base) -> absl::Status {
     if (!replay) return absl::OkStatus();

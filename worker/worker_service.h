@@ -17,12 +17,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gonka/trainshard/v1/worker.grpc.pb.h"
 #include "worker/checkpoint.h"
+#include "worker/data_shard.h"
 #include "worker/trainer.h"
 #include "worker/value_stream.h"
 
@@ -114,6 +116,17 @@ class WorkerService final : public pb::Worker::Service {
   // The config an InnerSteps request trains: the current checkpoint's (base_root must be its
   // root), or a replay's checkpoint file's (docs/verification.md).
   absl::StatusOr<ModelConfig> InnerStepsConfig(const pb::InnerStepsRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The batches of an InnerSteps request's assignment, cut from its shard files (each checked
+  // against the model's vocab); the shards' ids go into `response`.
+  absl::StatusOr<std::vector<TokenBatch>> AssignedBatches(const pb::InnerStepsRequest& request,
+                                                          const ModelConfig& config,
+                                                          pb::InnerStepsResponse* response);
+  // The trainer an InnerSteps request trains on: the worker's own (its moments reset when the
+  // request says so), or for a replay a fresh one in `replayer` with the member's threads.
+  absl::StatusOr<Trainer*> InnerStepsTrainer(const pb::InnerStepsRequest& request,
+                                             const ModelConfig& config, const AdamWOptions& adamw,
+                                             std::unique_ptr<Trainer>* replayer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION without a current checkpoint, or when base_root is not its root.
   absl::Status CheckBase(std::string_view base_root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
