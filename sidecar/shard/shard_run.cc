@@ -47,18 +47,30 @@ struct ShardRun::Impl {
   // The run thread's.
   int worker_restarts = 0;
   uint64_t delta_round = 0;
+  std::string delta_data_root;  // the root delta_round's data seed was drawn from
   // With overlap: the rounds whose Δ file (DeltaName) holds this host's Δ, computed since the
   // last catch-up (at most the round in flight and the next), with what the steps reported.
   struct DeltaInfo {
     float train_loss = 0;
     double inner_seconds = 0;
+    std::string data_root;
   };
   std::map<uint64_t, DeltaInfo> deltas;
   float last_train_loss = 0;
 
-  // Whether this host holds its Δ of `round`.
+  // Whether this host holds its Δ of `round`, computed on the root the round now builds on: a
+  // Δ computed before this host's records of an earlier round were superseded is stale.
   bool HasDelta(uint64_t round) const {
-    return ctx.spec.spec.overlap() ? deltas.contains(round) : delta_round == round;
+    std::string data_root;
+    {
+      absl::MutexLock lock(&ctx.mu);
+      absl::StatusOr<std::string> now = ctx.DataRoot(round);
+      if (!now.ok()) return false;
+      data_root = *std::move(now);
+    }
+    if (!ctx.spec.spec.overlap()) return delta_round == round && delta_data_root == data_root;
+    auto it = deltas.find(round);
+    return it != deltas.end() && it->second.data_root == data_root;
   }
 
   // H inner steps of `round` from the certified checkpoint, or from it minus this host's Δ in
@@ -88,9 +100,10 @@ struct ShardRun::Impl {
     TS_ASSIGN_OR_RETURN(pb::InnerStepsResponse done,
                         ctx.worker->InnerSteps(request, InnerStepsTimeoutMs(spec)));
     delta_round = round;
+    delta_data_root = data_root;
     last_train_loss = done.losses().empty() ? 0 : done.losses(done.losses_size() - 1);
     ctx.round_inner_seconds = done.seconds();
-    if (spec.overlap()) deltas[round] = {last_train_loss, ctx.round_inner_seconds};
+    if (spec.overlap()) deltas[round] = {last_train_loss, ctx.round_inner_seconds, data_root};
     absl::MutexLock lock(&ctx.mu);
     ctx.status.set_inner_seconds(ctx.status.inner_seconds() + done.seconds());
     return absl::OkStatus();
@@ -197,7 +210,7 @@ struct ShardRun::Impl {
         attempt_round = round;
         min_attempt = 0;
       }
-      if (delta_round != round) {
+      if (!HasDelta(round)) {
         absl::Status s;
         {
           // The first planners in order hear that this host is on its way while it trains.

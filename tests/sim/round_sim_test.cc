@@ -55,6 +55,17 @@ TEST(RoundSim, AnAbandonedAttemptsCertificateIsSuperseded) {
   }
 }
 
+// Seed 9313 (commitments): a member certified round 4's first attempt, was killed, and on its
+// restart its record was superseded by the second attempt's; the Δ of round 5 it had computed on
+// its own round-4 root before it learned that was stale, and it must be computed again on the
+// final root — a commitment to the stale Δ does not bind what the round's base and assignment
+// give, so a replay would accuse an honest member.
+TEST(RoundSim, ADeltaOnASupersededRootIsComputedAgain) {
+  SimResult r = RunRoundSim({.seed = 9313});
+  ASSERT_TRUE(r.ok) << r.violation;
+  EXPECT_GT(r.superseded, 0);
+}
+
 // A member whose worker sends Δ = 0 and signs is caught by the replays of its rounds, and no
 // honest member is (docs/verification.md "Replay").
 TEST(RoundSim, AFreeRiderFailsItsReplaysAndNoHonestMemberDoes) {
