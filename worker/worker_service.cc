@@ -559,9 +559,38 @@ absl::StatusOr<ModelConfig> WorkerService::InnerStepsConfig(const pb::InnerSteps
   return reader->header().config;
 }
 
+absl::StatusOr<WorkerService::InnerStepsBase> WorkerService::OpenInnerStepsBase(
+    const pb::InnerStepsRequest& request) {
+  InnerStepsBase base;
+  if (!request.replay_checkpoint_file().empty()) {
+    TS_ASSIGN_OR_RETURN(base.global,
+                        OpenCheckpoint("replay_checkpoint_file", request.replay_checkpoint_file()));
+  } else {
+    TS_ASSIGN_OR_RETURN(base.global, OpenCurrent());
+  }
+  base.reader = base.global.get();
+  if (!request.rebase_delta_file().empty()) {
+    TS_ASSIGN_OR_RETURN(base.own, OpenDelta("rebase_delta_file", request.rebase_delta_file()));
+    base.difference = std::make_unique<DifferenceReader>(base.global.get(), base.own.get());
+    base.reader = base.difference.get();
+  }
+  return base;
+}
+
+absl::Status WorkerService::CheckReplayRoot(const pb::InnerStepsRequest& request,
+                                            InnerStepsBase& base) {
+  if (request.replay_checkpoint_file().empty()) return absl::OkStatus();
+  TS_ASSIGN_OR_RETURN(const std::string root, base.global->Finish());
+  if (root != request.base_root()) {
+    return Invalid("replay_checkpoint_file", Quoted(request.replay_checkpoint_file()),
+                   absl::StrCat("has root ", absl::BytesToHexString(root), ", not base_root ",
+                                absl::BytesToHexString(request.base_root())));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
                                          pb::InnerStepsResponse* response) {
-  const bool replay = !request.replay_checkpoint_file().empty();
   TS_ASSIGN_OR_RETURN(const ModelConfig config, InnerStepsConfig(request));
   TS_RETURN_IF_ERROR(CheckInnerStepsFields(request));
   TS_ASSIGN_OR_RETURN(AdamWOptions adamw, AdamWFromProto(request));
@@ -571,31 +600,6 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
     // Checked before the data and the steps: the same file is read again for the Δ.
     TS_RETURN_IF_ERROR(OpenDelta("rebase_delta_file", request.rebase_delta_file()).status());
   }
-  // The steps' base: the current checkpoint, or (overlap) it minus this host's own Δ in flight.
-  // Opened once to load the model and once more for Δ = base − θ after the steps.
-  struct Base {
-    std::unique_ptr<CheckpointFileReader> global;
-    std::unique_ptr<RawValuesReader> own;
-    std::unique_ptr<DifferenceReader> difference;
-    ValueReader* reader = nullptr;
-  };
-  auto open_base = [&]() -> absl::StatusOr<Base> {
-    Base base;
-    if (replay) {
-      TS_ASSIGN_OR_RETURN(
-          base.global, OpenCheckpoint("replay_checkpoint_file", request.replay_checkpoint_file()));
-    } else {
-      TS_ASSIGN_OR_RETURN(base.global, OpenCurrent());
-    }
-    base.reader = base.global.get();
-    if (!request.rebase_delta_file().empty()) {
-      TS_ASSIGN_OR_RETURN(base.own, OpenDelta("rebase_delta_file", request.rebase_delta_file()));
-      base.difference = std::make_unique<DifferenceReader>(base.global.get(), base.own.get());
-      base.reader = base.difference.get();
-    }
-    return base;
-  };
-
   TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, AssignedBatches(request, config, response));
 
   const uint32_t rows = inner.micro_batch == 0 ? request.batch_size()
@@ -608,21 +612,10 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
                                    .fused_attention = FusedAttention()}));
   std::unique_ptr<Trainer> replayer;
   TS_ASSIGN_OR_RETURN(Trainer * trainer, InnerStepsTrainer(request, config, adamw, &replayer));
-  // A replay's base is held to base_root on each pass over the file.
-  auto check_replay_root = [&](Base& base) -> absl::Status {
-    if (!replay) return absl::OkStatus();
-    TS_ASSIGN_OR_RETURN(const std::string root, base.global->Finish());
-    if (root != request.base_root()) {
-      return Invalid("replay_checkpoint_file", Quoted(request.replay_checkpoint_file()),
-                     absl::StrCat("has root ", absl::BytesToHexString(root), ", not base_root ",
-                                  absl::BytesToHexString(request.base_root())));
-    }
-    return absl::OkStatus();
-  };
   {
-    TS_ASSIGN_OR_RETURN(Base base, open_base());
+    TS_ASSIGN_OR_RETURN(InnerStepsBase base, OpenInnerStepsBase(request));
     TS_RETURN_IF_ERROR(trainer->Load(*base.reader));
-    TS_RETURN_IF_ERROR(check_replay_root(base));
+    TS_RETURN_IF_ERROR(CheckReplayRoot(request, base));
   }
   const auto start = std::chrono::steady_clock::now();
   TS_ASSIGN_OR_RETURN(std::vector<float> losses, trainer->Steps(batches, inner));
@@ -636,9 +629,9 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
   FileByteWriter out(file.TakeFd(), file.description());
   FileValueWriter values(&out, count);
   {
-    TS_ASSIGN_OR_RETURN(Base base, open_base());
+    TS_ASSIGN_OR_RETURN(InnerStepsBase base, OpenInnerStepsBase(request));
     TS_RETURN_IF_ERROR(trainer->WritePseudoGradient(*base.reader, values));
-    TS_RETURN_IF_ERROR(check_replay_root(base));
+    TS_RETURN_IF_ERROR(CheckReplayRoot(request, base));
   }
   TS_ASSIGN_OR_RETURN(const std::string sha, out.Close());
   TS_RETURN_IF_ERROR(file.Commit());

@@ -128,6 +128,19 @@ class WorkerService final : public pb::Worker::Service {
                                              const ModelConfig& config, const AdamWOptions& adamw,
                                              std::unique_ptr<Trainer>* replayer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The values an InnerSteps request's steps start from: the current checkpoint (a replay's
+  // checkpoint file), or with a rebase Δ that minus this host's own Δ in flight. Opened once to
+  // load the model and once more for Δ = base − θ after the steps.
+  struct InnerStepsBase {
+    std::unique_ptr<CheckpointFileReader> global;
+    std::unique_ptr<RawValuesReader> own;
+    std::unique_ptr<DifferenceReader> difference;
+    ValueReader* reader = nullptr;
+  };
+  absl::StatusOr<InnerStepsBase> OpenInnerStepsBase(const pb::InnerStepsRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a pass over a replay's base file: its root is the request's base_root.
+  static absl::Status CheckReplayRoot(const pb::InnerStepsRequest& request, InnerStepsBase& base);
   // FAILED_PRECONDITION without a current checkpoint, or when base_root is not its root.
   absl::Status CheckBase(std::string_view base_root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A reader of a checkpoint file of the work dir (header checked, size exact).

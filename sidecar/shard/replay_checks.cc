@@ -52,9 +52,9 @@ absl::StatusOr<bool> ReplayChecks::Replay(const pb::RoundPlan& plan, const pb::R
     return absl::FailedPreconditionError(
         absl::StrCat("the round's base checkpoint ", base, " is not held here"));
   }
-  std::vector<std::string> files(run_.data.shard_files().begin(), run_.data.shard_files().end());
-  pb::InnerStepsRequest request = InnerStepsRequestOf(run_.spec, files, result.round(),
-                                                      plan.data_seed(), c.host(), plan.base_root());
+  pb::InnerStepsRequest request =
+      InnerStepsRequestOf(run_.spec, run_.data.shard_files(), result.round(), plan.data_seed(),
+                          c.host(), plan.base_root());
   request.set_delta_file(kReplayDeltaFile);
   request.set_replay_checkpoint_file(base);
   request.set_replay_threads(c.worker_threads());
@@ -64,9 +64,8 @@ absl::StatusOr<bool> ReplayChecks::Replay(const pb::RoundPlan& plan, const pb::R
   TS_RETURN_IF_ERROR(worker::ReadWorkFileInto(
       run_.work_dir, "replay", kReplayDeltaFile,
       std::span<char>(reinterpret_cast<char*>(delta.data()), 4 * delta.size())));
-  std::string payload;
-  TS_RETURN_IF_ERROR(Encode(run_.spec.codec, delta, &payload));
-  return CommitmentOf(1, static_cast<uint32_t>(member), payload) == c.delta_commitment();
+  TS_ASSIGN_OR_RETURN(std::string commitment, DeltaCommitmentOf(run_.spec, member, delta));
+  return commitment == c.delta_commitment();
 }
 
 }  // namespace ts::sidecar

@@ -58,7 +58,7 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
       run_.work_dir, "delta_file", DeltaName(round),
       std::span<char>(reinterpret_cast<char*>(delta.data()), 4 * delta.size())));
   OpOptions op;
-  op.op_id = 1;
+  op.op_id = kDeltaOpId;
   op.codec = run_.spec.codec;
   op.reduce = ReduceOp::kMean;
   op.deadline_ms = r.deadline;
@@ -201,7 +201,7 @@ absl::StatusOr<pb::RoundCertificate> RoundExchange::Certify(Reduced& r,
   TS_ASSIGN_OR_RETURN(std::string block, PackBlock(vote, kVoteBlockBytes));
   std::string gathered(kVoteBlockBytes * r.group.members.size(), '\0');
   OpOptions op;
-  op.op_id = 2;
+  op.op_id = kEvaluationOpId;
   op.codec = run_.spec.codec;
   op.reduce = ReduceOp::kMean;
   op.deadline_ms = deadline;

@@ -184,13 +184,12 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   return out;
 }
 
-pb::InnerStepsRequest InnerStepsRequestOf(const ParsedRunSpec& parsed,
-                                          std::span<const std::string> shard_files, uint64_t round,
-                                          std::string_view data_seed, std::string_view host,
-                                          std::string_view base_root) {
+pb::InnerStepsRequest InnerStepsRequestOf(
+    const ParsedRunSpec& parsed, const google::protobuf::RepeatedPtrField<std::string>& shard_files,
+    uint64_t round, std::string_view data_seed, std::string_view host, std::string_view base_root) {
   const pb::RunSpec& spec = parsed.spec;
   pb::InnerStepsRequest request;
-  for (const std::string& f : shard_files) request.add_shard_files(f);
+  *request.mutable_shard_files() = shard_files;
   request.set_data_seed(std::string(data_seed));
   request.set_round(round);
   request.set_host(std::string(host));
@@ -205,6 +204,13 @@ pb::InnerStepsRequest InnerStepsRequestOf(const ParsedRunSpec& parsed,
   request.set_first_step((round - 1) * uint64_t{spec.inner_steps()});
   request.set_total_steps(uint64_t{spec.rounds()} * spec.inner_steps());
   return request;
+}
+
+absl::StatusOr<std::string> DeltaCommitmentOf(const ParsedRunSpec& spec, size_t index,
+                                              std::span<const float> delta) {
+  std::string payload;
+  TS_RETURN_IF_ERROR(Encode(spec.codec, delta, &payload));
+  return CommitmentOf(kDeltaOpId, static_cast<uint32_t>(index), payload);
 }
 
 }  // namespace ts::sidecar

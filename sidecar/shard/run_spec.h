@@ -52,8 +52,19 @@ int64_t InnerStepsTimeoutMs(const ::gonka::trainshard::v1::RunSpec& spec);
 // starts every round fresh: the Δ is then a function of the base, the assignment and the spec
 // alone, and anyone can reproduce it. The caller names the Δ file.
 ::gonka::trainshard::v1::InnerStepsRequest InnerStepsRequestOf(
-    const ParsedRunSpec& spec, std::span<const std::string> shard_files, uint64_t round,
-    std::string_view data_seed, std::string_view host, std::string_view base_root);
+    const ParsedRunSpec& spec, const google::protobuf::RepeatedPtrField<std::string>& shard_files,
+    uint64_t round, std::string_view data_seed, std::string_view host, std::string_view base_root);
+
+// The collective operation ids of a round: its Δ exchange and its evaluations' gather. The Δ's
+// op id is part of every commitment a member signs.
+inline constexpr uint64_t kDeltaOpId = 1;
+inline constexpr uint64_t kEvaluationOpId = 2;
+
+// The commitment a member at `index` of a round's plan signs for `delta`: CommitmentOf(kDeltaOpId,
+// index, delta as the spec's codec encodes it) (collective/aggregate.h). A validator's replay
+// and the simulation's check compute it as the exchange does.
+absl::StatusOr<std::string> DeltaCommitmentOf(const ParsedRunSpec& spec, size_t index,
+                                              std::span<const float> delta);
 
 // The checks of ParseRunSpec on a message (defaults already applied).
 absl::Status ValidateRunSpec(const ::gonka::trainshard::v1::RunSpec& spec);

@@ -64,7 +64,9 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
 TEST(RunSpec, TheInnerStepsRequestIsTheSameForTheMemberAndItsValidator) {
   auto parsed = ParseRunSpec(kSpec);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  const std::vector<std::string> files = {"data/a.tsds", "data/b.tsds"};
+  google::protobuf::RepeatedPtrField<std::string> files;
+  files.Add("data/a.tsds");
+  files.Add("data/b.tsds");
   pb::InnerStepsRequest r = InnerStepsRequestOf(*parsed, files, 3, "seed", "host-a", "base");
   EXPECT_EQ(r.shard_files_size(), 2);
   EXPECT_EQ(r.round(), 3u);

@@ -86,11 +86,9 @@ struct ShardRun::Impl {
       ctx.status.set_state("training");
       ctx.status.set_current_round(round);
     }
-    std::vector<std::string> shard_files(ctx.data.shard_files().begin(),
-                                         ctx.data.shard_files().end());
     pb::InnerStepsRequest request =
-        InnerStepsRequestOf(ctx.spec, shard_files, round, DataSeedOf(spec.seed(), round, data_root),
-                            ctx.host.address, base);
+        InnerStepsRequestOf(ctx.spec, ctx.data.shard_files(), round,
+                            DataSeedOf(spec.seed(), round, data_root), ctx.host.address, base);
     request.set_delta_file(DeltaName(round));
     request.set_rebase_delta_file(rebase_on);
     if (spec.overlap()) {

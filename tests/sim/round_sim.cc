@@ -178,16 +178,13 @@ bool RoundSim::CheckContributions(const pb::RoundCertificate& c) {
     // The commitment binds the Δ that member's worker computed, as the codec encodes it.
     const auto& deltas = net_.Host(k.host())->deltas;
     auto delta = deltas.find(r.base_root() + seed);
-    std::string payload;
+    absl::StatusOr<std::string> commitment = absl::NotFoundError("no Δ");
     if (delta != deltas.end()) {
       std::vector<float> values(delta->second.size() / sizeof(float));
       std::memcpy(values.data(), delta->second.data(), delta->second.size());
-      if (absl::Status s = sidecar::Encode(spec_.codec, values, &payload); !s.ok()) {
-        return Violation(s.ToString());
-      }
+      commitment = sidecar::DeltaCommitmentOf(spec_, static_cast<size_t>(i), values);
     }
-    if (delta == deltas.end() ||
-        k.delta_commitment() != sidecar::CommitmentOf(1, static_cast<uint32_t>(i), payload)) {
+    if (!commitment.ok() || k.delta_commitment() != *commitment) {
       return Violation(absl::StrCat("round ", r.round(), ": the commitment of ", k.host(),
                                     " does not bind the Δ its worker computed"));
     }
