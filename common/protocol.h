@@ -19,6 +19,7 @@ inline constexpr std::string_view kSignSettlement = "settlement";  // a settleme
 inline constexpr std::string_view kSignRoundPlan = "round_plan";   // a planner's round plan
 inline constexpr std::string_view kSignRound = "round";            // a member's round result
 inline constexpr std::string_view kSignEvaluation = "evaluation";  // an evaluation result
+inline constexpr std::string_view kSignVerdict = "verdict";        // a validator's replay verdict
 inline constexpr std::string_view kSignArtifact = "artifact";      // an artifact manifest's id
 inline constexpr std::string_view kSignPeerRequest = "peer_request";  // a peer call's envelope
 inline constexpr std::string_view kSignCollectiveCommit = "collective_commit";  // a commitment

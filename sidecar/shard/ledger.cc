@@ -13,6 +13,7 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
+#include "sidecar/shard/verdicts.h"
 
 namespace ts::sidecar {
 namespace {
@@ -199,6 +200,8 @@ absl::Status VerifyPlan(std::string_view chain_id, const pb::RoundPlan& plan,
   if (plan.base_root().size() != 32 || plan.data_seed().size() != 32) {
     return absl::InvalidArgumentError("plan.base_root and plan.data_seed must be 32 bytes");
   }
+  TS_RETURN_IF_ERROR(CheckVerdicts(chain_id, plan.verdicts(), plan.round(), shard, "plan.verdicts",
+                                   kVerdictsPerPlanMax));
   pb::RoundPlan unsigned_plan = plan;
   unsigned_plan.clear_signature();
   return CheckSigner(kPlanSignKind, chain_id, plan.shard_id(), DeterministicBytes(unsigned_plan),
@@ -236,6 +239,8 @@ absl::Status VerifyCertificate(std::string_view chain_id, const pb::RoundCertifi
     return absl::InvalidArgumentError(absl::StrCat(round_field, ": roots must be 32 bytes"));
   }
   TS_RETURN_IF_ERROR(CheckContributions(result));
+  TS_RETURN_IF_ERROR(CheckVerdicts(chain_id, result.verdicts(), result.round(), shard,
+                                   absl::StrCat(round_field, ": verdicts"), kVerdictsPerPlanMax));
   std::set<std::string> round_members(result.members().begin(), result.members().end());
   const std::string bytes = DeterministicBytes(result);
   std::set<std::string> signers;

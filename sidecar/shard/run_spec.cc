@@ -73,6 +73,10 @@ absl::Status ValidateData(const pb::DataSpec& d, const worker::ModelConfig& c) {
 absl::Status ValidateVerification(const pb::RunSpec& spec) {
   const pb::VerificationSpec& v = spec.verification();
   TS_RETURN_IF_ERROR(CheckRange("verification.replay_rate_bps", v.replay_rate_bps(), 0, 10000));
+  TS_RETURN_IF_ERROR(CheckRange("verification.marked_replay_rate_bps", v.marked_replay_rate_bps(),
+                                v.replay_rate_bps(), 10000));
+  TS_RETURN_IF_ERROR(
+      CheckRange("verification.exclude_after_marks", v.exclude_after_marks(), 1, 1000));
   if (v.replay_rate_bps() == 0) return absl::OkStatus();
   if (!v.commitments() && spec.aggregation() == "mean") {
     return Invalid("verification.replay_rate_bps", v.replay_rate_bps(),
@@ -176,6 +180,9 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   if (spec.exchange_timeout_ms() == 0) spec.set_exchange_timeout_ms(kDefaultExchangeTimeoutMs);
   if (spec.codec().empty()) spec.set_codec("fp32");
   if (spec.aggregation().empty()) spec.set_aggregation("mean");
+  pb::VerificationSpec& v = *spec.mutable_verification();
+  if (v.marked_replay_rate_bps() == 0) v.set_marked_replay_rate_bps(10000);
+  if (v.exclude_after_marks() == 0) v.set_exclude_after_marks(2);
   TS_RETURN_IF_ERROR(ValidateRunSpec(spec));
   out.hash = common::Sha256(document);
   out.codec.kind = *ParseCompression(spec.codec());
