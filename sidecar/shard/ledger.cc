@@ -96,15 +96,21 @@ uint64_t DrawOf(std::string_view seed, std::string_view what, uint64_t i) {
 }  // namespace
 
 std::vector<ReplayDraw> DrawReplays(const pb::RoundResult& result, uint32_t rate_bps) {
+  return DrawReplays(
+      result, std::vector<uint32_t>(static_cast<size_t>(result.contributions_size()), rate_bps));
+}
+
+std::vector<ReplayDraw> DrawReplays(const pb::RoundResult& result,
+                                    std::span<const uint32_t> rates_bps) {
   std::vector<ReplayDraw> draws;
   const size_t n = static_cast<size_t>(result.contributions_size());
-  if (n < 2 || rate_bps == 0) return draws;
+  if (n < 2 || rates_bps.size() != n) return draws;
   std::string pre = "gonka-trainshard/v1/replay";
   pre.append(result.new_root());
   AppendU64(&pre, result.round());
   const std::string seed = common::Sha256(pre);
   for (size_t i = 0; i < n; ++i) {
-    if (DrawOf(seed, "check", i) % 10000 >= rate_bps) continue;
+    if (DrawOf(seed, "check", i) % 10000 >= rates_bps[i]) continue;
     draws.push_back(
         {.member = i, .validator = (i + 1 + DrawOf(seed, "validator", i) % (n - 1)) % n});
   }

@@ -59,6 +59,10 @@ struct ReplayDraw {
 };
 std::vector<ReplayDraw> DrawReplays(const ::gonka::trainshard::v1::RoundResult& result,
                                     uint32_t rate_bps);
+// The same with a rate per contribution (a marked member's is higher); none when the rates do
+// not match the contributions.
+std::vector<ReplayDraw> DrawReplays(const ::gonka::trainshard::v1::RoundResult& result,
+                                    std::span<const uint32_t> rates_bps);
 // Strictly more than 2/3: 3·signed > 2·total.
 bool HasQuorum(uint64_t signed_weight, uint64_t total_weight);
 

@@ -34,6 +34,8 @@ class Rendezvous {
     int64_t at_ms = 0;
     bool preparing = false;       // running its inner steps, not ready yet
     uint32_t worker_threads = 0;  // its worker's CPU threads (RoundMember.worker_threads)
+    // Its verdicts not yet certified (checked when announced), for the plan to carry.
+    std::vector<::gonka::trainshard::v1::SignedVerdict> verdicts = {};
   };
 
   struct Timing {

@@ -3,13 +3,13 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "sidecar/collective/aggregate.h"
-#include "sidecar/collective/codec.h"
 #include "sidecar/shard/ledger.h"
 #include "sidecar/shard/run_spec.h"
+#include "sidecar/shard/verdicts.h"
 #include "worker/client/work_dir.h"
 
 namespace ts::sidecar {
@@ -20,31 +20,74 @@ constexpr char kReplayDeltaFile[] = "replay.bin";
 
 }  // namespace
 
-void ReplayChecks::Run(const pb::RoundPlan& plan, const pb::RoundCertificate& certificate) {
+void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
   const pb::RoundResult& result = certificate.result();
-  const uint32_t rate = run_.spec.spec.verification().replay_rate_bps();
-  for (const ReplayDraw& draw : DrawReplays(result, rate)) {
-    if (result.members(static_cast<int>(draw.validator)) != run_.host.address) continue;
-    const std::string& member = result.contributions(static_cast<int>(draw.member)).host();
-    const std::string what = absl::StrCat("replay of ", Short(member), "'s round ", result.round());
-    absl::StatusOr<bool> reproduced = Replay(plan, result, draw.member);
-    if (!reproduced.ok()) {
-      run_.Transition(absl::StrCat(what, " not run: ", reproduced.status().message()));
-      continue;
+  std::vector<VerdictTally::Draw> draws;
+  std::vector<std::pair<uint64_t, std::string>> unanswered;
+  {
+    absl::MutexLock lock(&run_.mu);
+    absl::StatusOr<const VerdictTally*> tally = run_.Tally();
+    if (!tally.ok()) {
+      run_.Transition(absl::StrCat("replays of round ", result.round(),
+                                   " not drawn: ", tally.status().message()));
+      return;
     }
-    {
-      absl::MutexLock lock(&run_.mu);
-      run_.status.set_replays(run_.status.replays() + 1);
-      if (*reproduced) run_.status.set_replays_passed(run_.status.replays_passed() + 1);
+    draws = (*tally)->Draws(result.round());
+    unanswered = (*tally)->Unanswered(run_.host.address);
+    run_.status.set_marks((*tally)->Marks(run_.host.address));
+  }
+  for (const VerdictTally::Draw& draw : draws) {
+    if (draw.validator == run_.host.address) Check(result, draw.index, "drawn");
+  }
+  // Failures found by others that the certificates ask this host to confirm or reject.
+  for (const auto& [round, member] : unanswered) {
+    // Past the window, no plan carries a verdict about the round any more.
+    if (round + kVerdictRounds <= result.round()) continue;
+    auto certs = run_.LoadCertificates(round, 1);
+    if (!certs.ok() || certs->empty() || certs->front().result().round() != round) continue;
+    const pb::RoundResult& accused = certs->front().result();
+    for (int i = 0; i < accused.contributions_size(); ++i) {
+      if (accused.contributions(i).host() == member) {
+        Check(accused, static_cast<size_t>(i), "asked by a verdict of failure");
+      }
     }
-    run_.Transition(*reproduced ? absl::StrCat(what, ": reproduced its commitment")
-                                : absl::StrCat(what, ": FAILED, the replayed Δ does not match ",
-                                               "the commitment it signed"));
   }
 }
 
-absl::StatusOr<bool> ReplayChecks::Replay(const pb::RoundPlan& plan, const pb::RoundResult& result,
-                                          size_t member) {
+void ReplayChecks::Check(const pb::RoundResult& result, size_t member, absl::string_view why) {
+  const pb::Contribution& c = result.contributions(static_cast<int>(member));
+  const std::string what =
+      absl::StrCat("replay of ", Short(c.host()), "'s round ", result.round(), " (", why, ")");
+  absl::StatusOr<std::string> replayed = Replay(result, member);
+  if (!replayed.ok()) {
+    run_.Transition(absl::StrCat(what, " not run: ", replayed.status().message()));
+    return;
+  }
+  const bool reproduced = *replayed == c.delta_commitment();
+  pb::Verdict v;
+  v.set_shard_id(run_.shard_id);
+  v.set_round(result.round());
+  v.set_member(c.host());
+  v.set_validator(run_.host.address);
+  v.set_committed(c.delta_commitment());
+  v.set_replayed(*replayed);
+  v.set_assignment(c.assignment());
+  v.set_worker_threads(c.worker_threads());
+  v.set_reproduced(reproduced);
+  absl::StatusOr<pb::SignedVerdict> signed_verdict =
+      SignVerdict(*run_.host.key, run_.host.chain_id, std::move(v));
+  {
+    absl::MutexLock lock(&run_.mu);
+    run_.status.set_replays(run_.status.replays() + 1);
+    if (reproduced) run_.status.set_replays_passed(run_.status.replays_passed() + 1);
+    if (signed_verdict.ok()) run_.pending_verdicts.push_back(*std::move(signed_verdict));
+  }
+  run_.Transition(reproduced ? absl::StrCat(what, ": reproduced its commitment")
+                             : absl::StrCat(what, ": FAILED, the replayed Δ does not match ",
+                                            "the commitment it signed"));
+}
+
+absl::StatusOr<std::string> ReplayChecks::Replay(const pb::RoundResult& result, size_t member) {
   const pb::Contribution& c = result.contributions(static_cast<int>(member));
   const std::string base = CheckpointName(result.round() - 1);
   std::error_code ec;
@@ -52,9 +95,11 @@ absl::StatusOr<bool> ReplayChecks::Replay(const pb::RoundPlan& plan, const pb::R
     return absl::FailedPreconditionError(
         absl::StrCat("the round's base checkpoint ", base, " is not held here"));
   }
+  // Replays run only without overlap, where a round's data seed is drawn from its base.
   pb::InnerStepsRequest request =
-      InnerStepsRequestOf(run_.spec, run_.data.shard_files(), result.round(), plan.data_seed(),
-                          c.host(), plan.base_root());
+      InnerStepsRequestOf(run_.spec, run_.data.shard_files(), result.round(),
+                          DataSeedOf(run_.spec.spec.seed(), result.round(), result.base_root()),
+                          c.host(), result.base_root());
   request.set_delta_file(kReplayDeltaFile);
   request.set_replay_checkpoint_file(base);
   request.set_replay_threads(c.worker_threads());
@@ -64,8 +109,7 @@ absl::StatusOr<bool> ReplayChecks::Replay(const pb::RoundPlan& plan, const pb::R
   TS_RETURN_IF_ERROR(worker::ReadWorkFileInto(
       run_.work_dir, "replay", kReplayDeltaFile,
       std::span<char>(reinterpret_cast<char*>(delta.data()), 4 * delta.size())));
-  TS_ASSIGN_OR_RETURN(std::string commitment, DeltaCommitmentOf(run_.spec, member, delta));
-  return commitment == c.delta_commitment();
+  return DeltaCommitmentOf(run_.spec, member, delta);
 }
 
 }  // namespace ts::sidecar

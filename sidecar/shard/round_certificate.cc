@@ -70,7 +70,7 @@ CountedVotes CountVotes(std::string_view chain_id, const ShardView& view,
           absl::StrCat("round ", round, ": ", Short(who), " sent a malformed vote"));
       continue;
     }
-    if (DeterministicBytes(theirs.result()) != result_bytes) {
+    if (theirs.result().new_root() != result.new_root()) {
       out.refused.push_back(absl::StrCat("round ", round, ": ", Short(who), " reports root ",
                                          Hex8(theirs.result().new_root()), ", this host ",
                                          Hex8(result.new_root())));
@@ -79,8 +79,8 @@ CountedVotes CountVotes(std::string_view chain_id, const ShardView& view,
     auto signer = common::RecoverStatementSigner(kRoundSignKind, chain_id, shard_id, result_bytes,
                                                  theirs.signatures(0).signature());
     if (!signer.ok() || *signer != who) {
-      out.refused.push_back(
-          absl::StrCat("round ", round, ": ", Short(who), "'s signature does not verify"));
+      out.refused.push_back(absl::StrCat("round ", round, ": ", Short(who),
+                                         "'s signature does not verify over this host's result"));
       continue;
     }
     *cert.add_signatures() = theirs.signatures(0);

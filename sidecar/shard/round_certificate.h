@@ -43,7 +43,9 @@ struct CountedVotes {
   std::vector<std::string> refused;  // a line per vote not counted, naming its member
 };
 
-// `gathered` holds one kVoteBlockBytes block per entry of `members` (the plan's, in order).
+// `gathered` holds one kVoteBlockBytes block per entry of `members` (the plan's, in order):
+// each a member's vote, whose result holds only the round and new root; its signature counts
+// when it verifies over `result`.
 CountedVotes CountVotes(std::string_view chain_id, const ShardView& view,
                         const ::gonka::trainshard::v1::RoundResult& result, uint32_t attempt,
                         const std::vector<std::string>& members, std::string_view gathered,

@@ -92,6 +92,7 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   for (const auto& m : plan.members()) result.add_members(m.address());
   result.set_run_spec_hash(run_.spec.hash);
   AddContributions(r, &result);
+  *result.mutable_verdicts() = plan.verdicts();
   const bool evaluate =
       round % run_.spec.spec.eval_every() == 0 || round == run_.spec.spec.rounds();
   TS_ASSIGN_OR_RETURN(pb::RoundCertificate vote, Vote(result, own_train_loss, evaluate));
@@ -125,10 +126,13 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   if (round == run_.spec.spec.rounds()) {
     settlement_.Exchange(r.collective.get(), r.group, deadline);
   }
-  // The replays drawn for this host, while it holds the round's base.
-  ReplayChecks(&run_).Run(plan, cert);
-  // Files of rounds no longer needed.
-  if (round >= 2) run_.RemoveTree(CheckpointDir(round - 2));
+  // The replays owed by this host, while it holds the rounds' bases.
+  if (run_.spec.spec.verification().replay_rate_bps() > 0) ReplayChecks(&run_).Run(cert);
+  // Files of rounds no longer needed: with replays, the bases of the rounds a verdict may still
+  // ask to replay.
+  const uint64_t kept =
+      run_.spec.spec.verification().replay_rate_bps() > 0 ? kVerdictRounds + 2 : 2;
+  if (round >= kept) run_.RemoveTree(CheckpointDir(round - kept));
   return absl::OkStatus();
 }
 
@@ -198,7 +202,14 @@ absl::StatusOr<pb::RoundCertificate> RoundExchange::Certify(Reduced& r,
                                                             const pb::RoundCertificate& vote,
                                                             int64_t deadline, bool evaluate,
                                                             size_t* evaluations) {
-  TS_ASSIGN_OR_RETURN(std::string block, PackBlock(vote, kVoteBlockBytes));
+  // The vote travels without the result, which every member computed itself and its signature
+  // is checked against (contributions and verdicts grow with the members): only its round and
+  // root, to name a disagreement.
+  pb::RoundCertificate slim = vote;
+  slim.clear_result();
+  slim.mutable_result()->set_round(result.round());
+  slim.mutable_result()->set_new_root(result.new_root());
+  TS_ASSIGN_OR_RETURN(std::string block, PackBlock(slim, kVoteBlockBytes));
   std::string gathered(kVoteBlockBytes * r.group.members.size(), '\0');
   OpOptions op;
   op.op_id = kEvaluationOpId;

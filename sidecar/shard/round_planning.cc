@@ -1,5 +1,7 @@
 #include "sidecar/shard/round_planning.h"
 
+#include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,7 +25,7 @@ constexpr int64_t kPlannerPollMs = 50;
 absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uint32_t min_attempt,
                                                              bool has_delta) {
   TS_ASSIGN_OR_RETURN(ShardView view, run_.View());
-  std::vector<std::string> order = PlannerOrder(run_.spec.spec.seed(), round, view.members);
+  std::vector<std::string> order = Planners(round, view);
   size_t p = 0;
   int64_t failing_since = -1;
   TS_ASSIGN_OR_RETURN(const auto expected, Expected(round, min_attempt));
@@ -131,6 +133,15 @@ absl::Status RoundPlanning::CheckPlan(const pb::RoundPlan& plan, uint64_t round,
       plan.data_seed() != seed) {
     return absl::InvalidArgumentError("the plan is for another round, planner or base");
   }
+  absl::MutexLock lock(&run_.mu);
+  TS_ASSIGN_OR_RETURN(const VerdictTally* tally, run_.Tally());
+  for (const pb::RoundMember& m : plan.members()) {
+    if (tally->Excluded(m.address())) {
+      return absl::PermissionDeniedError(absl::StrCat("the plan has ", m.address(),
+                                                      ", excluded from the run (",
+                                                      tally->Marks(m.address()), " marks)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -170,7 +181,8 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t rou
                            .min_attempt = rendezvous.attempt(),
                            .at_ms = now,
                            .preparing = false,
-                           .worker_threads = static_cast<uint32_t>(run_.options.worker_threads)});
+                           .worker_threads = static_cast<uint32_t>(run_.options.worker_threads),
+                           .verdicts = {}});  // its own are carried from pending_verdicts
       const Rendezvous::Decision decision = rendezvous.Decide(view, now, start, timing);
       if (decision.plan) {
         TS_ASSIGN_OR_RETURN(pb::RoundPlan p, MakePlan(round, decision.ready));
@@ -219,6 +231,26 @@ absl::StatusOr<pb::RoundPlan> RoundPlanning::MakePlan(
   p.set_base_root(run_.certified_root);
   TS_ASSIGN_OR_RETURN(std::string data_root, run_.DataRoot(round));
   p.set_data_seed(DataSeedOf(run_.spec.spec.seed(), round, data_root));
+  // The verdicts announced (this host's own among them) that no certificate carries yet, in a
+  // fixed order, as many as a plan may carry.
+  TS_ASSIGN_OR_RETURN(const VerdictTally* tally, run_.Tally());
+  std::map<std::tuple<uint64_t, std::string, std::string>, const pb::SignedVerdict*> carried;
+  auto carry = [&](const pb::SignedVerdict& s) {
+    const pb::Verdict& v = s.verdict();
+    if (v.round() >= round || v.round() + kVerdictRounds < round) return;
+    if (tally->Has(v.round(), v.member(), v.validator())) return;
+    carried.emplace(std::make_tuple(v.round(), v.member(), v.validator()), &s);
+  };
+  for (const pb::SignedVerdict& s : run_.pending_verdicts) carry(s);
+  for (const auto& [address, endpoint] : ready) {
+    const Rendezvous::Announcement* announced = run_.rendezvous.AnnounceOf(address);
+    if (announced == nullptr) continue;
+    for (const pb::SignedVerdict& s : announced->verdicts) carry(s);
+  }
+  for (const auto& [key, s] : carried) {
+    if (p.verdicts_size() == kVerdictsPerPlanMax) break;
+    *p.add_verdicts() = *s;
+  }
   TS_RETURN_IF_ERROR(SignPlan(*run_.host.key, run_.host.chain_id, &p));
   return p;
 }
@@ -237,6 +269,16 @@ bool RoundPlanning::CertifiedWithout(uint64_t round, const ShardView& view, size
   return true;
 }
 
+std::vector<std::string> RoundPlanning::Planners(uint64_t round, const ShardView& view) const {
+  std::vector<std::string> order = PlannerOrder(run_.spec.spec.seed(), round, view.members);
+  absl::MutexLock lock(&run_.mu);
+  absl::StatusOr<const VerdictTally*> tally = run_.Tally();
+  if (!tally.ok()) return order;
+  std::vector<std::string> kept = order;
+  std::erase_if(kept, [&](const std::string& a) { return (*tally)->Excluded(a); });
+  return kept.empty() ? order : kept;
+}
+
 absl::StatusOr<pb::AnnounceRequest> RoundPlanning::AnnounceTo(const std::string& candidate,
                                                               uint64_t round, uint32_t min_attempt,
                                                               bool preparing) const {
@@ -247,6 +289,15 @@ absl::StatusOr<pb::AnnounceRequest> RoundPlanning::AnnounceTo(const std::string&
   request.set_collective_endpoint(run_.collective_endpoint);
   request.set_worker_threads(static_cast<uint32_t>(run_.options.worker_threads));
   request.set_preparing(preparing);
+  {
+    absl::MutexLock lock(&run_.mu);
+    for (const pb::SignedVerdict& v : run_.pending_verdicts) {
+      if (request.verdicts_size() == kVerdictsPerAnnounceMax) break;
+      if (v.verdict().round() < round && v.verdict().round() + kVerdictRounds >= round) {
+        *request.add_verdicts() = v;
+      }
+    }
+  }
   TS_RETURN_IF_ERROR(run_.Sign(&request, kAnnounceMethod, candidate));
   return request;
 }
@@ -255,7 +306,7 @@ std::jthread RoundPlanning::PreAnnounce(uint64_t round, uint32_t min_attempt) {
   auto view = run_.View();
   if (!view.ok()) return {};
   std::vector<std::pair<std::string, pb::AnnounceRequest>> sends;  // endpoint, request
-  for (const std::string& candidate : PlannerOrder(run_.spec.spec.seed(), round, view->members)) {
+  for (const std::string& candidate : Planners(round, *view)) {
     if (sends.size() == 2) break;
     if (candidate == run_.host.address) continue;
     const ShardMember* member = view->Find(candidate);

@@ -68,6 +68,9 @@ class RoundPlanning {
   absl::Status CheckPlan(const ::gonka::trainshard::v1::RoundPlan& plan, uint64_t round,
                          const std::string& planner, const std::string& base,
                          const std::string& seed, const ShardView& view) const;
+  // The planners of `round` in order (ledger.h PlannerOrder), less the hosts excluded from the
+  // run (verdicts.h).
+  std::vector<std::string> Planners(uint64_t round, const ShardView& view) const;
   absl::StatusOr<::gonka::trainshard::v1::AnnounceRequest> AnnounceTo(const std::string& candidate,
                                                                       uint64_t round,
                                                                       uint32_t min_attempt,

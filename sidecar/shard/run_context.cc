@@ -169,6 +169,20 @@ absl::Status RunContext::StoreCertificates(const std::vector<pb::RoundCertificat
   }
   TS_RETURN_IF_ERROR(host.db->Write(batch));
   AdoptCertified(certs.back());
+  absl::MutexLock lock(&mu);
+  for (const auto& c : certs) {
+    if (tally && tally->last_round() + 1 == c.result().round()) {
+      tally->Add(c.result());
+    } else {
+      tally.reset();  // read again from the records when next needed
+    }
+  }
+  // Verdicts now carried by a certificate, or too old to be, are no longer announced.
+  std::erase_if(pending_verdicts, [&](const pb::SignedVerdict& s) {
+    const pb::Verdict& v = s.verdict();
+    if (v.round() + kVerdictRounds <= certified_round) return true;
+    return tally && tally->Has(v.round(), v.member(), v.validator());
+  });
   return absl::OkStatus();
 }
 
@@ -181,7 +195,35 @@ absl::Status RunContext::ReplaceCertificatesFrom(const pb::RoundCertificate& c) 
   batch.PutProto(kTableRounds, RoundKey(shard_id, round), c);
   TS_RETURN_IF_ERROR(host.db->Write(batch));
   AdoptCertified(c);
+  absl::MutexLock lock(&mu);
+  tally.reset();
   return absl::OkStatus();
+}
+
+absl::Status RunContext::CheckNotExcluded() {
+  absl::MutexLock lock(&mu);
+  TS_ASSIGN_OR_RETURN(const VerdictTally* t, Tally());
+  if (!t->Excluded(host.address)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this host is excluded from the run: ", t->Marks(host.address),
+      " marks (failures of its work confirmed, or verdicts of its own overruled, by more than "
+      "2/3 of the others' weight; docs/verification.md \"Verdicts\")"));
+}
+
+absl::StatusOr<const VerdictTally*> RunContext::Tally() {
+  if (tally) return &*tally;
+  TS_ASSIGN_OR_RETURN(ShardView view, View());
+  VerdictTally read(view, spec.spec.verification());
+  constexpr uint32_t kBatch = 256;
+  for (uint64_t from = 1; from <= certified_round; from += kBatch) {
+    TS_ASSIGN_OR_RETURN(std::vector<pb::RoundCertificate> certs, LoadCertificates(from, kBatch));
+    for (const pb::RoundCertificate& c : certs) {
+      if (c.result().round() <= certified_round) read.Add(c.result());
+    }
+    if (certs.size() < kBatch) break;
+  }
+  tally.emplace(std::move(read));
+  return &*tally;
 }
 
 void RunContext::AdoptCertified(const pb::RoundCertificate& last) {

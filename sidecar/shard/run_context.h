@@ -40,6 +40,7 @@
 #include "sidecar/shard/round_peers.h"
 #include "sidecar/shard/run_worker.h"
 #include "sidecar/shard/shard_run.h"
+#include "sidecar/shard/verdicts.h"
 
 namespace ts::sidecar {
 
@@ -114,6 +115,13 @@ struct RunContext {
     uint32_t eval_batch_size = 0;
   };
   std::optional<EvalTarget> eval_target ABSL_GUARDED_BY(mu);
+  // The verdicts of the stored certificates (verdicts.h), read in round order; absent until
+  // first needed and after records were replaced (then read again from the records).
+  std::optional<VerdictTally> tally ABSL_GUARDED_BY(mu);
+  // This host's signed verdicts that no stored certificate carries yet: its announces carry
+  // them to planners (at most kVerdictsPerAnnounceMax), until a certificate does or they are
+  // more than kVerdictRounds old.
+  std::vector<::gonka::trainshard::v1::SignedVerdict> pending_verdicts ABSL_GUARDED_BY(mu);
 
   // Sets (ready) or clears the evaluation target from the run thread's worker and data.
   void ShareEvalTarget(bool ready);
@@ -178,6 +186,10 @@ struct RunContext {
   absl::Status ReplaceCertificatesFrom(const ::gonka::trainshard::v1::RoundCertificate& c);
   // The certified state as the records have it after a start: the last certificate's.
   void AdoptCertified(const ::gonka::trainshard::v1::RoundCertificate& last);
+  // The tally of the stored certificates' verdicts, read from the records when absent.
+  absl::StatusOr<const VerdictTally*> Tally() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // FAILED_PRECONDITION naming the marks when the verdicts exclude this host from the run.
+  absl::Status CheckNotExcluded();
 };
 
 // Registers a mesh for Stop to abort while in scope (the mesh outlives the guard).

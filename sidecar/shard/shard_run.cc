@@ -200,6 +200,10 @@ struct ShardRun::Impl {
     while (!ctx.stopping) {
       const uint64_t round = NextRound();
       if (round > ctx.spec.spec.rounds()) return SettleAndIdle(first_member);
+      if (absl::Status excluded = ctx.CheckNotExcluded(); !excluded.ok()) {
+        ctx.Fail(excluded);
+        return;
+      }
       if (!ctx.loaded) {
         if (!Reload()) return;
         continue;
@@ -492,12 +496,18 @@ pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
     if (!overlapping) m.ahead_peer = signer;
     return response;
   }
+  if (auto tally = m.Tally(); tally.ok() && (*tally)->Excluded(signer)) {
+    response.set_note("the caller is excluded from the run (docs/verification.md \"Verdicts\")");
+    return response;
+  }
   m.rendezvous.Enter(request.round(), request.min_attempt());
-  m.rendezvous.Announce(signer, {.endpoint = request.collective_endpoint(),
-                                 .min_attempt = request.min_attempt(),
-                                 .at_ms = m.host.clock->MonotonicMs(),
-                                 .preparing = request.preparing(),
-                                 .worker_threads = request.worker_threads()});
+  m.rendezvous.Announce(signer,
+                        {.endpoint = request.collective_endpoint(),
+                         .min_attempt = request.min_attempt(),
+                         .at_ms = m.host.clock->MonotonicMs(),
+                         .preparing = request.preparing(),
+                         .worker_threads = request.worker_threads(),
+                         .verdicts = {request.verdicts().begin(), request.verdicts().end()}});
   response.set_attempt(m.rendezvous.attempt());
   if (const pb::RoundPlan* made = m.rendezvous.PlanFor(request.min_attempt()); made != nullptr) {
     *response.mutable_plan() = *made;

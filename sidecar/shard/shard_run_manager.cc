@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "proto/grpc_status.h"
 #include "sidecar/shard/shard_db.h"
+#include "sidecar/shard/verdicts.h"
 #include "state/db.h"
 
 namespace ts::sidecar {
@@ -192,6 +193,21 @@ grpc::Status ShardRunManager::Announce(grpc::ServerContext*, const pb::AnnounceR
   if (request->worker_threads() > kWorkerThreadsMax) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "worker_threads: ", request->worker_threads(), " is more than ", kWorkerThreadsMax)));
+  }
+  if (!request->verdicts().empty()) {
+    // Checked before a planner may carry them: one bad verdict would make its plan refused.
+    auto view = host_.directory->Get(request->shard_id());
+    if (!view.ok()) return ToGrpcStatus(view.status());
+    absl::Status verdicts = CheckVerdicts(host_.chain_id, request->verdicts(), request->round(),
+                                          *view, "verdicts", kVerdictsPerAnnounceMax);
+    if (!verdicts.ok()) return ToGrpcStatus(verdicts);
+    for (const pb::SignedVerdict& v : request->verdicts()) {
+      if (v.verdict().validator() != *signer) {
+        return ToGrpcStatus(absl::PermissionDeniedError(
+            absl::StrCat("verdicts: a verdict of ", v.verdict().validator(), " announced by ",
+                         *signer, " (a member announces its own)")));
+      }
+    }
   }
   absl::MutexLock lock(&mu_);
   std::shared_ptr<ShardRun> run = Find(request->shard_id());

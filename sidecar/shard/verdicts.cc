@@ -1,5 +1,6 @@
 #include "sidecar/shard/verdicts.h"
 
+#include <algorithm>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,7 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
+#include "sidecar/shard/ledger.h"
 
 namespace ts::sidecar {
 namespace {
@@ -88,8 +90,10 @@ absl::Status CheckVerdicts(std::string_view chain_id,
   return absl::OkStatus();
 }
 
-VerdictTally::VerdictTally(const ShardView& shard, uint32_t exclude_after_marks)
-    : exclude_after_marks_(exclude_after_marks) {
+VerdictTally::VerdictTally(const ShardView& shard, const pb::VerificationSpec& spec)
+    : rate_bps_(spec.replay_rate_bps()),
+      marked_rate_bps_(std::max(spec.marked_replay_rate_bps(), spec.replay_rate_bps())),
+      exclude_after_marks_(spec.exclude_after_marks()) {
   for (const ShardMember& m : shard.members) {
     weights_[m.address] = m.weight;
     total_weight_ += m.weight;
@@ -99,12 +103,47 @@ VerdictTally::VerdictTally(const ShardView& shard, uint32_t exclude_after_marks)
 void VerdictTally::Add(const pb::RoundResult& result) {
   if (result.round() <= last_round_) return;
   last_round_ = result.round();
+  // Verdicts asked for by an earlier certificate: a failure found before this result counts
+  // confirmations; one found in it does not yet.
+  std::set<std::pair<uint64_t, std::string>> failed_before;
   for (const pb::SignedVerdict& s : result.verdicts()) {
     const pb::Verdict& v = s.verdict();
-    // The first verdict of a validator counts (a certificate holds one per validator and round;
-    // a later certificate cannot change it).
+    auto it = accused_.find({v.round(), v.member()});
+    if (it != accused_.end() && Judge(v.member(), it->second) != Judgement::kNone) {
+      failed_before.emplace(v.round(), v.member());
+    }
+  }
+  for (const pb::SignedVerdict& s : result.verdicts()) {
+    const pb::Verdict& v = s.verdict();
+    bool drawn = false;
+    if (auto d = draws_.find(v.round()); d != draws_.end()) {
+      for (const Draw& draw : d->second) {
+        drawn |= draw.member == v.member() && draw.validator == v.validator();
+      }
+    }
+    if (!drawn && failed_before.count({v.round(), v.member()}) == 0) continue;
+    // The first verdict of a validator counts; a later certificate cannot change it.
     accused_[{v.round(), v.member()}].verdicts.emplace(v.validator(), v.reproduced());
   }
+  // The replays this result draws, a marked member's at the higher rate.
+  std::vector<uint32_t> rates;
+  for (const pb::Contribution& c : result.contributions()) {
+    rates.push_back(Marks(c.host()) > 0 ? marked_rate_bps_ : rate_bps_);
+  }
+  std::vector<Draw>& draws = draws_[result.round()];
+  for (const ReplayDraw& d : DrawReplays(result, rates)) {
+    draws.push_back({.index = d.member,
+                     .member = result.contributions(static_cast<int>(d.member)).host(),
+                     .validator = result.members(static_cast<int>(d.validator))});
+  }
+  while (!draws_.empty() && draws_.begin()->first + kVerdictRounds < last_round_) {
+    draws_.erase(draws_.begin());
+  }
+}
+
+std::vector<VerdictTally::Draw> VerdictTally::Draws(uint64_t round) const {
+  auto it = draws_.find(round);
+  return it == draws_.end() ? std::vector<Draw>{} : it->second;
 }
 
 VerdictTally::Judgement VerdictTally::Judge(const std::string& member, const Accused& a) const {

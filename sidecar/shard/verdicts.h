@@ -58,12 +58,23 @@ class VerdictTally {
  public:
   enum class Judgement { kNone, kOpen, kConfirmed, kRejected };
 
-  // `shard`: members and frozen weights; `exclude_after_marks` from the spec.
-  VerdictTally(const ShardView& shard, uint32_t exclude_after_marks);
+  // `shard`: members and frozen weights; `spec`: the rates and the limit on marks.
+  VerdictTally(const ShardView& shard, const ::gonka::trainshard::v1::VerificationSpec& spec);
 
-  // Reads the verdicts of the certified result of the next round (rounds in order; a round
-  // already read is ignored).
+  // Reads the certified result of the next round (rounds in order; a round already read is
+  // ignored): its verdicts, then the replays it draws. A verdict counts only when it was asked
+  // for: by the validator the draw named, or, once such a verdict found a failure, by any other
+  // member; the rest are ignored, so no member can make the others replay at will.
   void Add(const ::gonka::trainshard::v1::RoundResult& result);
+
+  // The replays the result of `round` drew (ledger.h DrawReplays, a marked member at the
+  // spec's higher rate), while the round is within kVerdictRounds of the last read.
+  struct Draw {
+    size_t index = 0;  // the member's index in the result's contributions
+    std::string member;
+    std::string validator;
+  };
+  std::vector<Draw> Draws(uint64_t round) const;
 
   // kNone: no verdict about the member's round; kOpen: some, no quorum either way yet.
   Judgement JudgementOf(uint64_t round, const std::string& member) const;
@@ -87,7 +98,10 @@ class VerdictTally {
 
   std::map<std::string, uint64_t> weights_;
   uint64_t total_weight_ = 0;
+  uint32_t rate_bps_ = 0;
+  uint32_t marked_rate_bps_ = 0;
   uint32_t exclude_after_marks_ = 0;
+  std::map<uint64_t, std::vector<Draw>> draws_;  // by round, the last kVerdictRounds + 1
   uint64_t last_round_ = 0;
   std::map<std::pair<uint64_t, std::string>, Accused> accused_;  // (round, member)
 };

@@ -46,12 +46,44 @@ class VerdictsTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     return *s;
   }
-  // A certified result of `round` carrying `verdicts`.
-  static pb::RoundResult Carrying(uint64_t round, std::vector<pb::SignedVerdict> verdicts) {
+  // A certified result of `round` with every host's contribution, carrying `verdicts`.
+  pb::RoundResult Carrying(uint64_t round, std::vector<pb::SignedVerdict> verdicts) const {
     pb::RoundResult r;
     r.set_round(round);
+    r.set_new_root(common::Sha256(absl::StrCat("root ", round)));
+    for (const Host& h : hosts_) {
+      r.add_members(h.address);
+      pb::Contribution* c = r.add_contributions();
+      c->set_host(h.address);
+    }
     for (auto& v : verdicts) *r.add_verdicts() = std::move(v);
     return r;
+  }
+  // The index of the validator `tally` drew for hosts_[member]'s round, and the two others.
+  struct Roles {
+    size_t validator = 0;
+    std::vector<size_t> others;
+  };
+  Roles RolesOf(const VerdictTally& tally, uint64_t round, size_t member) const {
+    Roles roles;
+    for (const VerdictTally::Draw& d : tally.Draws(round)) {
+      if (d.member != hosts_[member].address) continue;
+      for (size_t i = 0; i < hosts_.size(); ++i) {
+        if (hosts_[i].address == d.validator) roles.validator = i;
+      }
+    }
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      if (i != member && i != roles.validator) roles.others.push_back(i);
+    }
+    return roles;
+  }
+  static pb::VerificationSpec Every() {
+    pb::VerificationSpec spec;
+    spec.set_commitments(true);
+    spec.set_replay_rate_bps(10000);
+    spec.set_marked_replay_rate_bps(10000);
+    spec.set_exclude_after_marks(2);
+    return spec;
   }
   absl::Status Check(std::vector<pb::SignedVerdict> verdicts, uint64_t round, int max = 64) {
     google::protobuf::RepeatedPtrField<pb::SignedVerdict> field;
@@ -90,67 +122,98 @@ TEST_F(VerdictsTest, ASignedVerdictChecksAndEveryAlterationIsNamed) {
 }
 
 TEST_F(VerdictsTest, AFailureConfirmedByMoreThanTwoThirdsMarksTheMemberAndExcludesItAtTheLimit) {
-  VerdictTally tally(view_, 2);
-  tally.Add(Carrying(4, {Verdict(1, 0, 3, false)}));
+  VerdictTally tally(view_, Every());
+  tally.Add(Carrying(1, {}));
+  tally.Add(Carrying(2, {}));
+  tally.Add(Carrying(3, {}));
+  ASSERT_EQ(tally.Draws(3).size(), 4u);  // every member, at 10000 bps
+  const Roles r = RolesOf(tally, 3, 0);
+  tally.Add(Carrying(4, {Verdict(r.validator, 0, 3, false)}));
   EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kOpen);
   // The accused and the validator are not asked again; the two others are.
   EXPECT_TRUE(tally.Unanswered(A(0)).empty());
-  EXPECT_TRUE(tally.Unanswered(A(1)).empty());
-  EXPECT_EQ(tally.Unanswered(A(2)).size(), 1u);
-  tally.Add(Carrying(5, {Verdict(2, 0, 3, false)}));
+  EXPECT_TRUE(tally.Unanswered(A(r.validator)).empty());
+  EXPECT_EQ(tally.Unanswered(A(r.others[0])).size(), 1u);
+  tally.Add(Carrying(5, {Verdict(r.others[0], 0, 3, false)}));
   EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kOpen);  // 20 of the others' 30: not > 2/3
-  tally.Add(Carrying(6, {Verdict(3, 0, 3, false)}));
+  tally.Add(Carrying(6, {Verdict(r.others[1], 0, 3, false)}));
   EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kConfirmed);  // 30 of 30
   EXPECT_EQ(tally.Marks(A(0)), 1u);
   EXPECT_FALSE(tally.Excluded(A(0)));
   EXPECT_FALSE(tally.Verified(3, A(0)));
   for (size_t i = 1; i < 4; ++i) EXPECT_EQ(tally.Marks(A(i)), 0u);
-  EXPECT_TRUE(tally.Unanswered(A(3)).empty());
+  EXPECT_TRUE(tally.Unanswered(A(r.others[1])).empty());
 
-  tally.Add(
-      Carrying(7, {Verdict(1, 0, 5, false), Verdict(2, 0, 5, false), Verdict(3, 0, 5, false)}));
+  const Roles r5 = RolesOf(tally, 5, 0);
+  tally.Add(Carrying(7, {Verdict(r5.validator, 0, 5, false)}));
+  tally.Add(Carrying(8, {Verdict(r5.others[0], 0, 5, false), Verdict(r5.others[1], 0, 5, false)}));
   EXPECT_EQ(tally.Marks(A(0)), 2u);
   EXPECT_TRUE(tally.Excluded(A(0)));
   // A round already read is not read again.
-  tally.Add(Carrying(7, {Verdict(1, 2, 6, false)}));
-  EXPECT_EQ(tally.JudgementOf(6, A(2)), Judgement::kNone);
+  tally.Add(Carrying(8, {Verdict(r5.validator, 0, 6, false)}));
+  EXPECT_EQ(tally.JudgementOf(6, A(0)), Judgement::kNone);
+}
+
+TEST_F(VerdictsTest, OnlyTheDrawnValidatorMayAccuseAndOnlyAnAccusationCallsForOtherVerdicts) {
+  VerdictTally tally(view_, Every());
+  for (uint64_t round = 1; round <= 3; ++round) tally.Add(Carrying(round, {}));
+  const Roles r = RolesOf(tally, 3, 0);
+  // A member that was not drawn accuses: ignored, nobody is asked to replay.
+  tally.Add(Carrying(4, {Verdict(r.others[0], 0, 3, false), Verdict(r.others[1], 0, 3, true)}));
+  EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kNone);
+  EXPECT_TRUE(tally.Unanswered(A(r.validator)).empty());
+  // A round outside the draws' window is not drawn any more.
+  VerdictTally late(view_, Every());
+  for (uint64_t round = 1; round <= 3 + kVerdictRounds + 1; ++round) late.Add(Carrying(round, {}));
+  EXPECT_TRUE(late.Draws(3).empty());
+  EXPECT_FALSE(late.Draws(3 + kVerdictRounds + 1).empty());
 }
 
 TEST_F(VerdictsTest, ALyingValidatorIsOverruledAndMarkedAndTheMemberIsVerified) {
-  VerdictTally tally(view_, 2);
-  tally.Add(Carrying(4, {Verdict(1, 0, 3, false)}));  // hosts_[1] lies
-  tally.Add(Carrying(5, {Verdict(2, 0, 3, true), Verdict(3, 0, 3, true)}));
-  // 20 of the others' 30 say it reproduces: not more than 2/3, so the verdict stays open (the
-  // member keeps its pay, the liar is not marked). With more weight behind the two others:
   ShardView weighted = view_;
-  weighted.members[2].weight = 20;
-  weighted.members[3].weight = 20;
-  VerdictTally heavy(weighted, 2);
-  heavy.Add(Carrying(4, {Verdict(1, 0, 3, false)}));
-  heavy.Add(Carrying(5, {Verdict(2, 0, 3, true), Verdict(3, 0, 3, true)}));
-  EXPECT_EQ(heavy.JudgementOf(3, A(0)), Judgement::kRejected);  // 40 of the others' 50
-  EXPECT_EQ(heavy.Marks(A(1)), 1u);
-  EXPECT_EQ(heavy.Marks(A(0)), 0u);
-  EXPECT_TRUE(heavy.Verified(3, A(0)));
+  VerdictTally probe(view_, Every());
+  for (uint64_t round = 1; round <= 3; ++round) probe.Add(Carrying(round, {}));
+  const Roles r = RolesOf(probe, 3, 0);
+  // The two others hold more weight than the accused and the liar: 40 of the others' 50.
+  weighted.members[r.others[0]].weight = 20;
+  weighted.members[r.others[1]].weight = 20;
+  for (const ShardView* view : {&view_, &weighted}) {
+    VerdictTally tally(*view, Every());
+    for (uint64_t round = 1; round <= 3; ++round) tally.Add(Carrying(round, {}));
+    tally.Add(Carrying(4, {Verdict(r.validator, 0, 3, false)}));  // a lie
+    tally.Add(Carrying(5, {Verdict(r.others[0], 0, 3, true), Verdict(r.others[1], 0, 3, true)}));
+    if (view == &view_) {
+      // 20 of the others' 30 say it reproduces: not more than 2/3, so the verdict stays open
+      // (the member keeps its pay, the liar is not marked).
+      EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kOpen);
+      EXPECT_EQ(tally.Marks(A(r.validator)), 0u);
+      continue;
+    }
+    EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kRejected);
+    EXPECT_EQ(tally.Marks(A(r.validator)), 1u);
+    EXPECT_EQ(tally.Marks(A(0)), 0u);
+    EXPECT_TRUE(tally.Verified(3, A(0)));
+  }
 }
 
 TEST_F(VerdictsTest, AValidatorThatPassesAConfirmedFailureIsMarked) {
-  VerdictTally tally(view_, 2);
-  tally.Add(Carrying(4, {Verdict(1, 0, 3, true)}));  // covers for hosts_[0]
-  EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kNone);
-  EXPECT_TRUE(tally.Verified(3, A(0)));
-  // Caught on another draw: the others confirm round 3 too (each replays what it is asked).
-  tally.Add(Carrying(5, {Verdict(2, 0, 3, false), Verdict(3, 0, 3, false)}));
-  EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kOpen);  // 20 of the others' 30
+  VerdictTally tally(view_, Every());
+  for (uint64_t round = 1; round <= 3; ++round) tally.Add(Carrying(round, {}));
+  const Roles r = RolesOf(tally, 3, 0);
+  tally.Add(Carrying(4, {Verdict(r.validator, 0, 3, false)}));
+  // One of the others covers for the member; the other confirms; then a fifth host's weight
+  // would be needed — with four equal hosts 20 of 30 is no quorum, so give the confirmer more.
   ShardView weighted = view_;
-  weighted.members[2].weight = 20;
-  weighted.members[3].weight = 20;
-  VerdictTally heavy(weighted, 2);
-  heavy.Add(Carrying(4, {Verdict(1, 0, 3, true)}));
-  heavy.Add(Carrying(5, {Verdict(2, 0, 3, false), Verdict(3, 0, 3, false)}));
-  EXPECT_EQ(heavy.JudgementOf(3, A(0)), Judgement::kConfirmed);
+  weighted.members[r.validator].weight = 20;
+  weighted.members[r.others[1]].weight = 20;
+  VerdictTally heavy(weighted, Every());
+  for (uint64_t round = 1; round <= 3; ++round) heavy.Add(Carrying(round, {}));
+  heavy.Add(Carrying(4, {Verdict(r.validator, 0, 3, false)}));
+  heavy.Add(Carrying(5, {Verdict(r.others[0], 0, 3, true), Verdict(r.others[1], 0, 3, false)}));
+  EXPECT_EQ(heavy.JudgementOf(3, A(0)), Judgement::kConfirmed);  // 40 of the others' 50
   EXPECT_EQ(heavy.Marks(A(0)), 1u);
-  EXPECT_EQ(heavy.Marks(A(1)), 1u);
+  EXPECT_EQ(heavy.Marks(A(r.others[0])), 1u);
+  EXPECT_EQ(heavy.Marks(A(r.validator)), 0u);
   EXPECT_FALSE(heavy.Verified(3, A(0)));
 }
 

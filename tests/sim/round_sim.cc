@@ -26,6 +26,7 @@
 #include "sidecar/shard/ledger.h"
 #include "sidecar/shard/run_context.h"
 #include "sidecar/shard/shard_db.h"
+#include "sidecar/shard/verdicts.h"
 #include "state/db.h"
 #include "tests/sim/sim_world.h"
 
@@ -39,7 +40,7 @@ constexpr int kCheckStatusEvery = 16;
 // Every fourth seed (1, 5, 9, ...) runs with commitments and replays at half the rounds
 // (docs/verification.md), so the commit-before-reveal exchange and the validators meet the same
 // faults as the ring.
-std::string SpecOf(uint32_t rounds, bool commitments) {
+std::string SpecOf(uint32_t rounds, uint32_t replay_rate_bps) {
   return absl::StrCat(
       R"({
   "version": 1,
@@ -54,7 +55,11 @@ std::string SpecOf(uint32_t rounds, bool commitments) {
   "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": true},
   "codec": "int8", "aggregation": "mean", "evalEvery": 2, "evalBatchSize": 16, "seed": "5",
   "joinWindowMs": 2000, "plannerTimeoutMs": 3000, "exchangeTimeoutMs": 10000)",
-      commitments ? R"(, "verification": {"commitments": true, "replayRateBps": 5000})" : "", "}");
+      replay_rate_bps > 0
+          ? absl::StrCat(R"(, "verification": {"commitments": true, "replayRateBps": )",
+                         replay_rate_bps, "}")
+          : "",
+      "}");
 }
 
 enum class Fault { kKill, kWorker, kPartition, kSlow, kStall, kLie };
@@ -120,6 +125,8 @@ class RoundSim {
   bool CheckResume(Host& h);
   bool Finished();
   bool CheckEnd();
+  // The verdicts of a settled host's certificates: no honest host is marked.
+  bool CheckMarks();
   void Teardown();
   // Each host's state, certified round and last status lines.
   std::string DescribeHosts();
@@ -212,10 +219,17 @@ absl::Status RoundSim::Setup() {
   char dir_template[] = "/tmp/ts-sim-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp");
   root_dir_ = dir_template;
-  const size_t n = 3 + rng_.Below(3);
-  const bool equal = rng_.Chance(0.5);
+  size_t n = 3 + rng_.Below(3);
+  bool equal = rng_.Chance(0.5);
+  if (options_.hosts > 0) {
+    n = options_.hosts;
+    equal = true;
+  }
   rounds_ = 3 + static_cast<uint32_t>(rng_.Below(3));
-  TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_, options_.seed % 4 == 1)));
+  if (options_.rounds > 0) rounds_ = options_.rounds;
+  const uint32_t rate =
+      options_.replay_rate_bps > 0 ? options_.replay_rate_bps : (options_.seed % 4 == 1 ? 5000 : 0);
+  TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_, rate)));
   view_.shard_id = kShard;
   view_.status = pb::SHARD_STATUS_RUNNING;
   for (size_t i = 0; i < n; ++i) {
@@ -502,6 +516,29 @@ bool RoundSim::CheckEnd() {
       return Violation(absl::StrCat(hp->address, " ends at round ", hp->checked_round,
                                     ", not on the settled root of round ", rounds_));
     }
+  }
+  return CheckMarks();
+}
+
+bool RoundSim::CheckMarks() {
+  for (auto& hp : hosts_) {
+    if (hp->run->Status().state() != "done") continue;
+    auto view = hp->run_host.directory->Get(kShard);
+    auto certs = sidecar::LoadStoredCertificates(*hp->run_host.db, kShard, 1, rounds_);
+    if (!view.ok() || !certs.ok()) return Violation("sim: a settled host's records do not read");
+    sidecar::VerdictTally tally(*view, spec_.spec.verification());
+    for (const pb::RoundCertificate& c : *certs) tally.Add(c.result());
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      const uint32_t marks = tally.Marks(hosts_[i]->address);
+      if (static_cast<int>(i) == options_.free_rider) {
+        result_.free_rider_marks = marks;
+        result_.free_rider_excluded = tally.Excluded(hosts_[i]->address);
+      } else if (marks > 0) {
+        return Violation(absl::StrCat("the honest host ", hosts_[i]->address, " has ", marks,
+                                      " marks in the certificates"));
+      }
+    }
+    return true;
   }
   return true;
 }

@@ -91,6 +91,29 @@ TEST(RoundSim, AFreeRiderFailsItsReplaysAndNoHonestMemberDoes) {
   EXPECT_GT(failed, 0u);
 }
 
+// Over enough rounds the others confirm the free rider's failures, it is marked, and at the
+// spec's limit (2 marks) left out of the plans while the others go on to settle; no honest host
+// is marked (CheckMarks), under faults too (docs/verification.md "Verdicts"). One host of four
+// (one of three would hold a third of the weight: the others could not certify without it).
+TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
+  for (uint64_t seed : {2, 3, 4}) {
+    SimResult r = RunRoundSim({.seed = seed,
+                               .faults = false,
+                               .free_rider = 1,
+                               .hosts = 4,
+                               .rounds = 8,
+                               .replay_rate_bps = 10000});
+    ASSERT_TRUE(r.ok) << r.violation;
+    EXPECT_GE(r.free_rider_marks, 2u) << "seed " << seed;  // and rounds in flight confirmed after
+    EXPECT_TRUE(r.free_rider_excluded) << "seed " << seed;
+  }
+  for (uint64_t seed : {6, 7}) {
+    SimResult r = RunRoundSim(
+        {.seed = seed, .free_rider = 1, .hosts = 4, .rounds = 8, .replay_rate_bps = 5000});
+    ASSERT_TRUE(r.ok) << r.violation;
+  }
+}
+
 TEST(RoundSim, ASeedReplaysExactly) {
   for (uint64_t seed : {3, 11}) {
     SimResult a = RunRoundSim({.seed = seed});
