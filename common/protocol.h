@@ -42,6 +42,36 @@ constexpr bool IsQuorum(unsigned __int128 signed_weight, unsigned __int128 total
 }
 static_assert(!IsQuorum(2, 3) && IsQuorum(3, 4) && IsQuorum(1, 1) && !IsQuorum(0, 0));
 
+// What a settlement pays a host for (docs/verification.md "Pay"): its work units (the tokens
+// behind its contributions, or the rounds it signed in a run without commitments), and whether
+// it forfeits its pay (it has a mark).
+struct HostWork {
+  uint64_t units = 0;
+  bool forfeit = false;
+};
+constexpr uint64_t WorkUnits(uint64_t tokens, uint64_t rounds_contributed) {
+  return tokens > 0 ? tokens : rounds_contributed;
+}
+
+// The amount a host is paid under a reward policy, the same on the chain and in every member's
+// draft: by work (`equal_share` false), escrow × units / the units of all hosts, forfeited ones
+// included (so what one forfeits is refunded, not shared out); or an equal share of the escrow
+// among the hosts with work. Rounded down, capped at max_host_share_bps of the escrow; 0 for a
+// host that forfeits or has no work.
+constexpr uint64_t PayoutOf(uint64_t escrow, bool equal_share, uint32_t max_host_share_bps,
+                            const HostWork& host, unsigned __int128 all_units, uint64_t workers) {
+  if (host.forfeit || host.units == 0 || all_units == 0 || workers == 0) return 0;
+  const unsigned __int128 cap = static_cast<unsigned __int128>(escrow) * max_host_share_bps / 10000;
+  const unsigned __int128 amount =
+      equal_share ? escrow / workers
+                  : static_cast<unsigned __int128>(escrow) * host.units / all_units;
+  return static_cast<uint64_t>(amount < cap ? amount : cap);
+}
+static_assert(PayoutOf(1100, false, 5000, {3, false}, 11, 4) == 300);
+static_assert(PayoutOf(1100, false, 5000, {3, true}, 11, 4) == 0);
+static_assert(PayoutOf(1000, false, 5000, {1, false}, 1, 1) == 500);
+static_assert(PayoutOf(1000, true, 10000, {7, false}, 10, 3) == 333);
+
 }  // namespace ts::protocol
 
 #endif  // TS_COMMON_PROTOCOL_H_

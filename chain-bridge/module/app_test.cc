@@ -302,7 +302,8 @@ class ChainTest : public ::testing::Test {
     return PackMsg(msg);
   }
 
-  // Payouts 300000 / 300000 / 200000 to hosts 1..3, refund 100000 (escrow 900000).
+  // Payouts to hosts 1..3 for 3000 / 3000 / 1000 tokens of work: 385714 / 385714 / 128571
+  // (escrow 900000, rounded down), refund 1.
   pb::Settlement MakeSettlement(uint64_t shard_id, const std::string& chain_id = kChainId) {
     pb::Settlement s;
     s.set_chain_id(chain_id);
@@ -311,14 +312,16 @@ class ChainTest : public ::testing::Test {
     s.mutable_evaluation()->set_metric("eval_loss");
     s.mutable_evaluation()->set_value_micro(2'345'678);
     s.mutable_evaluation()->set_evaluators(3);
-    const char* amounts[] = {"300000", "300000", "200000"};
+    const char* amounts[] = {"385714", "385714", "128571"};
+    const uint64_t tokens[] = {3000, 3000, 1000};
     for (int i = 0; i < 3; ++i) {
       auto* payout = s.add_payouts();
       payout->set_host(Addr(hosts_[static_cast<size_t>(i)]));
       payout->set_amount(amounts[i]);
       payout->set_rounds_contributed(10);
+      payout->set_tokens(tokens[i]);
     }
-    s.set_refund("100000");
+    s.set_refund("1");
     s.set_rounds_completed(10);
     return s;
   }
@@ -548,15 +551,15 @@ TEST_F(ChainTest, ProposalVotesOpenReserveRunSettle) {
             common::HexEncode(common::Sha256("final checkpoint")));
   EXPECT_EQ(settled_events[0]["signed_weight"], "300");
   EXPECT_EQ(settled_events[0]["total_weight"], "300");
-  EXPECT_EQ(settled_events[0]["refund"], "100000");
+  EXPECT_EQ(settled_events[0]["refund"], "1");
   EXPECT_EQ(EventsOf(settled.events(), "trainshard.payout").size(), 3u);
   shard = app_->GetShard(1);
   EXPECT_EQ(shard->status(), pb::SHARD_STATUS_SETTLED);
   EXPECT_EQ(shard->close_reason(), pb::CLOSE_REASON_SETTLED);
   EXPECT_EQ(shard->escrow_held(), "0");
-  EXPECT_EQ(app_->Balance(Addr(hosts_[0])), 1000u + 300000);
-  EXPECT_EQ(app_->Balance(Addr(hosts_[2])), 1000u + 200000);
-  EXPECT_EQ(app_->Balance(Addr(creator_)), creator_start - 800000);
+  EXPECT_EQ(app_->Balance(Addr(hosts_[0])), 1000u + 385714);
+  EXPECT_EQ(app_->Balance(Addr(hosts_[2])), 1000u + 128571);
+  EXPECT_EQ(app_->Balance(Addr(creator_)), creator_start - 899999);
   EXPECT_EQ(app_->Balance(app_->EscrowAddress()), 0u);
   EXPECT_EQ(app_->TotalSupply(), supply);
   auto record = app_->GetSettlement(1);
@@ -712,13 +715,25 @@ TEST_F(SettlementRefusals, ReplayedFromAnotherChain) {
 
 TEST_F(SettlementRefusals, PayoutRules) {
   pb::Settlement above = s_;
-  above.set_refund("100001");
+  above.set_refund("2");
   ExpectRefused(creator_, {SettleMsg(creator_, above, AllThree(above))}, kInvalidArgument,
-                "payouts 800000 + refund 100001 exceed escrow 900000");
+                "payouts 899999 + refund 2 exceed escrow 900000");
   pb::Settlement below = s_;
-  below.set_refund("99999");
+  below.set_refund("0");
   ExpectRefused(creator_, {SettleMsg(creator_, below, AllThree(below))}, kInvalidArgument,
-                "payouts 800000 + refund 99999 do not add up to escrow 900000");
+                "payouts 899999 + refund 0 do not add up to escrow 900000");
+  // The amounts follow from the stats beside them: moved between hosts, refused.
+  pb::Settlement moved = s_;
+  moved.mutable_payouts(0)->set_amount("385713");
+  moved.mutable_payouts(2)->set_amount("128572");
+  ExpectRefused(creator_, {SettleMsg(creator_, moved, AllThree(moved))}, kInvalidArgument,
+                "settlement.payouts[0].amount: 385713 does not follow from its stats");
+  // A marked host forfeits its pay: still paid, refused; paid nothing, its share is refunded.
+  pb::Settlement marked = s_;
+  marked.mutable_payouts(2)->set_marks(1);
+  ExpectRefused(creator_, {SettleMsg(creator_, marked, AllThree(marked))}, kInvalidArgument,
+                "settlement.payouts[2].amount: 128571 does not follow from its stats (tokens 1000, "
+                "rounds 10, marks 1, rejected 0) under the reward policy: want 0");
   pb::Settlement share = s_;
   share.mutable_payouts(0)->set_amount("450001");  // max_host_share_bps 5000 of 900000
   share.set_refund("0");
@@ -745,6 +760,11 @@ TEST_F(SettlementRefusals, PayoutRules) {
   unknown.set_shard_id(99);
   ExpectRefused(creator_, {SettleMsg(creator_, unknown, AllThree(unknown))}, kNotFound,
                 "shard 99 not found");
+  // The marked host paid nothing and its share refunded: accepted.
+  marked.mutable_payouts(2)->set_amount("0");
+  marked.set_refund("128572");
+  Deliver(creator_, {SettleMsg(creator_, marked, AllThree(marked))});
+  EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
 }
 
 TEST_F(SettlementRefusals, TooManySignatures) {
@@ -913,7 +933,7 @@ TEST_F(MemberKeys, MembersRecordedWithoutAKeyAreCheckedByRecovery) {
   TxResponse settled = Deliver(creator_, {SettleMsg(creator_, s_, AllThree(s_))});
   EXPECT_EQ(EventsOf(settled.events(), "trainshard.shard_settled")[0]["signed_weight"], "300");
   EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
-  EXPECT_EQ(app_->Balance(Addr(hosts_[0])), 1000u + 300000);
+  EXPECT_EQ(app_->Balance(Addr(hosts_[0])), 1000u + 385714);
 
   // Shard 2 mixes both: hosts 1 and 3 by their stored keys, host 2 by recovery.
   pb::Settlement s2 = MakeSettlement(2);

@@ -1085,6 +1085,29 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
     amounts.push_back(*amount);
     paid += *amount;
   }
+  // Each amount follows from the stats beside it under the shard's reward policy.
+  const pb::RewardPolicy& policy = shard.spec().reward_policy();
+  u128 all_units = 0;
+  uint64_t workers = 0;
+  for (const pb::HostPayout& p : s.payouts()) {
+    const uint64_t units = protocol::WorkUnits(p.tokens(), p.rounds_contributed());
+    all_units += units;
+    workers += units > 0 ? 1 : 0;
+  }
+  for (int i = 0; i < s.payouts_size(); ++i) {
+    const pb::HostPayout& p = s.payouts(i);
+    const protocol::HostWork work{.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
+                                  .forfeit = p.marks() > 0 || p.rejected() > 0};
+    const uint64_t want =
+        protocol::PayoutOf(escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE,
+                           policy.max_host_share_bps(), work, all_units, workers);
+    if (amounts[static_cast<size_t>(i)] != want) {
+      return Invalid(Cat("settlement.payouts[", i, "].amount"), amounts[static_cast<size_t>(i)],
+                     " does not follow from its stats (tokens ", p.tokens(), ", rounds ",
+                     p.rounds_contributed(), ", marks ", p.marks(), ", rejected ", p.rejected(),
+                     ") under the reward policy: want ", want);
+    }
+  }
   TS_ASSIGN_OR_RETURN(uint64_t refund, common::ParseAmount("settlement.refund", s.refund()));
   u128 total = paid + refund;
   if (total > held) {

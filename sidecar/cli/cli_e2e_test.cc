@@ -429,8 +429,9 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
 
   // host2 alone holds 80 of 180: the chain refuses, the unreachable host is listed as refused.
   std::string final_root(64, 'a');
-  std::vector<std::string> payouts = {"--payout", addr["host1"] + "=100000", "--payout",
-                                      addr["host2"] + "=80000"};
+  // Work 5 and 4 rounds: 300000 × 5/9 capped at the 50 % host share, 150000; 133333.
+  std::vector<std::string> payouts = {"--work", addr["host1"] + "=5", "--work",
+                                      addr["host2"] + "=4"};
   std::vector<std::string> weak = {
       "shard",           "settle",       "--id",
       shard_id,          "--hosts",      member2.address() + ",127.0.0.1:1",
@@ -488,13 +489,13 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   Json record = JsonTool(OnChain({"shard", "settlement", "--id", shard_id}));
   EXPECT_EQ(record["signed_weight"], "180");
   EXPECT_EQ(record["submitter"], addr["creator"]);
-  EXPECT_EQ(record["settlement"]["refund"], "120000") << "escrow 300000 minus payouts 180000";
+  EXPECT_EQ(record["settlement"]["refund"], "16667") << "escrow 300000 minus payouts 283333";
   EXPECT_EQ(record["settlement"]["rounds_completed"], "12");
   EXPECT_EQ(record["settlement"]["evaluation"]["value_micro"], "2500000");
   EXPECT_EQ(JsonTool(OnChain({"bank", "balance", "--address", addr["host1"]}))["amount"],
-            std::to_string(host1_before + 100000));
+            std::to_string(host1_before + 150000));
   EXPECT_EQ(JsonTool(OnChain({"bank", "balance", "--address", addr["creator"]}))["amount"],
-            std::to_string(creator_before + 120000));
+            std::to_string(creator_before + 16667));
   // Settling twice is refused by the chain.
   std::vector<std::string> twice = Signed("creator", settle);
   ToolResult twice_result = RunTool(twice);

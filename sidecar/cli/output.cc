@@ -184,10 +184,12 @@ void PrintSettlement(std::ostream& out, const gonka::trainshard::v1::Settlement&
   if (s.payouts_size() > 0) {
     std::vector<std::vector<std::string>> rows;
     for (const auto& p : s.payouts()) {
-      rows.push_back({p.host(), p.amount(), std::to_string(p.rounds_contributed())});
+      rows.push_back({p.host(), p.amount(), std::to_string(p.rounds_contributed()),
+                      std::to_string(p.tokens()), std::to_string(p.verified()),
+                      std::to_string(p.rejected()), std::to_string(p.marks())});
     }
     out << "\n";
-    PrintTable(out, {"HOST", "PAYOUT", "ROUNDS"}, rows);
+    PrintTable(out, {"HOST", "PAYOUT", "ROUNDS", "TOKENS", "VERIFIED", "REJECTED", "MARKS"}, rows);
   }
 }
 

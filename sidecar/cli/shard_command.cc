@@ -147,7 +147,7 @@ struct SettleArgs {
   uint64_t id = 0;
   std::string hosts;
   std::string final_root;
-  std::vector<std::string> payouts;
+  std::vector<std::string> work;
   std::string refund;
   std::string eval_metric;
   int64_t eval_value_micro = 0;
@@ -166,7 +166,7 @@ struct Refusal {
 struct SettlePlan {
   std::vector<std::string> hosts;
   std::string final_root;
-  std::vector<AddressValue> payouts;
+  std::vector<AddressValue> work;  // rounds contributed, per host
   bool refund_given = false;
   uint64_t refund = 0;
   std::string submit_via;
@@ -198,9 +198,9 @@ absl::StatusOr<SettlePlan> PlanSettle(const SettleArgs& args) {
   auto root = ParseHex32("--final-root", args.final_root);
   if (!root.ok()) return root.status();
   plan.final_root = *std::move(root);
-  auto payouts = ParseAddressAmounts("--payout", args.payouts);
-  if (!payouts.ok()) return payouts.status();
-  plan.payouts = *std::move(payouts);
+  auto work = ParseAddressAmounts("--work", args.work);
+  if (!work.ok()) return work.status();
+  plan.work = *std::move(work);
   if (!args.refund.empty()) {
     auto refund = ParseAmountFlag("--refund", args.refund);
     if (!refund.ok()) return refund.status();
@@ -277,20 +277,33 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
       draft.mutable_evaluation()->set_metric(args.eval_metric);
       draft.mutable_evaluation()->set_value_micro(args.eval_value_micro);
     }
+    // The payouts follow from the work by the shard's reward policy, as the chain checks
+    // (common/protocol.h PayoutOf).
+    auto escrow = common::ParseAmount("spec.escrow.amount", shard->spec().escrow().amount());
+    if (!escrow.ok()) return ctx.ChainFailed(absl::InternalError(escrow.status().message()));
+    const pb::RewardPolicy& policy = shard->spec().reward_policy();
+    unsigned __int128 all_units = 0;
+    uint64_t workers = 0;
+    for (const auto& w : plan->work) {
+      all_units += w.value;
+      workers += w.value > 0 ? 1 : 0;
+    }
     uint64_t paid = 0;
-    for (const auto& payout : plan->payouts) {
-      auto sum = common::CheckedAdd("--payout", paid, payout.value);
-      if (!sum.ok()) return ctx.BadInput(sum.status());
-      paid = *sum;
+    for (const auto& w : plan->work) {
+      const uint64_t amount = protocol::PayoutOf(
+          *escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE, policy.max_host_share_bps(),
+          {.units = w.value, .forfeit = false}, all_units, workers);
+      paid += amount;
       auto* entry = draft.add_payouts();
-      entry->set_host(payout.address);
-      entry->set_amount(common::FormatAmount(payout.value));
+      entry->set_host(w.address);
+      entry->set_amount(common::FormatAmount(amount));
+      entry->set_rounds_contributed(w.value);
     }
     uint64_t refund = plan->refund;
     if (!plan->refund_given) {
       if (paid > *held) {
         return ctx.BadInput(absl::InvalidArgumentError(absl::StrCat(
-            "--payout: the payouts sum to ", paid, ", more than the shard's escrow ", *held)));
+            "--work: the payouts sum to ", paid, ", more than the shard's escrow ", *held)));
       }
       refund = *held - paid;
     }
@@ -437,7 +450,11 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
       settle->add_option("--final-root", settle_args->final_root,
                          "final checkpoint root, 64 hex characters (or --draft-from)");
   CLI::Option* payout =
-      settle->add_option("--payout", settle_args->payouts, "HOSTADDR=AMOUNT, repeated")->take_all();
+      settle
+          ->add_option("--work", settle_args->work,
+                       "HOSTADDR=ROUNDS, repeated: the rounds each host contributed; the payouts "
+                       "follow by the shard's reward policy")
+          ->take_all();
   CLI::Option* refund =
       settle->add_option("--refund", settle_args->refund,
                          "ngonka refunded to the creator (default: escrow minus the payouts)");

@@ -303,33 +303,62 @@ absl::Status VerifyCertificate(std::string_view chain_id, const pb::RoundCertifi
   return absl::OkStatus();
 }
 
-absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, uint64_t shard_id,
+absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const ShardView& shard,
                                                uint64_t escrow, const pb::RewardPolicy& policy,
+                                               const pb::VerificationSpec& verification,
                                                std::span<const pb::RoundCertificate> certificates,
                                                uint64_t rounds_total) {
   if (certificates.size() != rounds_total || rounds_total == 0) {
     return absl::InvalidArgumentError(absl::StrCat("certificates: ", certificates.size(),
                                                    " held, the run has ", rounds_total, " rounds"));
   }
-  std::map<std::string, uint64_t> contributed;
-  for (size_t i = 0; i < certificates.size(); ++i) {
-    if (certificates[i].result().round() != i + 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "certificates[", i, "]: round ", certificates[i].result().round(), ", want ", i + 1));
-    }
-    for (const pb::MemberSignature& s : certificates[i].signatures()) ++contributed[s.host()];
-  }
   if (policy.max_host_share_bps() < 1 || policy.max_host_share_bps() > kBps) {
     return absl::InvalidArgumentError(
         absl::StrCat("reward_policy.max_host_share_bps: ", policy.max_host_share_bps()));
   }
-  const unsigned __int128 cap =
-      static_cast<unsigned __int128>(escrow) * policy.max_host_share_bps() / kBps;
-  uint64_t all = 0;
-  for (const auto& [host, n] : contributed) all += n;
+  if (policy.kind() != pb::RewardPolicy::KIND_VERIFIED_WORK &&
+      policy.kind() != pb::RewardPolicy::KIND_EQUAL_SHARE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reward_policy.kind: ", pb::RewardPolicy::Kind_Name(policy.kind()), " is not payable"));
+  }
+  // Per host, sorted by address so every member drafts the same bytes.
+  std::map<std::string, pb::HostPayout> stats;
+  VerdictTally tally(shard, verification);
+  for (size_t i = 0; i < certificates.size(); ++i) {
+    const pb::RoundResult& result = certificates[i].result();
+    if (result.round() != i + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("certificates[", i, "]: round ", result.round(), ", want ", i + 1));
+    }
+    tally.Add(result);
+    for (const pb::MemberSignature& s : certificates[i].signatures()) {
+      pb::HostPayout& p = stats[s.host()];
+      p.set_rounds_contributed(p.rounds_contributed() + 1);
+    }
+  }
+  for (const pb::RoundCertificate& c : certificates) {
+    for (const pb::Contribution& k : c.result().contributions()) {
+      auto it = stats.find(k.host());
+      if (it == stats.end()) continue;  // a contribution paid only with the host's signature
+      pb::HostPayout& p = it->second;
+      p.set_tokens(p.tokens() + k.tokens());
+      const VerdictTally::Judgement j = tally.JudgementOf(c.result().round(), k.host());
+      if (j == VerdictTally::Judgement::kConfirmed) p.set_rejected(p.rejected() + 1);
+      if (tally.Verified(c.result().round(), k.host())) p.set_verified(p.verified() + 1);
+    }
+  }
+  unsigned __int128 all_units = 0;
+  uint64_t workers = 0;
+  for (auto& [host, p] : stats) {
+    p.set_host(host);
+    p.set_marks(tally.Marks(host));
+    const uint64_t units = protocol::WorkUnits(p.tokens(), p.rounds_contributed());
+    all_units += units;
+    workers += units > 0 ? 1 : 0;
+  }
   pb::Settlement s;
   s.set_chain_id(std::string(chain_id));
-  s.set_shard_id(shard_id);
+  s.set_shard_id(shard.shard_id);
   const pb::RoundCertificate& last = certificates.back();
   s.set_final_checkpoint_root(last.result().new_root());
   s.set_rounds_completed(rounds_total);
@@ -341,25 +370,15 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, uint64
     eval->set_eval_set_root(last.evaluations(0).result().eval_set_id());
   }
   uint64_t paid = 0;
-  for (const auto& [host, n] : contributed) {
-    unsigned __int128 amount = 0;
-    switch (policy.kind()) {
-      case pb::RewardPolicy::KIND_VERIFIED_WORK:
-        amount = static_cast<unsigned __int128>(escrow) * n / all;
-        break;
-      case pb::RewardPolicy::KIND_EQUAL_SHARE:
-        amount = escrow / contributed.size();
-        break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "reward_policy.kind: ", pb::RewardPolicy::Kind_Name(policy.kind()), " is not payable"));
-    }
-    amount = std::min(amount, cap);
-    pb::HostPayout* p = s.add_payouts();
-    p->set_host(host);
-    p->set_amount(common::FormatAmount(static_cast<uint64_t>(amount)));
-    p->set_rounds_contributed(n);
-    paid += static_cast<uint64_t>(amount);
+  for (auto& [host, p] : stats) {
+    const protocol::HostWork work{.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
+                                  .forfeit = p.marks() > 0 || p.rejected() > 0};
+    const uint64_t amount =
+        protocol::PayoutOf(escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE,
+                           policy.max_host_share_bps(), work, all_units, workers);
+    p.set_amount(common::FormatAmount(amount));
+    paid += amount;
+    *s.add_payouts() = std::move(p);
   }
   s.set_refund(common::FormatAmount(escrow - paid));
   return s;

@@ -96,15 +96,17 @@ int64_t MedianOf(std::vector<int64_t> values);
 // Total frozen weight of the shard's members.
 uint64_t TotalWeight(const ShardView& shard);
 
-// The settlement the certificates of rounds 1..rounds_total imply: final_checkpoint_root and
-// evaluation from the last certificate, rounds_contributed = rounds whose certificate a host
-// signed, payouts by the reward policy (KIND_VERIFIED_WORK: escrow × contributed / all
-// contributions; KIND_EQUAL_SHARE: escrow / contributors; each rounded down and capped at
-// max_host_share_bps of the escrow), sorted by host; the rest refunded. INVALID_ARGUMENT when
-// the certificates are not rounds 1..rounds_total in order, or the policy or escrow is bad.
+// The settlement the certificates of rounds 1..rounds_total of `shard` imply:
+// final_checkpoint_root and evaluation from the last certificate; per host that signed a round
+// its stats — rounds_contributed (certificates it signed), tokens (behind its contributions),
+// verified and rejected rounds and marks (the verdicts' tally, verdicts.h) — and its payout,
+// protocol::PayoutOf its work under the reward policy (a marked host forfeits); sorted by host;
+// the rest refunded. INVALID_ARGUMENT when the certificates are not rounds 1..rounds_total in
+// order, or the policy is bad.
 absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftSettlement(
-    std::string_view chain_id, uint64_t shard_id, uint64_t escrow,
+    std::string_view chain_id, const ShardView& shard, uint64_t escrow,
     const ::gonka::trainshard::v1::RewardPolicy& policy,
+    const ::gonka::trainshard::v1::VerificationSpec& verification,
     std::span<const ::gonka::trainshard::v1::RoundCertificate> certificates, uint64_t rounds_total);
 
 }  // namespace ts::sidecar

@@ -259,7 +259,8 @@ TEST(Ledger, SettlementPaysByContributionWithTheCapAndRefundsTheRest) {
   pb::RewardPolicy policy;
   policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
   policy.set_max_host_share_bps(5000);
-  auto s = DraftSettlement(kChain, 7, 1100, policy, certs, 3);
+  const pb::VerificationSpec none;
+  auto s = DraftSettlement(kChain, f.view, 1100, policy, none, certs, 3);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->final_checkpoint_root(), certs.back().result().new_root());
   EXPECT_EQ(s->rounds_completed(), 3u);
@@ -281,15 +282,15 @@ TEST(Ledger, SettlementPaysByContributionWithTheCapAndRefundsTheRest) {
   pb::RoundCertificate solo = f.Certify(1, {0, 1, 2});
   solo.mutable_signatures()->DeleteSubrange(1, 2);
   std::vector<pb::RoundCertificate> solo_certs = {solo};
-  auto capped = DraftSettlement(kChain, 7, 1000, policy, solo_certs, 1);
+  auto capped = DraftSettlement(kChain, f.view, 1000, policy, none, solo_certs, 1);
   ASSERT_TRUE(capped.ok());
   EXPECT_EQ(capped->payouts(0).amount(), "500");
   EXPECT_EQ(capped->refund(), "500");
   // Missing rounds are refused.
   std::vector<pb::RoundCertificate> gap = {certs[0], certs[2]};
-  EXPECT_THAT(DraftSettlement(kChain, 7, 1000, policy, gap, 2).status().message(),
+  EXPECT_THAT(DraftSettlement(kChain, f.view, 1000, policy, none, gap, 2).status().message(),
               HasSubstr("round 3, want 2"));
-  EXPECT_FALSE(DraftSettlement(kChain, 7, 1000, policy, certs, 4).ok());
+  EXPECT_FALSE(DraftSettlement(kChain, f.view, 1000, policy, none, certs, 4).ok());
 }
 
 }  // namespace

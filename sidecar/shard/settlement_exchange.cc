@@ -25,7 +25,7 @@ constexpr int64_t kSettleGiveUpMs = 45'000;
 
 bool SettlementExchange::Exchange(Collective* collective, const GroupSpec& group,
                                   int64_t deadline) {
-  auto draft = DraftFromRecords(run_.host, run_.shard_id, run_.spec.spec.rounds());
+  auto draft = DraftFromRecords(run_.host, run_.shard_id, run_.spec.spec);
   if (!draft.ok()) {
     run_.Transition(absl::StrCat("settlement not drafted: ", draft.status().message()));
     return false;
@@ -115,7 +115,8 @@ bool SettlementExchange::Settle(bool first_member) {
 }
 
 absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64_t shard_id,
-                                                uint64_t rounds_total) {
+                                                const pb::RunSpec& spec) {
+  const uint64_t rounds_total = spec.rounds();
   TS_ASSIGN_OR_RETURN(
       std::vector<pb::RoundCertificate> certs,
       // rounds_total is a validated run spec's (at most 100,000).
@@ -129,8 +130,9 @@ absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64
   TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
   TS_ASSIGN_OR_RETURN(uint64_t escrow,
                       common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
-  return DraftSettlement(host.chain_id, shard_id, escrow, shard.spec().reward_policy(), certs,
-                         rounds_total);
+  TS_ASSIGN_OR_RETURN(ShardView view, host.directory->Get(shard_id));
+  return DraftSettlement(host.chain_id, view, escrow, shard.spec().reward_policy(),
+                         spec.verification(), certs, rounds_total);
 }
 
 }  // namespace ts::sidecar

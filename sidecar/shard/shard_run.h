@@ -98,12 +98,12 @@ struct ShardRunOptions {
   int64_t heartbeat_interval_ms = 500;
 };
 
-// The settlement this host's records imply: its certificates of rounds 1..rounds_total, and the
-// shard's escrow and reward policy as the chain has them. FAILED_PRECONDITION while a round's
+// The settlement this host's records imply (ledger.h DraftSettlement): its certificates of
+// rounds 1..spec.rounds with their verdicts under the spec's verification, and the shard's
+// members, escrow and reward policy as the chain has them. FAILED_PRECONDITION while a round's
 // certificate is missing (the run has not finished here). In settlement_exchange.cc.
-absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromRecords(const ShardRunHost& host,
-                                                                     uint64_t shard_id,
-                                                                     uint64_t rounds_total);
+absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromRecords(
+    const ShardRunHost& host, uint64_t shard_id, const ::gonka::trainshard::v1::RunSpec& spec);
 
 class ShardRun {
  public:

@@ -26,6 +26,7 @@
 #include "common/crypto/hash.h"
 #include "common/crypto/secp256k1.h"
 #include "common/crypto/signing.h"
+#include "common/protocol.h"
 #include "cosmos/gov/v1/tx.pb.h"
 #include "proto/deterministic.h"
 
@@ -42,10 +43,16 @@ constexpr int kDefaultHosts = 1000;
 constexpr int kDefaultRepetitions = 5;
 constexpr double kTargetMs = 50.0;
 constexpr uint64_t kEscrow = 1'000'000'000;
-// 90% of the escrow is paid out in equal shares (900,000 each to 1,000 hosts), the rest
-// refunded.
-constexpr uint64_t kPaidOut = kEscrow / 10 * 9;
+// Every host did the same work (100 rounds), so the escrow is paid out in equal shares by the
+// reward policy (1,000,000 each to 1,000 hosts, within the per-host cap), the rounding refunded.
+constexpr uint64_t kRoundsEach = 100;
 constexpr int kMembersMax = 10'000;  // the module's cap on max_nodes_limit
+
+// The per-host cap: 1% per host, or more when there are fewer than 100 hosts (the spec needs
+// bps * nodes >= 10000).
+uint32_t ShareBps(int hosts) {
+  return static_cast<uint32_t>(std::max(100, (10000 + hosts - 1) / hosts));
+}
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "settlement_bench: %s\n", what.c_str());
@@ -107,10 +114,7 @@ class Setup {
     spec.mutable_artifact_quota()->set_bytes_max(1ull << 40);
     spec.mutable_artifact_quota()->set_files_max(100000);
     spec.mutable_reward_policy()->set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
-    // 1% per host, or more when there are fewer than 100 hosts (the spec needs bps * nodes >=
-    // 10000).
-    spec.mutable_reward_policy()->set_max_host_share_bps(
-        static_cast<uint32_t>(std::max(100, (10000 + hosts_count_ - 1) / hosts_count_)));
+    spec.mutable_reward_policy()->set_max_host_share_bps(ShareBps(hosts_count_));
     pb::MsgCreateTrainshardProposal create;
     create.set_authority(app_->GovAddress());
     create.set_creator(Addr(creator_));
@@ -166,12 +170,15 @@ class Setup {
     s.mutable_evaluation()->set_metric("eval_loss");
     s.mutable_evaluation()->set_value_micro(1'234'567);
     s.mutable_evaluation()->set_evaluators(static_cast<uint32_t>(hosts_count_));
-    const uint64_t share = kPaidOut / static_cast<uint64_t>(hosts_count_);
+    const uint64_t n = static_cast<uint64_t>(hosts_count_);
+    const uint64_t share =
+        ts::protocol::PayoutOf(kEscrow, false, ShareBps(hosts_count_),
+                               {.units = kRoundsEach, .forfeit = false}, kRoundsEach * n, n);
     for (const auto& host : hosts_) {
       auto* payout = s.add_payouts();
       payout->set_host(Addr(host));
       payout->set_amount(std::to_string(share));
-      payout->set_rounds_contributed(100);
+      payout->set_rounds_contributed(kRoundsEach);
     }
     s.set_refund(std::to_string(kEscrow - share * static_cast<uint64_t>(hosts_count_)));
     s.set_rounds_completed(100);

@@ -96,7 +96,7 @@ class HostAccessTest(unittest.TestCase):
                      "--dir", "/root"),
                     ("artifact", "list", "--host", host.operator, "--shard", self.sid),
                     ("shard", "settle", "--id", self.sid, "--hosts", host.operator,
-                     "--final-root", "ab" * 32, "--payout", f"{host.address}=1",
+                     "--final-root", "ab" * 32, "--work", f"{host.address}=1",
                      "--submit-via", host.operator, "--chain", self.net.chain)]
         for args in attempts:
             r = self.as_nobody(*args)

@@ -71,8 +71,8 @@ class LifecycleTest(unittest.TestCase):
             harness.wait_for(recorded, 30, f"{h.name} to record its reservation")
 
         root = "ab" * 32
-        payouts = ["--payout", f"{hosts['host1']}=100000", "--payout", f"{hosts['host2']}=80000",
-                   "--payout", f"{hosts['host3']}=60000"]
+        payouts = ["--work", f"{hosts['host1']}=5", "--work", f"{hosts['host2']}=4",
+                   "--work", f"{hosts['host3']}=3"]
         # Every host refuses to sign a draft its own records do not imply: none trained.
         out = net.cli("shard", "settle", "--id", sid, "--hosts",
                       ",".join(h.operator for h in net.hosts), "--final-root", root, *payouts,

@@ -131,7 +131,7 @@ class TrainTest(unittest.TestCase):
         def bogus_settlement_refused(sid):
             # While the hosts train, a settlement drafted by hand (any root, any payouts) is
             # refused by every host, and takes nothing from the honest one that follows.
-            payouts = [a for h in net.hosts for a in ("--payout", f"{h.address}=1000")]
+            payouts = [a for h in net.hosts for a in ("--work", f"{h.address}=4")]
             out = net.cli("shard", "settle", "--id", sid, "--hosts",
                           ",".join(h.operator for h in net.hosts), "--final-root", "ab" * 32,
                           *payouts, "--submit-via", net.hosts[0].operator, check=False)

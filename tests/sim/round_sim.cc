@@ -585,7 +585,8 @@ absl::StatusOr<pb::Shard> RoundSim::ChainShard(uint64_t id) const {
 
 absl::StatusOr<pb::SettlementSignature> RoundSim::SignSettlement(Host& h,
                                                                  const pb::Settlement& draft) {
-  TS_ASSIGN_OR_RETURN(pb::Settlement mine, sidecar::DraftFromRecords(h.run_host, kShard, rounds_));
+  TS_ASSIGN_OR_RETURN(pb::Settlement mine,
+                      sidecar::DraftFromRecords(h.run_host, kShard, spec_.spec));
   const std::string bytes = DeterministicBytes(draft);
   if (DeterministicBytes(mine) != bytes) {
     return absl::FailedPreconditionError("sim: the draft is not what this host's records imply");
@@ -621,6 +622,14 @@ absl::StatusOr<std::string> RoundSim::Submit(const pb::Settlement& s,
   }
   settled_ = true;
   settled_root_ = s.final_checkpoint_root();
+  for (const pb::HostPayout& p : s.payouts()) {
+    const bool free_rider =
+        options_.free_rider >= 0 && p.host() == hosts_[options_.free_rider]->address;
+    (free_rider ? result_.free_rider_paid : result_.honest_paid) += std::stoull(p.amount());
+    if (!free_rider && p.marks() > 0) {
+      Violation(absl::StrCat("the honest host ", p.host(), " is marked in the settlement"));
+    }
+  }
   Note(absl::StrCat("settled on ", common::HexEncode(settled_root_).substr(0, 16)));
   return common::Sha256(bytes);
 }

@@ -54,6 +54,8 @@ struct SimResult {
   uint64_t replays_failed = 0;    // of those, the ones that did not reproduce the commitment
   uint32_t free_rider_marks = 0;  // the free rider's marks as the certificates have them
   bool free_rider_excluded = false;
+  uint64_t free_rider_paid = 0;  // by the settlement that landed
+  uint64_t honest_paid = 0;      // to all other hosts together
 };
 
 SimResult RunRoundSim(const SimOptions& options);

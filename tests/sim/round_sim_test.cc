@@ -106,6 +106,11 @@ TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
     ASSERT_TRUE(r.ok) << r.violation;
     EXPECT_GE(r.free_rider_marks, 2u) << "seed " << seed;  // and rounds in flight confirmed after
     EXPECT_TRUE(r.free_rider_excluded) << "seed " << seed;
+    // Its work is forfeit and refunded; the others are paid for theirs (3 of 4 hosts' tokens
+    // until the exclusion, then all: more than 3/4 of the escrow, less than all of it).
+    EXPECT_EQ(r.free_rider_paid, 0u) << "seed " << seed;
+    EXPECT_GT(r.honest_paid, 750'000u) << "seed " << seed;
+    EXPECT_LT(r.honest_paid, 1'000'000u) << "seed " << seed;
   }
   for (uint64_t seed : {6, 7}) {
     SimResult r = RunRoundSim(
