@@ -1000,6 +1000,39 @@ absl::Status Keeper::Assemble(const pb::MsgAssembleTrainshard& msg) {
   return StartShard(&shard, members);
 }
 
+namespace {
+
+// Each payout's amount is the one its stats imply under the shard's reward policy
+// (protocol::PayoutOf, the rule of the members' drafts); `amounts` are the payouts' parsed.
+absl::Status CheckPayoutsFollowStats(const pb::Settlement& s, uint64_t escrow,
+                                     const pb::RewardPolicy& policy,
+                                     const std::vector<uint64_t>& amounts) {
+  u128 all_units = 0;
+  uint64_t workers = 0;
+  for (const pb::HostPayout& p : s.payouts()) {
+    const uint64_t units = protocol::WorkUnits(p.tokens(), p.rounds_contributed());
+    all_units += units;
+    workers += units > 0 ? 1 : 0;
+  }
+  for (int i = 0; i < s.payouts_size(); ++i) {
+    const pb::HostPayout& p = s.payouts(i);
+    const protocol::HostWork work{.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
+                                  .forfeit = p.marks() > 0 || p.rejected() > 0};
+    const uint64_t want =
+        protocol::PayoutOf(escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE,
+                           policy.max_host_share_bps(), work, all_units, workers);
+    if (amounts[static_cast<size_t>(i)] != want) {
+      return Invalid(Cat("settlement.payouts[", i, "].amount"), amounts[static_cast<size_t>(i)],
+                     " does not follow from its stats (tokens ", p.tokens(), ", rounds ",
+                     p.rounds_contributed(), ", marks ", p.marks(), ", rejected ", p.rejected(),
+                     ") under the reward policy: want ", want);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
   TS_RETURN_IF_ERROR(ValidateAddress("submitter", msg->submitter()));
   if (!msg->has_settlement()) return Invalid("settlement", "missing");
@@ -1085,29 +1118,7 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
     amounts.push_back(*amount);
     paid += *amount;
   }
-  // Each amount follows from the stats beside it under the shard's reward policy.
-  const pb::RewardPolicy& policy = shard.spec().reward_policy();
-  u128 all_units = 0;
-  uint64_t workers = 0;
-  for (const pb::HostPayout& p : s.payouts()) {
-    const uint64_t units = protocol::WorkUnits(p.tokens(), p.rounds_contributed());
-    all_units += units;
-    workers += units > 0 ? 1 : 0;
-  }
-  for (int i = 0; i < s.payouts_size(); ++i) {
-    const pb::HostPayout& p = s.payouts(i);
-    const protocol::HostWork work{.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
-                                  .forfeit = p.marks() > 0 || p.rejected() > 0};
-    const uint64_t want =
-        protocol::PayoutOf(escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE,
-                           policy.max_host_share_bps(), work, all_units, workers);
-    if (amounts[static_cast<size_t>(i)] != want) {
-      return Invalid(Cat("settlement.payouts[", i, "].amount"), amounts[static_cast<size_t>(i)],
-                     " does not follow from its stats (tokens ", p.tokens(), ", rounds ",
-                     p.rounds_contributed(), ", marks ", p.marks(), ", rejected ", p.rejected(),
-                     ") under the reward policy: want ", want);
-    }
-  }
+  TS_RETURN_IF_ERROR(CheckPayoutsFollowStats(s, escrow, shard.spec().reward_policy(), amounts));
   TS_ASSIGN_OR_RETURN(uint64_t refund, common::ParseAmount("settlement.refund", s.refund()));
   u128 total = paid + refund;
   if (total > held) {

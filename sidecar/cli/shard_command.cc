@@ -237,6 +237,34 @@ void PrintSettleResult(Context& ctx, const std::string& txhash, uint32_t code,
                              {"refused", std::to_string(refused.size())}});
 }
 
+// Adds to `draft` a payout per host of `work` (its rounds contributed), each the amount the
+// shard's reward policy gives it (common/protocol.h PayoutOf, the rule the chain checks); the
+// sum paid.
+absl::StatusOr<uint64_t> AddPayouts(const pb::Shard& shard, const std::vector<AddressValue>& work,
+                                    pb::Settlement* draft) {
+  auto escrow = common::ParseAmount("spec.escrow.amount", shard.spec().escrow().amount());
+  if (!escrow.ok()) return absl::InternalError(escrow.status().message());
+  const pb::RewardPolicy& policy = shard.spec().reward_policy();
+  unsigned __int128 all_units = 0;
+  uint64_t workers = 0;
+  for (const auto& w : work) {
+    all_units += w.value;
+    workers += w.value > 0 ? 1 : 0;
+  }
+  uint64_t paid = 0;
+  for (const auto& w : work) {
+    const uint64_t amount = protocol::PayoutOf(
+        *escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE, policy.max_host_share_bps(),
+        {.units = w.value, .forfeit = false}, all_units, workers);
+    paid += amount;
+    pb::HostPayout* entry = draft->add_payouts();
+    entry->set_host(w.address);
+    entry->set_amount(common::FormatAmount(amount));
+    entry->set_rounds_contributed(w.value);
+  }
+  return paid;
+}
+
 int RunSettle(Context& ctx, const SettleArgs& args) {
   auto plan = PlanSettle(args);
   if (!plan.ok()) return ctx.BadInput(plan.status());
@@ -277,35 +305,15 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
       draft.mutable_evaluation()->set_metric(args.eval_metric);
       draft.mutable_evaluation()->set_value_micro(args.eval_value_micro);
     }
-    // The payouts follow from the work by the shard's reward policy, as the chain checks
-    // (common/protocol.h PayoutOf).
-    auto escrow = common::ParseAmount("spec.escrow.amount", shard->spec().escrow().amount());
-    if (!escrow.ok()) return ctx.ChainFailed(absl::InternalError(escrow.status().message()));
-    const pb::RewardPolicy& policy = shard->spec().reward_policy();
-    unsigned __int128 all_units = 0;
-    uint64_t workers = 0;
-    for (const auto& w : plan->work) {
-      all_units += w.value;
-      workers += w.value > 0 ? 1 : 0;
-    }
-    uint64_t paid = 0;
-    for (const auto& w : plan->work) {
-      const uint64_t amount = protocol::PayoutOf(
-          *escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE, policy.max_host_share_bps(),
-          {.units = w.value, .forfeit = false}, all_units, workers);
-      paid += amount;
-      auto* entry = draft.add_payouts();
-      entry->set_host(w.address);
-      entry->set_amount(common::FormatAmount(amount));
-      entry->set_rounds_contributed(w.value);
-    }
+    auto paid = AddPayouts(*shard, plan->work, &draft);
+    if (!paid.ok()) return ctx.ChainFailed(paid.status());
     uint64_t refund = plan->refund;
     if (!plan->refund_given) {
-      if (paid > *held) {
+      if (*paid > *held) {
         return ctx.BadInput(absl::InvalidArgumentError(absl::StrCat(
-            "--work: the payouts sum to ", paid, ", more than the shard's escrow ", *held)));
+            "--work: the payouts sum to ", *paid, ", more than the shard's escrow ", *held)));
       }
-      refund = *held - paid;
+      refund = *held - *paid;
     }
     draft.set_refund(common::FormatAmount(refund));
     draft.set_rounds_completed(args.rounds);
