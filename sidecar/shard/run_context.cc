@@ -178,11 +178,14 @@ absl::Status RunContext::StoreCertificates(const std::vector<pb::RoundCertificat
     }
   }
   // Verdicts now carried by a certificate, or too old to be, are no longer announced.
-  std::erase_if(pending_verdicts, [&](const pb::SignedVerdict& s) {
+  std::vector<pb::SignedVerdict> kept;
+  for (pb::SignedVerdict& s : pending_verdicts) {
     const pb::Verdict& v = s.verdict();
-    if (v.round() + kVerdictRounds <= certified_round) return true;
-    return tally && tally->Has(v.round(), v.member(), v.validator());
-  });
+    if (v.round() + kVerdictRounds <= certified_round) continue;
+    if (tally && tally->Has(v.round(), v.member(), v.validator())) continue;
+    kept.push_back(std::move(s));
+  }
+  pending_verdicts = std::move(kept);
   return absl::OkStatus();
 }
 
