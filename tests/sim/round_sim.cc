@@ -127,6 +127,8 @@ class RoundSim {
   bool CheckEnd();
   // The verdicts of a settled host's certificates: no honest host is marked.
   bool CheckMarks();
+  // The index of the free rider or the liar, or -1.
+  int Attacker() const { return options_.free_rider >= 0 ? options_.free_rider : options_.liar; }
   void Teardown();
   // Each host's state, certified round and last status lines.
   std::string DescribeHosts();
@@ -249,6 +251,7 @@ absl::Status RoundSim::Setup() {
     state.weight = h->weight;
     state.key = &h->key;
     state.free_rider = options_.free_rider == static_cast<int>(i);
+    state.liar = options_.liar == static_cast<int>(i);
     h->artifacts = MakeSimArtifacts(&net_, h->address);
     hosts_.push_back(std::move(h));
   }
@@ -496,7 +499,10 @@ bool RoundSim::CheckEnd() {
     const pb::ShardRunStatus st = hp->run->Status();
     result_.replays += st.replays();
     result_.replays_failed += st.replays() - st.replays_passed();
-    // A replay may fail only on the free rider: on an honest member it is a false accusation.
+    // A replay may fail only on the free rider: on an honest member it is a false accusation,
+    // which only the liar makes.
+    const bool liar = static_cast<int>(&hp - &hosts_[0]) == options_.liar;
+    if (liar) continue;
     if (options_.free_rider < 0 && st.replays_passed() != st.replays()) {
       return Violation(absl::StrCat(hp->address, " replayed ", st.replays(), " rounds and only ",
                                     st.replays_passed(), " reproduced an honest commitment"));
@@ -530,9 +536,9 @@ bool RoundSim::CheckMarks() {
     for (const pb::RoundCertificate& c : *certs) tally.Add(c.result());
     for (size_t i = 0; i < hosts_.size(); ++i) {
       const uint32_t marks = tally.Marks(hosts_[i]->address);
-      if (static_cast<int>(i) == options_.free_rider) {
-        result_.free_rider_marks = marks;
-        result_.free_rider_excluded = tally.Excluded(hosts_[i]->address);
+      if (static_cast<int>(i) == Attacker()) {
+        result_.attacker_marks = marks;
+        result_.attacker_excluded = tally.Excluded(hosts_[i]->address);
       } else if (marks > 0) {
         return Violation(absl::StrCat("the honest host ", hosts_[i]->address, " has ", marks,
                                       " marks in the certificates"));
@@ -623,10 +629,9 @@ absl::StatusOr<std::string> RoundSim::Submit(const pb::Settlement& s,
   settled_ = true;
   settled_root_ = s.final_checkpoint_root();
   for (const pb::HostPayout& p : s.payouts()) {
-    const bool free_rider =
-        options_.free_rider >= 0 && p.host() == hosts_[options_.free_rider]->address;
-    (free_rider ? result_.free_rider_paid : result_.honest_paid) += std::stoull(p.amount());
-    if (!free_rider && p.marks() > 0) {
+    const bool attacker = Attacker() >= 0 && p.host() == hosts_[Attacker()]->address;
+    (attacker ? result_.attacker_paid : result_.honest_paid) += std::stoull(p.amount());
+    if (!attacker && p.marks() > 0) {
       Violation(absl::StrCat("the honest host ", p.host(), " is marked in the settlement"));
     }
   }

@@ -34,6 +34,9 @@ struct SimOptions {
   // The index of a host whose worker sends Δ = 0 and signs like the others (a free rider), or
   // -1. Only a replay failing on it is allowed then (docs/verification.md).
   int free_rider = -1;
+  // The index of a host whose worker's replays come out a little off, so its verdicts accuse
+  // honest members (a lying validator), or -1; not with a free rider.
+  int liar = -1;
   size_t hosts = 0;              // 0: 3..5 drawn, weights equal or drawn; else that many, equal
   uint32_t rounds = 0;           // 0: 3..5, drawn from the seed
   uint32_t replay_rate_bps = 0;  // 0: 5000 on every fourth seed (1, 5, 9, ...), else none
@@ -46,16 +49,18 @@ struct SimResult {
   uint32_t rounds = 0;
   uint64_t events = 0;
   int64_t sim_ms = 0;
-  std::string final_root;         // hex
-  uint64_t trace = 0;             // a hash of the run's course: equal for a replay
-  std::string faults;             // the faults injected, counted by kind
-  int superseded = 0;             // records replaced by a later attempt's certificate
-  uint64_t replays = 0;           // replays by the hosts still up at the end (docs/verification.md)
-  uint64_t replays_failed = 0;    // of those, the ones that did not reproduce the commitment
-  uint32_t free_rider_marks = 0;  // the free rider's marks as the certificates have them
-  bool free_rider_excluded = false;
-  uint64_t free_rider_paid = 0;  // by the settlement that landed
-  uint64_t honest_paid = 0;      // to all other hosts together
+  std::string final_root;       // hex
+  uint64_t trace = 0;           // a hash of the run's course: equal for a replay
+  std::string faults;           // the faults injected, counted by kind
+  int superseded = 0;           // records replaced by a later attempt's certificate
+  uint64_t replays = 0;         // replays by the hosts still up at the end (docs/verification.md)
+  uint64_t replays_failed = 0;  // of those, the ones that did not reproduce the commitment
+  // The attacker (the free rider or the liar): its marks as the certificates have them, and
+  // what the settlement that landed paid it and all other hosts together.
+  uint32_t attacker_marks = 0;
+  bool attacker_excluded = false;
+  uint64_t attacker_paid = 0;
+  uint64_t honest_paid = 0;
 };
 
 SimResult RunRoundSim(const SimOptions& options);

@@ -104,11 +104,11 @@ TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
                                .rounds = 8,
                                .replay_rate_bps = 10000});
     ASSERT_TRUE(r.ok) << r.violation;
-    EXPECT_GE(r.free_rider_marks, 2u) << "seed " << seed;  // and rounds in flight confirmed after
-    EXPECT_TRUE(r.free_rider_excluded) << "seed " << seed;
+    EXPECT_GE(r.attacker_marks, 2u) << "seed " << seed;  // and rounds in flight confirmed after
+    EXPECT_TRUE(r.attacker_excluded) << "seed " << seed;
     // Its work is forfeit and refunded; the others are paid for theirs (3 of 4 hosts' tokens
     // until the exclusion, then all: more than 3/4 of the escrow, less than all of it).
-    EXPECT_EQ(r.free_rider_paid, 0u) << "seed " << seed;
+    EXPECT_EQ(r.attacker_paid, 0u) << "seed " << seed;
     EXPECT_GT(r.honest_paid, 750'000u) << "seed " << seed;
     EXPECT_LT(r.honest_paid, 1'000'000u) << "seed " << seed;
   }
@@ -117,6 +117,37 @@ TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
         {.seed = seed, .free_rider = 1, .hosts = 4, .rounds = 8, .replay_rate_bps = 5000});
     ASSERT_TRUE(r.ok) << r.violation;
   }
+}
+
+// A validator whose replays come out a little off accuses honest members; the others replay the
+// accused rounds, find that they reproduce, and with more than 2/3 of the others' weight (4 of
+// 5 hosts, the accused not counting) overrule it: the liar is marked, excluded and paid nothing,
+// no honest host is marked (CheckMarks), and the shard settles. With 4 hosts the two others
+// hold exactly 2/3 of the others' weight: the verdicts stay open and nobody is marked.
+TEST(RoundSim, ALyingValidatorIsOverruledMarkedAndExcluded) {
+  for (uint64_t seed : {2, 3}) {
+    SimResult r = RunRoundSim({.seed = seed,
+                               .faults = false,
+                               .liar = 1,
+                               .hosts = 5,
+                               .rounds = 8,
+                               .replay_rate_bps = 10000});
+    ASSERT_TRUE(r.ok) << r.violation;
+    EXPECT_GE(r.attacker_marks, 2u) << "seed " << seed;
+    EXPECT_TRUE(r.attacker_excluded) << "seed " << seed;
+    EXPECT_EQ(r.attacker_paid, 0u) << "seed " << seed;
+    EXPECT_GT(r.honest_paid, 0u) << "seed " << seed;
+  }
+  for (uint64_t seed : {6, 7}) {  // under faults: no honest host marked, the shard settles
+    SimResult r =
+        RunRoundSim({.seed = seed, .liar = 1, .hosts = 5, .rounds = 8, .replay_rate_bps = 5000});
+    ASSERT_TRUE(r.ok) << r.violation;
+  }
+  SimResult four = RunRoundSim(
+      {.seed = 4, .faults = false, .liar = 1, .hosts = 4, .rounds = 6, .replay_rate_bps = 10000});
+  ASSERT_TRUE(four.ok) << four.violation;
+  EXPECT_EQ(four.attacker_marks, 0u);
+  EXPECT_GT(four.attacker_paid, 0u);
 }
 
 TEST(RoundSim, ASeedReplaysExactly) {

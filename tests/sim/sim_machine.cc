@@ -131,6 +131,7 @@ class SimWorker final : public sidecar::RunWorker {
       }
       TS_ASSIGN_OR_RETURN(Params base, ParamsOf(bytes));
       Params delta = DeltaOf(base, request.data_seed(), request.host(), request.steps());
+      if (me->liar) delta[0] += 1.0f;
       TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
       return pb::InnerStepsResponse();
     }

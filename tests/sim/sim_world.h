@@ -47,6 +47,7 @@ struct SimHostState {
   std::map<std::string, std::map<std::string, std::string>> artifacts;  // id -> files
   std::map<std::string, pb::ArtifactSummary> summaries;                 // id -> summary
   bool free_rider = false;  // its worker writes Δ = 0 (SimOptions.free_rider)
+  bool liar = false;        // its worker's replays come out a little off (SimOptions.liar)
   // Every Δ its worker wrote, by base root ‖ data seed: what its commitments must bind.
   std::map<std::string, std::string> deltas;
 };
