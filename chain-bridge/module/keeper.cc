@@ -1003,24 +1003,14 @@ absl::Status Keeper::Assemble(const pb::MsgAssembleTrainshard& msg) {
 namespace {
 
 // Each payout's amount is the one its stats imply under the shard's reward policy
-// (protocol::PayoutOf, the rule of the members' drafts); `amounts` are the payouts' parsed.
+// (PayoutsFromStats, the rule of the members' drafts); `amounts` are the payouts' parsed.
 absl::Status CheckPayoutsFollowStats(const pb::Settlement& s, uint64_t escrow,
                                      const pb::RewardPolicy& policy,
                                      const std::vector<uint64_t>& amounts) {
-  u128 all_units = 0;
-  uint64_t workers = 0;
-  for (const pb::HostPayout& p : s.payouts()) {
-    const uint64_t units = protocol::WorkUnits(p.tokens(), p.rounds_contributed());
-    all_units += units;
-    workers += units > 0 ? 1 : 0;
-  }
+  const std::vector<uint64_t> wants = PayoutsFromStats(escrow, policy, s.payouts());
   for (int i = 0; i < s.payouts_size(); ++i) {
     const pb::HostPayout& p = s.payouts(i);
-    const protocol::HostWork work{.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
-                                  .forfeit = p.marks() > 0 || p.rejected() > 0};
-    const uint64_t want =
-        protocol::PayoutOf(escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE,
-                           policy.max_host_share_bps(), work, all_units, workers);
+    const uint64_t want = wants[static_cast<size_t>(i)];
     if (amounts[static_cast<size_t>(i)] != want) {
       return Invalid(Cat("settlement.payouts[", i, "].amount"), amounts[static_cast<size_t>(i)],
                      " does not follow from its stats (tokens ", p.tokens(), ", rounds ",

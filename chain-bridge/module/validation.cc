@@ -4,6 +4,7 @@
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
+#include "common/protocol.h"
 #include "common/status.h"
 
 namespace ts::bridge {
@@ -188,6 +189,27 @@ absl::Status ValidateEndpoint(std::string_view field, std::string_view endpoint)
     return Invalid(field, "'", endpoint, "' has no port in 1..65535");
   }
   return absl::OkStatus();
+}
+
+std::vector<uint64_t> PayoutsFromStats(
+    uint64_t escrow, const pb::RewardPolicy& policy,
+    const google::protobuf::RepeatedPtrField<pb::HostPayout>& payouts) {
+  std::vector<protocol::HostWork> works;
+  unsigned __int128 all_units = 0;
+  uint64_t workers = 0;
+  for (const pb::HostPayout& p : payouts) {
+    works.push_back({.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
+                     .forfeit = p.marks() > 0 || p.rejected() > 0});
+    all_units += works.back().units;
+    workers += works.back().units > 0 ? 1 : 0;
+  }
+  std::vector<uint64_t> amounts;
+  for (const protocol::HostWork& work : works) {
+    amounts.push_back(protocol::PayoutOf(escrow,
+                                         policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE,
+                                         policy.max_host_share_bps(), work, all_units, workers));
+  }
+  return amounts;
 }
 
 }  // namespace ts::bridge

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +51,13 @@ absl::StatusOr<uint64_t> ParseCoins(
 // "host:port": printable ASCII without spaces, at most kMaxEndpointBytes, a non-empty host and
 // a port in 1..65535.
 absl::Status ValidateEndpoint(std::string_view field, std::string_view endpoint);
+
+// The amount each payout's stats imply under `policy` (common/protocol.h PayoutOf; work units
+// are its tokens, or its rounds without them; a mark or a rejected round forfeits): what the
+// chain holds a settlement's amounts to and what every draft pays (docs/verification.md "Pay").
+std::vector<uint64_t> PayoutsFromStats(
+    uint64_t escrow, const gonka::trainshard::v1::RewardPolicy& policy,
+    const google::protobuf::RepeatedPtrField<gonka::trainshard::v1::HostPayout>& payouts);
 
 }  // namespace ts::bridge
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/validation.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/signing.h"
@@ -238,29 +239,23 @@ void PrintSettleResult(Context& ctx, const std::string& txhash, uint32_t code,
 }
 
 // Adds to `draft` a payout per host of `work` (its rounds contributed), each the amount the
-// shard's reward policy gives it (common/protocol.h PayoutOf, the rule the chain checks); the
+// shard's reward policy gives it (PayoutsFromStats, the rule the chain checks); the
 // sum paid.
 absl::StatusOr<uint64_t> AddPayouts(const pb::Shard& shard, const std::vector<AddressValue>& work,
                                     pb::Settlement* draft) {
   auto escrow = common::ParseAmount("spec.escrow.amount", shard.spec().escrow().amount());
   if (!escrow.ok()) return absl::InternalError(escrow.status().message());
-  const pb::RewardPolicy& policy = shard.spec().reward_policy();
-  unsigned __int128 all_units = 0;
-  uint64_t workers = 0;
   for (const auto& w : work) {
-    all_units += w.value;
-    workers += w.value > 0 ? 1 : 0;
-  }
-  uint64_t paid = 0;
-  for (const auto& w : work) {
-    const uint64_t amount = protocol::PayoutOf(
-        *escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE, policy.max_host_share_bps(),
-        {.units = w.value, .forfeit = false}, all_units, workers);
-    paid += amount;
     pb::HostPayout* entry = draft->add_payouts();
     entry->set_host(w.address);
-    entry->set_amount(common::FormatAmount(amount));
     entry->set_rounds_contributed(w.value);
+  }
+  const std::vector<uint64_t> amounts =
+      bridge::PayoutsFromStats(*escrow, shard.spec().reward_policy(), draft->payouts());
+  uint64_t paid = 0;
+  for (size_t i = 0; i < amounts.size(); ++i) {
+    draft->mutable_payouts(static_cast<int>(i))->set_amount(common::FormatAmount(amounts[i]));
+    paid += amounts[i];
   }
   return paid;
 }

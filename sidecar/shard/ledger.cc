@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "chain-bridge/module/validation.h"
 #include "common/amount.h"
 #include "common/crypto/hash.h"
 #include "common/crypto/signing.h"
@@ -347,14 +348,9 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
       if (tally.Verified(c.result().round(), k.host())) p.set_verified(p.verified() + 1);
     }
   }
-  unsigned __int128 all_units = 0;
-  uint64_t workers = 0;
   for (auto& [host, p] : stats) {
     p.set_host(host);
     p.set_marks(tally.Marks(host));
-    const uint64_t units = protocol::WorkUnits(p.tokens(), p.rounds_contributed());
-    all_units += units;
-    workers += units > 0 ? 1 : 0;
   }
   pb::Settlement s;
   s.set_chain_id(std::string(chain_id));
@@ -369,16 +365,13 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
   if (last.evaluations_size() > 0) {
     eval->set_eval_set_root(last.evaluations(0).result().eval_set_id());
   }
+  for (auto& [host, p] : stats) *s.add_payouts() = std::move(p);
+  const std::vector<uint64_t> amounts = bridge::PayoutsFromStats(escrow, policy, s.payouts());
   uint64_t paid = 0;
-  for (auto& [host, p] : stats) {
-    const protocol::HostWork work{.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
-                                  .forfeit = p.marks() > 0 || p.rejected() > 0};
-    const uint64_t amount =
-        protocol::PayoutOf(escrow, policy.kind() == pb::RewardPolicy::KIND_EQUAL_SHARE,
-                           policy.max_host_share_bps(), work, all_units, workers);
-    p.set_amount(common::FormatAmount(amount));
+  for (int i = 0; i < s.payouts_size(); ++i) {
+    const uint64_t amount = amounts[static_cast<size_t>(i)];
+    s.mutable_payouts(i)->set_amount(common::FormatAmount(amount));
     paid += amount;
-    *s.add_payouts() = std::move(p);
   }
   s.set_refund(common::FormatAmount(escrow - paid));
   return s;
