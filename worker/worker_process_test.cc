@@ -416,6 +416,21 @@ TEST_F(WorkerProcessTest, AReplayReproducesAMembersDeltaAndLeavesTheWorkerAsItWa
   refused = validator->client().InnerSteps(greedy);
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("replay_threads: 5000 is more than 1024"));
+
+  // The member's evaluation of its checkpoint, evaluated again by the 2-thread validator with
+  // the member's threads: the same loss, to the bit (docs/verification.md "Evaluations").
+  auto evaluated = member->client().Evaluate(EvalRequest());
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+  pb::EvaluateRequest again = EvalRequest();
+  again.set_checkpoint_file("base.tsck");
+  again.set_threads(kThreads);
+  auto reevaluated = validator->client().Evaluate(again);
+  ASSERT_TRUE(reevaluated.ok()) << reevaluated.status();
+  EXPECT_EQ(reevaluated->mean_loss(), evaluated->mean_loss());
+  EXPECT_EQ(reevaluated->root(), evaluated->root());
+  again.set_threads(5000);
+  EXPECT_THAT(std::string(validator->client().Evaluate(again).status().message()),
+              HasSubstr("threads: 5000 is more than 1024"));
 }
 
 TEST_F(WorkerProcessTest, TwoWorkersWithTheSameInputsGiveTheSameRoots) {

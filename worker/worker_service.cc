@@ -354,11 +354,15 @@ absl::Status WorkerService::CheckTrainingMemory(const ModelConfig& config,
 }
 
 absl::StatusOr<Trainer*> WorkerService::AnyTrainerFor(const ModelConfig& config,
-                                                      std::unique_ptr<Trainer>* other) {
-  if (trainer_ != nullptr && trainer_->config() == config) return trainer_.get();
-  TS_ASSIGN_OR_RETURN(*other, Trainer::Create(config, AdamWOptions{},
-                                              {.num_threads = options_.num_threads,
-                                               .device = options_.device.device}));
+                                                      std::unique_ptr<Trainer>* other,
+                                                      int threads) {
+  if (threads == 0) threads = options_.num_threads;
+  if (trainer_ != nullptr && trainer_->config() == config && threads == options_.num_threads) {
+    return trainer_.get();
+  }
+  TS_ASSIGN_OR_RETURN(*other,
+                      Trainer::Create(config, AdamWOptions{},
+                                      {.num_threads = threads, .device = options_.device.device}));
   return other->get();
 }
 
@@ -713,6 +717,9 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
     return Invalid("batch_size", request.batch_size(),
                    absl::StrCat("is outside 1..", kBatchSizeMax));
   }
+  if (request.threads() > kReplayThreadsMax) {
+    return Invalid("threads", request.threads(), absl::StrCat("is more than ", kReplayThreadsMax));
+  }
   // The checkpoint to evaluate, streamed into a trainer of its config; its root is taken on the
   // way for a file named here, known for the current one.
   std::unique_ptr<CheckpointFileReader> reader;
@@ -750,7 +757,8 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
   }
   // Keeps the training trainer (and its AdamW state) when the config matches.
   std::unique_ptr<Trainer> other;
-  TS_ASSIGN_OR_RETURN(Trainer * trainer, AnyTrainerFor(checkpoint.config, &other));
+  TS_ASSIGN_OR_RETURN(Trainer * trainer, AnyTrainerFor(checkpoint.config, &other,
+                                                       static_cast<int>(request.threads())));
   TS_RETURN_IF_ERROR(trainer->Load(*reader));
   if (root.empty()) {
     TS_ASSIGN_OR_RETURN(root, reader->Finish());

@@ -163,9 +163,10 @@ class WorkerService final : public pb::Worker::Service {
   // The trainer for `config` with `adamw`: kept when both match, else made anew (fresh AdamW).
   absl::StatusOr<Trainer*> TrainerFor(const ModelConfig& config, const AdamWOptions& adamw)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The training trainer when its config is `config` (its AdamW state kept), else a new one.
-  absl::StatusOr<Trainer*> AnyTrainerFor(const ModelConfig& config, std::unique_ptr<Trainer>* other)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The training trainer when its config is `config` (its AdamW state kept) and `threads` is 0
+  // or the worker's, else a new one in `other` with `threads` (0: the worker's).
+  absl::StatusOr<Trainer*> AnyTrainerFor(const ModelConfig& config, std::unique_ptr<Trainer>* other,
+                                         int threads = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the work dir file `name` (a checkpoint of `config` with root `root`) current.
   absl::Status SetCurrent(const ModelConfig& config, bool has_momentum, std::string_view name,
                           std::string root) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -37,7 +37,7 @@ void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
     run_.status.set_marks((*tally)->Marks(run_.host.address));
   }
   for (const VerdictTally::Draw& draw : draws) {
-    if (draw.validator == run_.host.address) Check(result, draw.index, "drawn");
+    if (draw.validator == run_.host.address) Check(certificate, draw.index, "drawn");
   }
   // Failures found by others that the certificates ask this host to confirm or reject.
   for (const auto& [round, member] : unanswered) {
@@ -48,13 +48,15 @@ void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
     const pb::RoundResult& accused = certs->front().result();
     for (int i = 0; i < accused.contributions_size(); ++i) {
       if (accused.contributions(i).host() == member) {
-        Check(accused, static_cast<size_t>(i), "asked by a verdict of failure");
+        Check(certs->front(), static_cast<size_t>(i), "asked by a verdict of failure");
       }
     }
   }
 }
 
-void ReplayChecks::Check(const pb::RoundResult& result, size_t member, absl::string_view why) {
+void ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t member,
+                         absl::string_view why) {
+  const pb::RoundResult& result = certificate.result();
   const pb::Contribution& c = result.contributions(static_cast<int>(member));
   const std::string what =
       absl::StrCat("replay of ", Short(c.host()), "'s round ", result.round(), " (", why, ")");
@@ -63,8 +65,21 @@ void ReplayChecks::Check(const pb::RoundResult& result, size_t member, absl::str
     run_.Transition(absl::StrCat(what, " not run: ", replayed.status().message()));
     return;
   }
-  const bool reproduced = *replayed == c.delta_commitment();
   pb::Verdict v;
+  // The member's evaluation of the round, when the certificate carries one, evaluated again.
+  for (const pb::SignedEvaluation& e : certificate.evaluations()) {
+    if (e.result().host() != c.host()) continue;
+    absl::StatusOr<int64_t> again = Reevaluate(result.round(), c.worker_threads());
+    if (!again.ok()) {
+      run_.Transition(absl::StrCat(what, " not run: re-evaluating: ", again.status().message()));
+      return;
+    }
+    v.set_evaluated(true);
+    v.set_evaluation_loss_micro(e.result().loss_micro());
+    v.set_reevaluation_loss_micro(*again);
+  }
+  const bool same_delta = *replayed == c.delta_commitment();
+  const bool same_evaluation = v.evaluation_loss_micro() == v.reevaluation_loss_micro();
   v.set_shard_id(run_.shard_id);
   v.set_round(result.round());
   v.set_member(c.host());
@@ -73,18 +88,31 @@ void ReplayChecks::Check(const pb::RoundResult& result, size_t member, absl::str
   v.set_replayed(*replayed);
   v.set_assignment(c.assignment());
   v.set_worker_threads(c.worker_threads());
-  v.set_reproduced(reproduced);
+  v.set_reproduced(same_delta && same_evaluation);
   absl::StatusOr<pb::SignedVerdict> signed_verdict =
       SignVerdict(*run_.host.key, run_.host.chain_id, std::move(v));
   {
     absl::MutexLock lock(&run_.mu);
     run_.status.set_replays(run_.status.replays() + 1);
-    if (reproduced) run_.status.set_replays_passed(run_.status.replays_passed() + 1);
+    if (same_delta && same_evaluation)
+      run_.status.set_replays_passed(run_.status.replays_passed() + 1);
     if (signed_verdict.ok()) run_.pending_verdicts.push_back(*std::move(signed_verdict));
   }
-  run_.Transition(reproduced ? absl::StrCat(what, ": reproduced its commitment")
-                             : absl::StrCat(what, ": FAILED, the replayed Δ does not match ",
-                                            "the commitment it signed"));
+  std::string outcome = ": reproduced its commitment";
+  if (!same_delta) {
+    outcome = ": FAILED, the replayed Δ does not match the commitment it signed";
+  } else if (!same_evaluation) {
+    outcome = ": FAILED, its evaluation of the round does not match the re-evaluation";
+  }
+  run_.Transition(absl::StrCat(what, outcome));
+}
+
+absl::StatusOr<int64_t> ReplayChecks::Reevaluate(uint64_t round, uint32_t threads) {
+  pb::EvaluateRequest request = run_.EvaluateRequestOf();
+  request.set_checkpoint_file(CheckpointName(round));
+  request.set_threads(threads);
+  TS_ASSIGN_OR_RETURN(pb::EvaluateResponse ev, run_.worker->Evaluate(request));
+  return LossMicroOf(ev.mean_loss());
 }
 
 absl::StatusOr<std::string> ReplayChecks::Replay(const pb::RoundResult& result, size_t member) {

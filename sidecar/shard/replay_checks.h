@@ -5,7 +5,9 @@
 // inner steps again — from the round's base checkpoint, on the member's assignment and with the
 // member's thread count, on a trainer of its own (worker.proto
 // InnerStepsRequest.replay_checkpoint_file) — the Δ, encoded with the spec's codec, is held to
-// the commitment the certificate carries, and the outcome is signed as a verdict that this
+// the commitment the certificate carries; where the certificate carries the member's evaluation
+// of the round, the round's checkpoint is evaluated again with the member's threads and held to
+// it (docs/verification.md "Evaluations"); the outcome is signed as a verdict that this
 // host's announces carry until a certificate does. The outcome also goes into the run's status
 // and log.
 //
@@ -36,9 +38,13 @@ class ReplayChecks {
                                      size_t member);
 
  private:
-  // Replays, signs the verdict and keeps it for the announces.
-  void Check(const ::gonka::trainshard::v1::RoundResult& result, size_t member,
+  // Replays contribution `member` of the certified round — and re-evaluates the member's
+  // evaluation of it, when the certificate carries one — signs the verdict and keeps it for the
+  // announces.
+  void Check(const ::gonka::trainshard::v1::RoundCertificate& certificate, size_t member,
              absl::string_view why);
+  // The round's checkpoint evaluated as its members do, with `threads`: the loss in micro-nats.
+  absl::StatusOr<int64_t> Reevaluate(uint64_t round, uint32_t threads);
 
   RunContext& run_;
 };

@@ -64,8 +64,10 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
   op.deadline_ms = r.deadline;
   OpStats stats;
   if (run_.spec.commitments) {
-    TS_ASSIGN_OR_RETURN(
-        stats, r.collective->RobustAllReduce(op, run_.spec.aggregate, delta, &r.commitments));
+    TS_ASSIGN_OR_RETURN(ShardView view, run_.View());
+    const AggregateSpec aggregate =
+        RoundAggregate(run_.spec, view.members.size(), static_cast<size_t>(plan.members_size()));
+    TS_ASSIGN_OR_RETURN(stats, r.collective->RobustAllReduce(op, aggregate, delta, &r.commitments));
   } else {
     TS_ASSIGN_OR_RETURN(stats, r.collective->AllReduce(op, delta));
   }
@@ -178,18 +180,14 @@ absl::StatusOr<pb::RoundCertificate> RoundExchange::Vote(const pb::RoundResult& 
   own->set_signature(sig);
   vote.set_train_loss(own_train_loss);
   if (!evaluate) return vote;
-  pb::EvaluateRequest er;
-  er.set_eval_file(run_.data.eval_file());
-  er.set_batch_size(run_.spec.spec.eval_batch_size());
-  er.set_windows_max(run_.spec.spec.eval_windows_max());
-  TS_ASSIGN_OR_RETURN(pb::EvaluateResponse ev, run_.worker->Evaluate(er));
+  TS_ASSIGN_OR_RETURN(pb::EvaluateResponse ev, run_.worker->Evaluate(run_.EvaluateRequestOf()));
   pb::SignedEvaluation* se = vote.add_evaluations();
   pb::EvaluationResult* e = se->mutable_result();
   e->set_shard_id(run_.shard_id);
   e->set_round(result.round());
   e->set_checkpoint_root(result.new_root());
   e->set_eval_set_id(ev.eval_id());
-  e->set_loss_micro(static_cast<int64_t>(std::llround(ev.mean_loss() * 1e6)));
+  e->set_loss_micro(LossMicroOf(ev.mean_loss()));
   e->set_tokens(ev.tokens());
   e->set_host(run_.host.address);
   TS_ASSIGN_OR_RETURN(std::string esig, SignEvaluation(*run_.host.key, run_.host.chain_id, *e));

@@ -1,6 +1,7 @@
 #include "sidecar/shard/run_context.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <utility>
 
@@ -30,6 +31,10 @@ std::string CheckpointName(uint64_t round) {
 std::string DeltaName(uint64_t round) { return absl::StrCat("delta-", round % 2, ".bin"); }
 
 std::string Hex8(std::string_view bytes) { return common::HexEncode(bytes).substr(0, 16); }
+int64_t LossMicroOf(double mean_loss) {
+  return static_cast<int64_t>(std::llround(mean_loss * 1e6));
+}
+
 std::string Short(const std::string& address) {
   return address.size() > 14 ? address.substr(0, 14) + "…" : address;
 }
@@ -248,6 +253,14 @@ AbortOnStop::AbortOnStop(RunContext* run, Mesh* mesh) : run_(run), mesh_(mesh) {
 AbortOnStop::~AbortOnStop() {
   absl::MutexLock lock(&run_->mu);
   run_->meshes.erase(mesh_);
+}
+
+pb::EvaluateRequest RunContext::EvaluateRequestOf() const {
+  pb::EvaluateRequest request;
+  request.set_eval_file(data.eval_file());
+  request.set_batch_size(spec.spec.eval_batch_size());
+  request.set_windows_max(spec.spec.eval_windows_max());
+  return request;
 }
 
 }  // namespace ts::sidecar

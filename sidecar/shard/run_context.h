@@ -57,6 +57,9 @@ std::string DeltaName(uint64_t round);
 std::string Hex8(std::string_view bytes);
 std::string Short(const std::string& address);
 
+// A mean loss in nats as evaluations carry it: micro-nats, rounded.
+int64_t LossMicroOf(double mean_loss);
+
 // Certificates of rounds from..from+max-1 kept in a shard process's records, in round order.
 absl::StatusOr<std::vector<::gonka::trainshard::v1::RoundCertificate>> LoadStoredCertificates(
     const state::Db& db, uint64_t shard_id, uint64_t from, uint32_t max);
@@ -163,6 +166,9 @@ struct RunContext {
     return absl::OkStatus();
   }
   absl::StatusOr<ShardView> View() const { return host.directory->Get(shard_id); }
+  // The worker request that evaluates the current checkpoint as every member does (the spec's
+  // batch size and windows, the run's held-out set); the caller may name another checkpoint.
+  ::gonka::trainshard::v1::EvaluateRequest EvaluateRequestOf() const;
 
   // ---- files in the work directory
   std::string Path(const std::string& name) const { return work_dir + "/" + name; }

@@ -268,16 +268,12 @@ absl::Status RunPreparation::InitAndRestore() {
     }
   }
   run_.loaded = true;
-  pb::EvaluateRequest er;
+  pb::EvaluateRequest er = run_.EvaluateRequestOf();
   er.set_checkpoint_file(CheckpointName(0));
-  er.set_eval_file(run_.data.eval_file());
-  er.set_batch_size(run_.spec.spec.eval_batch_size());
-  er.set_windows_max(run_.spec.spec.eval_windows_max());
   TS_ASSIGN_OR_RETURN(pb::EvaluateResponse ev, client.Evaluate(er));
   {
     absl::MutexLock lock(&run_.mu);
-    run_.status.set_initial_eval_loss_micro(
-        static_cast<int64_t>(std::llround(ev.mean_loss() * 1e6)));
+    run_.status.set_initial_eval_loss_micro(LossMicroOf(ev.mean_loss()));
   }
   if (certs.empty()) {
     run_.Transition(absl::StrCat("round-0 checkpoint ", Hex8(made.root()), " (", made.parameters(),

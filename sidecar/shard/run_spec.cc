@@ -70,6 +70,13 @@ absl::Status ValidateData(const pb::DataSpec& d, const worker::ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// The aggregator named, or for "auto" the trimmed mean (RoundAggregate sets its trim).
+absl::StatusOr<AggregateSpec> AggregateSpecOf(std::string_view name) {
+  if (name == "auto") return AggregateSpec{.kind = Aggregator::kTrimmedMean};
+  TS_ASSIGN_OR_RETURN(Aggregator kind, ParseAggregator(name));
+  return AggregateSpec{.kind = kind};
+}
+
 absl::Status ValidateVerification(const pb::RunSpec& spec) {
   const pb::VerificationSpec& v = spec.verification();
   TS_RETURN_IF_ERROR(CheckRange("verification.replay_rate_bps", v.replay_rate_bps(), 0, 10000));
@@ -78,7 +85,7 @@ absl::Status ValidateVerification(const pb::RunSpec& spec) {
   TS_RETURN_IF_ERROR(
       CheckRange("verification.exclude_after_marks", v.exclude_after_marks(), 1, 1000));
   if (v.replay_rate_bps() == 0) return absl::OkStatus();
-  if (!v.commitments() && spec.aggregation() == "mean") {
+  if (!v.commitments() && spec.aggregation() == "mean") {  // every other gathers
     return Invalid("verification.replay_rate_bps", v.replay_rate_bps(),
                    "needs verification.commitments (or a robust aggregation): a replay is "
                    "compared with the member's commitment");
@@ -125,9 +132,9 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
     return Invalid("codec", absl::StrCat("\"", spec.codec(), "\""),
                    "is not one of fp32, fp32-zstd, fp16, bf16, int8, int8-zstd");
   }
-  if (!ParseAggregator(spec.aggregation()).ok()) {
+  if (!AggregateSpecOf(spec.aggregation()).ok()) {
     return Invalid("aggregation", absl::StrCat("\"", spec.aggregation(), "\""),
-                   "is not one of mean, median, trimmed_mean, centered_clip");
+                   "is not one of auto, mean, median, trimmed_mean, centered_clip");
   }
   TS_RETURN_IF_ERROR(CheckRange("eval_every", spec.eval_every(), 1, 100000));
   TS_RETURN_IF_ERROR(CheckRange("eval_batch_size", spec.eval_batch_size(), 1, 4096));
@@ -179,16 +186,25 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   if (spec.planner_timeout_ms() == 0) spec.set_planner_timeout_ms(kDefaultPlannerTimeoutMs);
   if (spec.exchange_timeout_ms() == 0) spec.set_exchange_timeout_ms(kDefaultExchangeTimeoutMs);
   if (spec.codec().empty()) spec.set_codec("fp32");
-  if (spec.aggregation().empty()) spec.set_aggregation("mean");
+  if (spec.aggregation().empty()) spec.set_aggregation("auto");
   pb::VerificationSpec& v = *spec.mutable_verification();
   if (v.marked_replay_rate_bps() == 0) v.set_marked_replay_rate_bps(10000);
   if (v.exclude_after_marks() == 0) v.set_exclude_after_marks(2);
   TS_RETURN_IF_ERROR(ValidateRunSpec(spec));
   out.hash = common::Sha256(document);
   out.codec.kind = *ParseCompression(spec.codec());
-  out.aggregate.kind = *ParseAggregator(spec.aggregation());
+  out.aggregate = *AggregateSpecOf(spec.aggregation());
+  out.aggregate_auto = spec.aggregation() == "auto";
   out.commitments = spec.verification().commitments() || out.aggregate.kind != Aggregator::kMean;
   return out;
+}
+
+AggregateSpec RoundAggregate(const ParsedRunSpec& spec, size_t shard_members, size_t members) {
+  if (!spec.aggregate_auto) return spec.aggregate;
+  const size_t bound = shard_members == 0 ? 0 : (shard_members - 1) / 3;
+  const size_t trim = std::min(bound, members == 0 ? 0 : (members - 1) / 2);
+  if (trim == 0) return AggregateSpec{.kind = Aggregator::kMean};
+  return AggregateSpec{.kind = Aggregator::kTrimmedMean, .trim = static_cast<uint32_t>(trim)};
 }
 
 pb::InnerStepsRequest InnerStepsRequestOf(

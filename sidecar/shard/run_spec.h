@@ -31,11 +31,19 @@ struct ParsedRunSpec {
   ::gonka::trainshard::v1::RunSpec spec;  // with defaults applied
   std::string hash;                       // SHA-256 of the document's bytes
   CodecSpec codec;
-  AggregateSpec aggregate;
+  AggregateSpec aggregate;  // as named; for "auto" see RoundAggregate
+  bool aggregate_auto = false;
   // Commit before reveal (docs/verification.md): asked for by the spec's verification section,
-  // or implied by a robust aggregator, which gathers the contributions anyway.
+  // or implied by a robust aggregator (and "auto"), which gathers the contributions anyway.
   bool commitments = false;
 };
+
+// The aggregation of a round of `members` in a shard of `shard_members` (frozen, excluded ones
+// included): the spec's, or for "auto" (the default) the trimmed mean at the shard's Byzantine
+// bound, dropping f = ⌊(shard_members − 1)/3⌋ values at each end per coordinate (at most
+// ⌊(members − 1)/2⌋) — the plain mean of the gathered contributions in a shard of up to 3, robust
+// from 4 (1 of 4, 2 of 7), a round that lacks a member included.
+AggregateSpec RoundAggregate(const ParsedRunSpec& spec, size_t shard_members, size_t members);
 
 // Parses and checks a run spec document. INVALID_ARGUMENT naming the field and value.
 absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document);

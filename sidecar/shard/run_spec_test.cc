@@ -55,6 +55,29 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
   auto robust = ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("mean")", R"("trimmed_mean")"}}));
   ASSERT_TRUE(robust.ok()) << robust.status();
   EXPECT_TRUE(robust->commitments);
+  // Without an aggregation: "auto", the trimmed mean at the Byzantine bound (the mean up to 3
+  // members), which gathers and so commits.
+  auto unnamed = ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("aggregation": "mean", )", ""}}));
+  ASSERT_TRUE(unnamed.ok()) << unnamed.status();
+  EXPECT_EQ(unnamed->spec.aggregation(), "auto");
+  EXPECT_TRUE(unnamed->aggregate_auto);
+  EXPECT_TRUE(unnamed->commitments);
+  // Up to 3 hosts the mean; from 4 the trim of the shard's bound, kept in a round that lacks
+  // members (at most what the round's own members allow).
+  EXPECT_EQ(RoundAggregate(*unnamed, 3, 3).kind, Aggregator::kMean);
+  EXPECT_EQ(RoundAggregate(*unnamed, 1, 1).kind, Aggregator::kMean);
+  const AggregateSpec four = RoundAggregate(*unnamed, 4, 4);
+  EXPECT_EQ(four.kind, Aggregator::kTrimmedMean);
+  EXPECT_EQ(four.trim, 1u);
+  EXPECT_EQ(RoundAggregate(*unnamed, 4, 3).trim, 1u);
+  EXPECT_EQ(RoundAggregate(*unnamed, 7, 7).trim, 2u);
+  EXPECT_EQ(RoundAggregate(*unnamed, 7, 4).trim, 1u);
+  EXPECT_EQ(RoundAggregate(*unnamed, 7, 2).kind, Aggregator::kMean);
+  // A named aggregator is what it says, whatever the round.
+  EXPECT_EQ(RoundAggregate(*robust, 7, 7).trim, 0u);
+  EXPECT_THAT(
+      ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("mean")", R"("krum")"}})).status().message(),
+      HasSubstr("aggregation: \"krum\" is not one of auto, mean"));
   // Unknown fields of the section are refused like any other.
   auto unknown = ParseRunSpec(absl::StrReplaceAll(
       kSpec, {{R"("seed": "5")", R"("seed": "5", "verification": {"replay": 1})"}}));

@@ -578,7 +578,7 @@ absl::StatusOr<pb::SignedEvaluation> ShardRun::EvaluateArtifact(const std::strin
   e->set_round(summary->round());
   e->set_checkpoint_root(ev->root());
   e->set_eval_set_id(ev->eval_id());
-  e->set_loss_micro(static_cast<int64_t>(std::llround(ev->mean_loss() * 1e6)));
+  e->set_loss_micro(LossMicroOf(ev->mean_loss()));
   e->set_tokens(ev->tokens());
   e->set_host(m.host.address);
   TS_ASSIGN_OR_RETURN(std::string sig, SignEvaluation(*m.host.key, m.host.chain_id, *e));

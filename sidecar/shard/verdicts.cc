@@ -41,8 +41,14 @@ absl::Status CheckVerdict(std::string_view chain_id, const pb::SignedVerdict& si
   if (v.worker_threads() > 1024) {
     return invalid(absl::StrCat("worker_threads ", v.worker_threads(), " is more than 1024"));
   }
-  if (v.reproduced() != (v.replayed() == v.committed())) {
-    return invalid("reproduced does not say whether the replayed commitment is the committed one");
+  if (!v.evaluated() && (v.evaluation_loss_micro() != 0 || v.reevaluation_loss_micro() != 0)) {
+    return invalid("carries evaluation losses without evaluated");
+  }
+  const bool same_evaluation = v.evaluation_loss_micro() == v.reevaluation_loss_micro();
+  if (v.reproduced() != (v.replayed() == v.committed() && same_evaluation)) {
+    return invalid(
+        "reproduced does not say whether the replayed commitment is the committed one and the "
+        "re-evaluation the evaluation");
   }
   auto signer = common::RecoverStatementSigner(protocol::kSignVerdict, chain_id, v.shard_id(),
                                                DeterministicBytes(v), signed_verdict.signature());
@@ -123,7 +129,9 @@ void VerdictTally::Add(const pb::RoundResult& result) {
     }
     if (!drawn && failed_before.count({v.round(), v.member()}) == 0) continue;
     // The first verdict of a validator counts; a later certificate cannot change it.
-    accused_[{v.round(), v.member()}].verdicts.emplace(v.validator(), v.reproduced());
+    Accused& a = accused_[{v.round(), v.member()}];
+    a.verdicts.emplace(v.validator(), v.reproduced());
+    if (drawn && !v.reproduced() && a.accuser.empty()) a.accuser = v.validator();
   }
   // The replays this result draws, a marked member's at the higher rate.
   std::vector<uint32_t> rates;
@@ -155,16 +163,22 @@ VerdictTally::Judgement VerdictTally::Judge(const std::string& member, const Acc
     (reproduced ? passed : failed) += w->second;
   }
   if (failed == 0) return Judgement::kNone;
-  // The accused does not judge itself: the quorum is of the others' weight, and also more than
-  // a third of the whole shard's, which no coalition the shard tolerates (under a third) holds.
-  auto accused = weights_.find(member);
-  const unsigned __int128 others =
-      total_weight_ - (accused == weights_.end() ? 0 : accused->second);
-  auto decides = [&](unsigned __int128 weight) {
-    return 3 * weight > 2 * others && 3 * weight > total_weight_;
+  // The accused does not judge itself: a failure is confirmed by more than 2/3 of the others'
+  // weight; nor does the accuser judge its own accusation: it is rejected by more than 2/3 of
+  // the weight of the rest (so one liar of four equal hosts is overruled). Either also needs
+  // more than a third of the whole shard's weight, which no coalition the shard tolerates
+  // (under a third) holds.
+  auto weight_of = [&](const std::string& host) -> uint64_t {
+    auto w = weights_.find(host);
+    return w == weights_.end() ? 0 : w->second;
   };
-  if (decides(failed)) return Judgement::kConfirmed;
-  if (decides(passed)) return Judgement::kRejected;
+  const unsigned __int128 others = total_weight_ - weight_of(member);
+  const unsigned __int128 neutral = others - weight_of(a.accuser);
+  auto decides = [&](unsigned __int128 weight, unsigned __int128 of) {
+    return 3 * weight > 2 * of && 3 * weight > total_weight_;
+  };
+  if (decides(failed, others)) return Judgement::kConfirmed;
+  if (decides(passed, neutral)) return Judgement::kRejected;
   return Judgement::kOpen;
 }
 

@@ -5,8 +5,9 @@
 // calls on every other member to replay the same round and sign its own verdict. VerdictTally
 // reads the certificates in round order and judges each accused contribution by the weight
 // behind its verdicts: confirmed when validators holding more than 2/3 of the other members'
-// weight (and more than 1/3 of the shard's) found that it does not reproduce, rejected when as
-// much found that it does. A confirmed
+// weight (and more than 1/3 of the shard's) found that it does not reproduce, rejected when
+// more than 2/3 of the weight of the members other than it and its accuser (and more than 1/3
+// of the shard's) found that it does. A confirmed
 // failure marks its member; a rejected verdict marks its validator, and so does a passing
 // verdict on a confirmed failure. Marks raise the member's replay rate and, past the spec's
 // limit, leave the host out of later plans. Every host reads the same certificates and reaches
@@ -93,6 +94,7 @@ class VerdictTally {
  private:
   struct Accused {
     std::map<std::string, bool> verdicts;  // validator → reproduced
+    std::string accuser;                   // the drawn validator that found the failure
   };
   Judgement Judge(const std::string& member, const Accused& a) const;
 

@@ -121,6 +121,29 @@ TEST_F(VerdictsTest, ASignedVerdictChecksAndEveryAlterationIsNamed) {
   EXPECT_EQ(Check({*by_outsider}, 4).code(), absl::StatusCode::kPermissionDenied);
 }
 
+// A verdict about a round the member evaluated also holds its evaluation to the validator's
+// re-evaluation: the same Δ with another loss is a failure, and a verdict must say so.
+TEST_F(VerdictsTest, AVerdictHoldsTheMembersEvaluationToTheReevaluation) {
+  auto signed_as = [&](pb::Verdict v) {
+    auto s = SignVerdict(hosts_[1].key, kChain, std::move(v));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *s;
+  };
+  pb::Verdict same = Verdict(1, 0, 3, true).verdict();
+  same.set_evaluated(true);
+  same.set_evaluation_loss_micro(4'500'000);
+  same.set_reevaluation_loss_micro(4'500'000);
+  EXPECT_TRUE(Check({signed_as(same)}, 4).ok());
+  pb::Verdict lied = same;
+  lied.set_evaluation_loss_micro(3'500'000);
+  EXPECT_THAT(Check({signed_as(lied)}, 4).message(), HasSubstr("re-evaluation the evaluation"));
+  lied.set_reproduced(false);
+  EXPECT_TRUE(Check({signed_as(lied)}, 4).ok());
+  pb::Verdict unsaid = Verdict(1, 0, 3, true).verdict();
+  unsaid.set_reevaluation_loss_micro(1);
+  EXPECT_THAT(Check({signed_as(unsaid)}, 4).message(), HasSubstr("without evaluated"));
+}
+
 TEST_F(VerdictsTest, AFailureConfirmedByMoreThanTwoThirdsMarksTheMemberAndExcludesItAtTheLimit) {
   VerdictTally tally(view_, Every());
   tally.Add(Carrying(1, {}));
@@ -169,7 +192,18 @@ TEST_F(VerdictsTest, OnlyTheDrawnValidatorMayAccuseAndOnlyAnAccusationCallsForOt
   EXPECT_FALSE(late.Draws(3 + kVerdictRounds + 1).empty());
 }
 
+// One liar of four equal hosts is overruled by the two others, whose weight is all the shard
+// has besides the accused and the accuser; one of them alone leaves the verdict open.
 TEST_F(VerdictsTest, ALyingValidatorIsOverruledAndMarkedAndTheMemberIsVerified) {
+  {
+    VerdictTally tally(view_, Every());
+    for (uint64_t round = 1; round <= 3; ++round) tally.Add(Carrying(round, {}));
+    const Roles r = RolesOf(tally, 3, 0);
+    tally.Add(Carrying(4, {Verdict(r.validator, 0, 3, false)}));
+    tally.Add(Carrying(5, {Verdict(r.others[0], 0, 3, true)}));
+    EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kOpen);  // 10 of 20: not more than 2/3
+    EXPECT_EQ(tally.Marks(A(r.validator)), 0u);
+  }
   ShardView weighted = view_;
   VerdictTally probe(view_, Every());
   for (uint64_t round = 1; round <= 3; ++round) probe.Add(Carrying(round, {}));
@@ -182,13 +216,8 @@ TEST_F(VerdictsTest, ALyingValidatorIsOverruledAndMarkedAndTheMemberIsVerified) 
     for (uint64_t round = 1; round <= 3; ++round) tally.Add(Carrying(round, {}));
     tally.Add(Carrying(4, {Verdict(r.validator, 0, 3, false)}));  // a lie
     tally.Add(Carrying(5, {Verdict(r.others[0], 0, 3, true), Verdict(r.others[1], 0, 3, true)}));
-    if (view == &view_) {
-      // 20 of the others' 30 say it reproduces: not more than 2/3, so the verdict stays open
-      // (the member keeps its pay, the liar is not marked).
-      EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kOpen);
-      EXPECT_EQ(tally.Marks(A(r.validator)), 0u);
-      continue;
-    }
+    // Equal weights: 20 of the 20 neither accused nor accusing say it reproduces (more than
+    // 2/3 of them, and more than 1/3 of the shard's 40); weighted, 40 of 40.
     EXPECT_EQ(tally.JudgementOf(3, A(0)), Judgement::kRejected);
     EXPECT_EQ(tally.Marks(A(r.validator)), 1u);
     EXPECT_EQ(tally.Marks(A(0)), 0u);

@@ -127,8 +127,14 @@ class RoundSim {
   bool CheckEnd();
   // The verdicts of a settled host's certificates: no honest host is marked.
   bool CheckMarks();
-  // The index of the free rider or the liar, or -1.
-  int Attacker() const { return options_.free_rider >= 0 ? options_.free_rider : options_.liar; }
+  // The attacker's index, or -1, and whether its attack is on its own work (its Δ or its
+  // evaluations: every kind but the lying validator).
+  int Attacker() const { return attacker_; }
+  bool OwnWorkAttack() const {
+    return attacker_ >= 0 && attack_ != Attack::kNone && attack_ != Attack::kLyingValidator;
+  }
+  // Whether the attacker's tampered Δ or evaluation is in a round one of `certs` certifies.
+  bool Attacked(const std::vector<pb::RoundCertificate>& certs);
   void Teardown();
   // Each host's state, certified round and last status lines.
   std::string DescribeHosts();
@@ -152,6 +158,8 @@ class RoundSim {
   sidecar::ShardView view_;
   uint64_t total_weight_ = 0;
   uint32_t rounds_ = 0;
+  int attacker_ = -1;
+  Attack attack_ = Attack::kNone;
   sidecar::ParsedRunSpec spec_;
   sidecar::ShardRunOptions run_options_;
   std::vector<PlannedFault> faults_;
@@ -229,8 +237,20 @@ absl::Status RoundSim::Setup() {
   }
   rounds_ = 3 + static_cast<uint32_t>(rng_.Below(3));
   if (options_.rounds > 0) rounds_ = options_.rounds;
-  const uint32_t rate =
+  uint32_t rate =
       options_.replay_rate_bps > 0 ? options_.replay_rate_bps : (options_.seed % 4 == 1 ? 5000 : 0);
+  attacker_ = options_.attacker;
+  attack_ = options_.attack;
+  if (attacker_ < 0 && options_.hosts == 0 && options_.seed % 4 == 3) {
+    // An attack seed: 4 or 5 equal hosts (one of three would hold a third of the weight, and
+    // the others could not certify without it), every round replayed.
+    n = 4 + rng_.Below(2);
+    equal = true;
+    attacker_ = static_cast<int>(rng_.Below(n));
+    attack_ = static_cast<Attack>(1 + rng_.Below(kAttackKinds - 1));
+    if (options_.replay_rate_bps == 0) rate = 10000;
+  }
+  result_.attack = attack_;
   TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_, rate)));
   view_.shard_id = kShard;
   view_.status = pb::SHARD_STATUS_RUNNING;
@@ -250,8 +270,7 @@ absl::Status RoundSim::Setup() {
     state.address = h->address;
     state.weight = h->weight;
     state.key = &h->key;
-    state.free_rider = options_.free_rider == static_cast<int>(i);
-    state.liar = options_.liar == static_cast<int>(i);
+    if (attacker_ == static_cast<int>(i)) state.attack = attack_;
     h->artifacts = MakeSimArtifacts(&net_, h->address);
     hosts_.push_back(std::move(h));
   }
@@ -285,7 +304,9 @@ absl::Status RoundSim::Setup() {
   }
   result_.hosts = n;
   result_.rounds = rounds_;
-  Note(absl::StrCat(n, " hosts, weights ", equal ? "equal" : "drawn", ", ", rounds_, " rounds"));
+  Note(absl::StrCat(
+      n, " hosts, weights ", equal ? "equal" : "drawn", ", ", rounds_, " rounds",
+      attacker_ >= 0 ? absl::StrCat(", host ", attacker_, " attacks: ", AttackName(attack_)) : ""));
   return absl::OkStatus();
 }
 
@@ -499,18 +520,18 @@ bool RoundSim::CheckEnd() {
     const pb::ShardRunStatus st = hp->run->Status();
     result_.replays += st.replays();
     result_.replays_failed += st.replays() - st.replays_passed();
-    // A replay may fail only on the free rider: on an honest member it is a false accusation,
-    // which only the liar makes.
-    const bool liar = static_cast<int>(&hp - &hosts_[0]) == options_.liar;
-    if (liar) continue;
-    if (options_.free_rider < 0 && st.replays_passed() != st.replays()) {
+    // A replay may fail only on a Δ attacker: on an honest member it is a false accusation,
+    // which only the lying validator makes.
+    const bool attacker = static_cast<int>(&hp - &hosts_[0]) == attacker_;
+    if (attacker) continue;
+    if (!OwnWorkAttack() && st.replays_passed() != st.replays()) {
       return Violation(absl::StrCat(hp->address, " replayed ", st.replays(), " rounds and only ",
                                     st.replays_passed(), " reproduced an honest commitment"));
     }
     for (const std::string& t : st.transitions()) {
       if (t.find(": FAILED") == std::string::npos) continue;
-      if (options_.free_rider < 0 ||
-          t.find(sidecar::Short(hosts_[options_.free_rider]->address)) == std::string::npos) {
+      if (!OwnWorkAttack() ||
+          t.find(sidecar::Short(hosts_[attacker_]->address)) == std::string::npos) {
         return Violation(absl::StrCat(hp->address, " accused an honest member: ", t));
       }
     }
@@ -524,6 +545,31 @@ bool RoundSim::CheckEnd() {
     }
   }
   return CheckMarks();
+}
+
+bool RoundSim::Attacked(const std::vector<pb::RoundCertificate>& certs) {
+  // A round's failure is confirmed in the certificates of the two rounds after it (the drawn
+  // validator's verdict, then the others'), when no fault delays a verdict past the run's last
+  // certificate: the last two rounds, and a run with faults, are left out until the members
+  // close a run with rounds of verdicts only (not built, docs/verification.md "Verdicts").
+  if (!OwnWorkAttack() || options_.faults) return false;
+  const std::string& address = hosts_[attacker_]->address;
+  const SimHostState& state = net_.hosts().at(address);
+  for (const pb::RoundCertificate& c : certs) {
+    if (c.result().round() + 2 > rounds_) continue;
+    if (attack_ == Attack::kLyingEvaluator) {
+      for (const pb::SignedEvaluation& e : c.evaluations()) {
+        if (e.result().host() == address) return true;
+      }
+      continue;
+    }
+    const auto& members = c.result().members();
+    if (std::find(members.begin(), members.end(), address) != members.end() &&
+        state.attacked_rounds.contains(c.result().round())) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool RoundSim::CheckMarks() {
@@ -543,6 +589,13 @@ bool RoundSim::CheckMarks() {
         return Violation(absl::StrCat("the honest host ", hosts_[i]->address, " has ", marks,
                                       " marks in the certificates"));
       }
+    }
+    if (Attacked(*certs) && (result_.attacker_marks == 0 || result_.attacker_paid > 0)) {
+      return Violation(absl::StrCat("the attacker (", AttackName(attack_),
+                                    ") tampered with a "
+                                    "certified round's Δ and has ",
+                                    result_.attacker_marks, " marks and was paid ",
+                                    result_.attacker_paid));
     }
     return true;
   }
@@ -693,6 +746,21 @@ SimResult RoundSim::Run() {
 }
 
 }  // namespace
+
+namespace {
+constexpr const char* kAttackNames[kAttackKinds] = {
+    "none",      "free_rider", "copier", "lazy",       "noise",           "scale100",
+    "sign_flip", "alie",       "stale",  "wrong_data", "lying_validator", "lying_evaluator"};
+}  // namespace
+
+const char* AttackName(Attack a) { return kAttackNames[static_cast<int>(a)]; }
+
+std::optional<Attack> ParseAttack(std::string_view name) {
+  for (int i = 0; i < kAttackKinds; ++i) {
+    if (std::string_view(kAttackNames[i]) == name) return static_cast<Attack>(i);
+  }
+  return std::nullopt;
+}
 
 SimResult RunRoundSim(const SimOptions& options) {
   common::SetLogLevel(common::LogLevel::kError);

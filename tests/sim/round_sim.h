@@ -21,9 +21,38 @@
 #define TS_TESTS_SIM_ROUND_SIM_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace ts::sim {
+
+// What the attacker host does (docs/verification.md "Attacks"), here in the simulated worker as
+// tests/functional/byzantine_worker.cc does it on real workers. Every kind but the lying
+// validator commits another Δ than its steps compute ("a Δ attack"): Δ = 0; the previous
+// round's aggregate (0 in the first); the steps of a quarter of the assignment; Δ plus noise;
+// 100·Δ; −Δ; ALIE (μ − 1.5σ from its Δ and the last aggregate); its own Δ of the round before;
+// the steps on another round's data. The lying validator's replays come out a little off; the
+// lying evaluator's evaluations of the rounds it trains report half the loss.
+enum class Attack : uint8_t {
+  kNone,
+  kFreeRider,
+  kCopier,
+  kLazy,
+  kNoise,
+  kScaled,
+  kSignFlip,
+  kAlie,
+  kStale,
+  kWrongData,
+  kLyingValidator,
+  kLyingEvaluator,
+};
+inline constexpr int kAttackKinds = 12;
+// "none", "free_rider", "copier", "lazy", "noise", "scale100", "sign_flip", "alie", "stale",
+// "wrong_data", "lying_validator", "lying_evaluator": the attack suite's names.
+const char* AttackName(Attack a);
+std::optional<Attack> ParseAttack(std::string_view name);
 
 struct SimOptions {
   uint64_t seed = 1;
@@ -31,13 +60,17 @@ struct SimOptions {
   int64_t faults_until_ms = 40'000;
   int64_t settle_within_ms = 300'000;
   bool verbose = false;  // every fault and the end, on stderr
-  // The index of a host whose worker sends Δ = 0 and signs like the others (a free rider), or
-  // -1. Only a replay failing on it is allowed then (docs/verification.md).
-  int free_rider = -1;
-  // The index of a host whose worker's replays come out a little off, so its verdicts accuse
-  // honest members (a lying validator), or -1; not with a free rider.
-  int liar = -1;
-  size_t hosts = 0;              // 0: 3..5 drawn, weights equal or drawn; else that many, equal
+  // The index of a host that attacks with `attack` and otherwise behaves (it signs, plans,
+  // replays), or -1. Only checks of its rounds may fail then (a Δ attack, the lying
+  // evaluator), or only its own (the lying validator); no honest host is ever marked; without
+  // faults, an attacker whose tampered work is in a certified round two rounds before the last
+  // is marked and paid nothing (round_sim.cc, Attacked).
+  int attacker = -1;
+  Attack attack = Attack::kNone;
+  // 0: 3..5 hosts drawn, weights equal or drawn — on every fourth seed (3, 7, 11, ...) 4 or 5
+  // equal hosts, one of them an attacker of a drawn kind, every round replayed (when
+  // `attacker` is -1); else that many, equal.
+  size_t hosts = 0;
   uint32_t rounds = 0;           // 0: 3..5, drawn from the seed
   uint32_t replay_rate_bps = 0;  // 0: 5000 on every fourth seed (1, 5, 9, ...), else none
 };
@@ -49,13 +82,14 @@ struct SimResult {
   uint32_t rounds = 0;
   uint64_t events = 0;
   int64_t sim_ms = 0;
-  std::string final_root;       // hex
-  uint64_t trace = 0;           // a hash of the run's course: equal for a replay
-  std::string faults;           // the faults injected, counted by kind
-  int superseded = 0;           // records replaced by a later attempt's certificate
-  uint64_t replays = 0;         // replays by the hosts still up at the end (docs/verification.md)
-  uint64_t replays_failed = 0;  // of those, the ones that did not reproduce the commitment
-  // The attacker (the free rider or the liar): its marks as the certificates have them, and
+  std::string final_root;         // hex
+  uint64_t trace = 0;             // a hash of the run's course: equal for a replay
+  std::string faults;             // the faults injected, counted by kind
+  int superseded = 0;             // records replaced by a later attempt's certificate
+  uint64_t replays = 0;           // replays by the hosts still up at the end (docs/verification.md)
+  uint64_t replays_failed = 0;    // of those, the ones that did not reproduce the commitment
+  Attack attack = Attack::kNone;  // the attack run (drawn or asked for)
+  // The attacker: its marks as the certificates have them, and
   // what the settlement that landed paid it and all other hosts together.
   uint32_t attacker_marks = 0;
   bool attacker_excluded = false;

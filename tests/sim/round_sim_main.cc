@@ -2,6 +2,8 @@
 // line per failing seed (its replay command) and a summary; exit 1 when a seed fails.
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -16,12 +18,31 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   app.add_flag("--verbose", verbose, "print each seed's faults and end");
   app.add_flag("--no-faults", no_faults, "run without faults");
+  std::string attack_name = "none";
+  int attacker = 0;
+  app.add_option("--attack", attack_name,
+                 "every seed with host --attacker attacking so (free_rider, copier, lazy, noise, "
+                 "scale100, sign_flip, alie, stale, wrong_data, lying_validator, lying_evaluator; "
+                 "none: drawn on "
+                 "every fourth seed)");
+  app.add_option("--attacker", attacker, "the attacker's index with --attack")
+      ->check(CLI::Range(0, 4));
   CLI11_PARSE(app, argc, argv);
+  const std::optional<ts::sim::Attack> attack = ts::sim::ParseAttack(attack_name);
+  if (!attack.has_value()) {
+    std::fprintf(stderr, "ts_round_sim: --attack: \"%s\" is not an attack\n", attack_name.c_str());
+    return 2;
+  }
+  const bool attacking = *attack != ts::sim::Attack::kNone;
   const auto start = std::chrono::steady_clock::now();
   uint64_t failed = 0, events = 0;
   for (uint64_t seed = from; seed < from + seeds; ++seed) {
-    ts::sim::SimResult r =
-        ts::sim::RunRoundSim({.seed = seed, .faults = !no_faults, .verbose = verbose});
+    ts::sim::SimResult r = ts::sim::RunRoundSim({.seed = seed,
+                                                 .faults = !no_faults,
+                                                 .verbose = verbose,
+                                                 .attacker = attacking ? attacker : -1,
+                                                 .attack = *attack,
+                                                 .hosts = attacking ? size_t{5} : 0});
     events += r.events;
     if (verbose || !r.ok) {
       std::printf(

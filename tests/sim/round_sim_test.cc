@@ -84,7 +84,8 @@ TEST(RoundSim, ADeltaOnASupersededRootIsComputedAgain) {
 TEST(RoundSim, AFreeRiderFailsItsReplaysAndNoHonestMemberDoes) {
   uint64_t failed = 0;
   for (uint64_t seed : {1, 5, 9}) {  // seeds with commitments and replays
-    SimResult r = RunRoundSim({.seed = seed, .faults = false, .free_rider = 0});
+    SimResult r =
+        RunRoundSim({.seed = seed, .faults = false, .attacker = 0, .attack = Attack::kFreeRider});
     ASSERT_TRUE(r.ok) << r.violation;
     failed += r.replays_failed;
   }
@@ -99,7 +100,8 @@ TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
   for (uint64_t seed : {2, 3, 4}) {
     SimResult r = RunRoundSim({.seed = seed,
                                .faults = false,
-                               .free_rider = 1,
+                               .attacker = 1,
+                               .attack = Attack::kFreeRider,
                                .hosts = 4,
                                .rounds = 8,
                                .replay_rate_bps = 10000});
@@ -113,22 +115,27 @@ TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
     EXPECT_LT(r.honest_paid, 1'000'000u) << "seed " << seed;
   }
   for (uint64_t seed : {6, 7}) {
-    SimResult r = RunRoundSim(
-        {.seed = seed, .free_rider = 1, .hosts = 4, .rounds = 8, .replay_rate_bps = 5000});
+    SimResult r = RunRoundSim({.seed = seed,
+                               .attacker = 1,
+                               .attack = Attack::kFreeRider,
+                               .hosts = 4,
+                               .rounds = 8,
+                               .replay_rate_bps = 5000});
     ASSERT_TRUE(r.ok) << r.violation;
   }
 }
 
 // A validator whose replays come out a little off accuses honest members; the others replay the
-// accused rounds, find that they reproduce, and with more than 2/3 of the others' weight (4 of
-// 5 hosts, the accused not counting) overrule it: the liar is marked, excluded and paid nothing,
-// no honest host is marked (CheckMarks), and the shard settles. With 4 hosts the two others
-// hold exactly 2/3 of the others' weight: the verdicts stay open and nobody is marked.
+// accused rounds, find that they reproduce, and with more than 2/3 of the weight of the members
+// other than the accused and the accuser (3 of 5 hosts; 2 of 4) overrule it: the liar is
+// marked, excluded and paid nothing, no honest host is marked (CheckMarks), and the shard
+// settles.
 TEST(RoundSim, ALyingValidatorIsOverruledMarkedAndExcluded) {
   for (uint64_t seed : {2, 3}) {
     SimResult r = RunRoundSim({.seed = seed,
                                .faults = false,
-                               .liar = 1,
+                               .attacker = 1,
+                               .attack = Attack::kLyingValidator,
                                .hosts = 5,
                                .rounds = 8,
                                .replay_rate_bps = 10000});
@@ -139,15 +146,48 @@ TEST(RoundSim, ALyingValidatorIsOverruledMarkedAndExcluded) {
     EXPECT_GT(r.honest_paid, 0u) << "seed " << seed;
   }
   for (uint64_t seed : {6, 7}) {  // under faults: no honest host marked, the shard settles
-    SimResult r =
-        RunRoundSim({.seed = seed, .liar = 1, .hosts = 5, .rounds = 8, .replay_rate_bps = 5000});
+    SimResult r = RunRoundSim({.seed = seed,
+                               .attacker = 1,
+                               .attack = Attack::kLyingValidator,
+                               .hosts = 5,
+                               .rounds = 8,
+                               .replay_rate_bps = 5000});
     ASSERT_TRUE(r.ok) << r.violation;
   }
-  SimResult four = RunRoundSim(
-      {.seed = 4, .faults = false, .liar = 1, .hosts = 4, .rounds = 6, .replay_rate_bps = 10000});
+  SimResult four = RunRoundSim({.seed = 4,
+                                .faults = false,
+                                .attacker = 1,
+                                .attack = Attack::kLyingValidator,
+                                .hosts = 4,
+                                .rounds = 6,
+                                .replay_rate_bps = 10000});
   ASSERT_TRUE(four.ok) << four.violation;
-  EXPECT_EQ(four.attacker_marks, 0u);
-  EXPECT_GT(four.attacker_paid, 0u);
+  EXPECT_GE(four.attacker_marks, 1u);
+  EXPECT_EQ(four.attacker_paid, 0u);
+}
+
+// Every attack of the attack suite on the attacker's own work (round_sim.h, Attack: its Δ, its
+// evaluations), one attacker of four, every round replayed: its tampered rounds fail their
+// checks, the others confirm them, it is marked, excluded and paid nothing, and no honest host
+// is marked (CheckMarks) — without faults and with.
+TEST(RoundSim, EveryAttackOnOwnWorkIsMarkedAndUnpaid) {
+  for (int kind = 1; kind < kAttackKinds; ++kind) {
+    const Attack attack = static_cast<Attack>(kind);
+    if (attack == Attack::kLyingValidator) continue;
+    for (bool faults : {false, true}) {
+      SimResult r = RunRoundSim({.seed = 20 + static_cast<uint64_t>(kind),
+                                 .faults = faults,
+                                 .attacker = 2,
+                                 .attack = attack,
+                                 .hosts = 4,
+                                 .rounds = 6,
+                                 .replay_rate_bps = 10000});
+      ASSERT_TRUE(r.ok) << AttackName(attack) << ": " << r.violation;
+      EXPECT_GE(r.attacker_marks, 1u) << AttackName(attack);
+      EXPECT_EQ(r.attacker_paid, 0u) << AttackName(attack);
+      EXPECT_GT(r.honest_paid, 0u) << AttackName(attack);
+    }
+  }
 }
 
 TEST(RoundSim, ASeedReplaysExactly) {

@@ -76,6 +76,56 @@ Params DeltaOf(const Params& base, const std::string& seed, const std::string& h
   return delta;
 }
 
+// What the attacker commits instead of its honest Δ `honest` (round_sim.h, Attack).
+Params Tampered(SimHostState& me, const Params& base, const std::string& seed,
+                const std::string& host, uint32_t steps, const Params& honest) {
+  const bool have_aggregate = me.aggregate.size() == kParams;
+  switch (me.attack) {
+    case Attack::kFreeRider:
+      return Params(kParams, 0.0F);
+    case Attack::kCopier:
+      return have_aggregate ? me.aggregate : Params(kParams, 0.0F);
+    case Attack::kLazy:
+      return DeltaOf(base, seed, host, std::max<uint32_t>(1, steps / 4));
+    case Attack::kNoise: {
+      const std::string noise = common::Sha256(absl::StrCat("noise/", seed));
+      Params out = honest;
+      for (size_t i = 0; i < kParams; ++i) {
+        out[i] += (static_cast<unsigned char>(noise[i]) - 128) / 256.0F;
+      }
+      return out;
+    }
+    case Attack::kScaled: {
+      Params out = honest;
+      for (float& v : out) v *= 100.0F;
+      return out;
+    }
+    case Attack::kSignFlip: {
+      Params out = honest;
+      for (float& v : out) v = -v;
+      return out;
+    }
+    case Attack::kAlie: {
+      if (!have_aggregate) return honest;
+      Params out(kParams);
+      for (size_t i = 0; i < kParams; ++i) {
+        const float mu = (honest[i] + me.aggregate[i]) / 2;
+        out[i] = mu - 1.5F * std::fabs(honest[i] - me.aggregate[i]) / 2;
+      }
+      return out;
+    }
+    case Attack::kStale:
+      return me.own.size() == kParams ? me.own : honest;
+    case Attack::kWrongData:
+      return DeltaOf(base, absl::StrCat("another round's data ", seed), host, steps);
+    case Attack::kNone:
+    case Attack::kLyingValidator:
+    case Attack::kLyingEvaluator:
+      break;
+  }
+  return honest;
+}
+
 class SimWorker final : public sidecar::RunWorker {
  public:
   SimWorker(SimNet* net, std::string self, std::string work_dir)
@@ -131,7 +181,7 @@ class SimWorker final : public sidecar::RunWorker {
       }
       TS_ASSIGN_OR_RETURN(Params base, ParamsOf(bytes));
       Params delta = DeltaOf(base, request.data_seed(), request.host(), request.steps());
-      if (me->liar) delta[0] += 1.0f;
+      if (me->attack == Attack::kLyingValidator) delta[0] += 1.0f;
       TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
       return pb::InnerStepsResponse();
     }
@@ -139,8 +189,11 @@ class SimWorker final : public sidecar::RunWorker {
       return absl::FailedPreconditionError(
           "sim: inner steps from a base this worker does not hold");
     }
-    Params delta = DeltaOf(params_, request.data_seed(), self_, request.steps());
-    if (me->free_rider) delta.assign(delta.size(), 0.0f);
+    const Params honest = DeltaOf(params_, request.data_seed(), self_, request.steps());
+    const Params delta =
+        Tampered(*me, params_, request.data_seed(), self_, request.steps(), honest);
+    if (delta != honest) me->attacked_rounds.insert(request.round());
+    me->own = honest;
     TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
     me->deltas[request.base_root() + request.data_seed()] = Bytes(delta);
     pb::InnerStepsResponse done;
@@ -156,6 +209,7 @@ class SimWorker final : public sidecar::RunWorker {
     TS_ASSIGN_OR_RETURN(std::string bytes, ReadFile(Path(request.delta_file())));
     TS_ASSIGN_OR_RETURN(Params aggregate, ParamsOf(bytes));
     for (size_t i = 0; i < kParams; ++i) params_[i] -= kOuterLr * aggregate[i];
+    net_.Host(self_)->aggregate = aggregate;
     TS_RETURN_IF_ERROR(WriteFile(Path(request.checkpoint_file()), Bytes(params_)));
     root_ = common::Sha256(Bytes(params_));
     pb::OuterStepResponse stepped;
@@ -171,6 +225,10 @@ class SimWorker final : public sidecar::RunWorker {
     }
     pb::EvaluateResponse ev;
     ev.set_mean_loss(Loss(p));
+    // Its own evaluations (of the current checkpoint), not its re-evaluations of others'.
+    if (net_.Host(self_)->attack == Attack::kLyingEvaluator && request.checkpoint_file().empty()) {
+      ev.set_mean_loss(Loss(p) / 2);
+    }
     ev.set_tokens(100);
     ev.set_root(common::Sha256(Bytes(p)));
     ev.set_eval_id(common::Sha256("sim held-out tokens"));

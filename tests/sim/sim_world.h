@@ -28,6 +28,7 @@
 #include "sidecar/shard/round_peers.h"
 #include "sidecar/shard/run_worker.h"
 #include "sidecar/shard/shard_run.h"
+#include "tests/sim/round_sim.h"
 #include "tests/sim/sim_scheduler.h"
 
 namespace ts::sim {
@@ -46,8 +47,11 @@ struct SimHostState {
   int64_t stall_until_ms = 0;        // its worker's inner steps take long until then
   std::map<std::string, std::map<std::string, std::string>> artifacts;  // id -> files
   std::map<std::string, pb::ArtifactSummary> summaries;                 // id -> summary
-  bool free_rider = false;  // its worker writes Δ = 0 (SimOptions.free_rider)
-  bool liar = false;        // its worker's replays come out a little off (SimOptions.liar)
+  Attack attack = Attack::kNone;  // what its worker does (SimOptions.attack)
+  // For the attacks that need them: the last aggregate its worker stepped with, its own
+  // honest Δ of its last round, and the rounds whose Δ it tampered with.
+  std::vector<float> aggregate, own;
+  std::set<uint64_t> attacked_rounds;
   // Every Δ its worker wrote, by base root ‖ data seed: what its commitments must bind.
   std::map<std::string, std::string> deltas;
 };
