@@ -18,6 +18,22 @@ namespace {
 namespace pb = ::gonka::trainshard::v1;
 constexpr char kReplayDeltaFile[] = "replay.bin";
 
+// Adds the worker's time since `started` to the run's replay_seconds when it goes out of scope
+// (after the re-evaluation too).
+class CountSeconds {
+ public:
+  CountSeconds(RunContext* run, int64_t started) : run_(*run), started_(started) {}
+  ~CountSeconds() {
+    const double seconds = (run_.host.clock->MonotonicMs() - started_) / 1000.0;
+    absl::MutexLock lock(&run_.mu);
+    run_.status.set_replay_seconds(run_.status.replay_seconds() + seconds);
+  }
+
+ private:
+  RunContext& run_;
+  int64_t started_;
+};
+
 }  // namespace
 
 void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
@@ -60,7 +76,9 @@ void ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t member,
   const pb::Contribution& c = result.contributions(static_cast<int>(member));
   const std::string what =
       absl::StrCat("replay of ", Short(c.host()), "'s round ", result.round(), " (", why, ")");
+  const int64_t started = run_.host.clock->MonotonicMs();
   absl::StatusOr<std::string> replayed = Replay(result, member);
+  CountSeconds counted(&run_, started);
   if (!replayed.ok()) {
     run_.Transition(absl::StrCat(what, " not run: ", replayed.status().message()));
     return;

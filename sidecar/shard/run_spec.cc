@@ -187,6 +187,7 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   if (spec.exchange_timeout_ms() == 0) spec.set_exchange_timeout_ms(kDefaultExchangeTimeoutMs);
   if (spec.codec().empty()) spec.set_codec("fp32");
   if (spec.aggregation().empty()) spec.set_aggregation("auto");
+  const bool verification_given = spec.has_verification();
   pb::VerificationSpec& v = *spec.mutable_verification();
   if (v.marked_replay_rate_bps() == 0) v.set_marked_replay_rate_bps(10000);
   if (v.exclude_after_marks() == 0) v.set_exclude_after_marks(2);
@@ -196,6 +197,9 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   out.aggregate = *AggregateSpecOf(spec.aggregation());
   out.aggregate_auto = spec.aggregation() == "auto";
   out.commitments = spec.verification().commitments() || out.aggregate.kind != Aggregator::kMean;
+  if (!verification_given && out.commitments && !spec.overlap()) {
+    v.set_replay_rate_bps(kDefaultReplayRateBps);
+  }
   return out;
 }
 

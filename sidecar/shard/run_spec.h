@@ -26,6 +26,10 @@ using ::ts::bridge::kRunSpecBytesMax;
 inline constexpr uint32_t kDefaultJoinWindowMs = 2000;
 inline constexpr uint32_t kDefaultPlannerTimeoutMs = 3000;
 inline constexpr uint32_t kDefaultExchangeTimeoutMs = 60000;
+// The replay rate of a spec without a verification section whose aggregation commits (and
+// without overlap): a tenth of the member-rounds, about 10 % more compute (docs/benchmarks.md
+// "Verification").
+inline constexpr uint32_t kDefaultReplayRateBps = 1000;
 
 struct ParsedRunSpec {
   ::gonka::trainshard::v1::RunSpec spec;  // with defaults applied

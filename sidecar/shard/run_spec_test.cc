@@ -62,6 +62,10 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
   EXPECT_EQ(unnamed->spec.aggregation(), "auto");
   EXPECT_TRUE(unnamed->aggregate_auto);
   EXPECT_TRUE(unnamed->commitments);
+  // ... and without a verification section, replays at the default rate; a section says its own.
+  EXPECT_EQ(unnamed->spec.verification().replay_rate_bps(), kDefaultReplayRateBps);
+  EXPECT_EQ(ParseRunSpec(kSpec)->spec.verification().replay_rate_bps(), 0u);  // the mean
+  EXPECT_EQ(asked->spec.verification().replay_rate_bps(), 0u);
   // Up to 3 hosts the mean; from 4 the trim of the shard's bound, kept in a round that lacks
   // members (at most what the round's own members allow).
   EXPECT_EQ(RoundAggregate(*unnamed, 3, 3).kind, Aggregator::kMean);

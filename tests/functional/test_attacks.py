@@ -119,6 +119,12 @@ class AttackTest(unittest.TestCase):
             "rounds": {h.name: int(payouts.get(h.address, {}).get("rounds_contributed", 0))
                        for h in net.hosts},
             "refund": int(settlement["refund"]),
+            # The verification's cost: the honest hosts' replays and re-evaluations beside their
+            # own inner steps.
+            "inner_seconds": round(sum(float(s.get("inner_seconds", 0))
+                                       for s in statuses.values()), 2),
+            "replay_seconds": round(sum(float(s.get("replay_seconds", 0))
+                                        for s in statuses.values()), 2),
             "members_last_round": len(last["members"]),
         }
 

@@ -63,8 +63,8 @@ struct SimOptions {
   // The index of a host that attacks with `attack` and otherwise behaves (it signs, plans,
   // replays), or -1. Only checks of its rounds may fail then (a Δ attack, the lying
   // evaluator), or only its own (the lying validator); no honest host is ever marked; without
-  // faults, an attacker whose tampered work is in a certified round two rounds before the last
-  // is marked and paid nothing (round_sim.cc, Attacked).
+  // faults and with every round replayed, an attacker whose tampered work is in a certified
+  // round two rounds before the last is marked and paid nothing (round_sim.cc, Attacked).
   int attacker = -1;
   Attack attack = Attack::kNone;
   // 0: 3..5 hosts drawn, weights equal or drawn — on every fourth seed (3, 7, 11, ...) 4 or 5

@@ -27,6 +27,12 @@ int main(int argc, char** argv) {
                  "every fourth seed)");
   app.add_option("--attacker", attacker, "the attacker's index with --attack")
       ->check(CLI::Range(0, 4));
+  size_t hosts = 5;
+  uint32_t rounds = 0, rate = 0;
+  app.add_option("--hosts", hosts, "hosts with --attack (equal weights)")->check(CLI::Range(4, 5));
+  app.add_option("--rounds", rounds, "rounds (0: 3..5 drawn)")->check(CLI::Range(0u, 50u));
+  app.add_option("--replay-rate-bps", rate, "replay rate (0: the seed's)")
+      ->check(CLI::Range(0u, 10000u));
   CLI11_PARSE(app, argc, argv);
   const std::optional<ts::sim::Attack> attack = ts::sim::ParseAttack(attack_name);
   if (!attack.has_value()) {
@@ -36,13 +42,20 @@ int main(int argc, char** argv) {
   const bool attacking = *attack != ts::sim::Attack::kNone;
   const auto start = std::chrono::steady_clock::now();
   uint64_t failed = 0, events = 0;
+  uint64_t caught = 0, marked = 0;  // seeds whose attacker was paid nothing, was marked
   for (uint64_t seed = from; seed < from + seeds; ++seed) {
     ts::sim::SimResult r = ts::sim::RunRoundSim({.seed = seed,
                                                  .faults = !no_faults,
                                                  .verbose = verbose,
                                                  .attacker = attacking ? attacker : -1,
                                                  .attack = *attack,
-                                                 .hosts = attacking ? size_t{5} : 0});
+                                                 .hosts = attacking ? hosts : 0,
+                                                 .rounds = rounds,
+                                                 .replay_rate_bps = rate});
+    if (attacking && r.ok) {
+      caught += r.attacker_paid == 0 ? 1 : 0;
+      marked += r.attacker_marks > 0 ? 1 : 0;
+    }
     events += r.events;
     if (verbose || !r.ok) {
       std::printf(
@@ -64,5 +77,11 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(seeds), static_cast<unsigned long long>(from),
               static_cast<unsigned long long>(failed), static_cast<unsigned long long>(events),
               wall);
+  if (attacking) {
+    std::printf(
+        "ts_round_sim: attacker (%s) marked in %llu and paid nothing in %llu of %llu seeds\n",
+        attack_name.c_str(), static_cast<unsigned long long>(marked),
+        static_cast<unsigned long long>(caught), static_cast<unsigned long long>(seeds - failed));
+  }
   return failed == 0 ? 0 : 1;
 }
