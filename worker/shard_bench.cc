@@ -11,7 +11,11 @@
 //
 //   ts_worker_shard_bench [--worker BIN] [--workers 4] [--preset 125m] [--vocab 32000]
 //       [--context 1024] [--batch 8] [--micro-batch 0] [--steps 50] [--rounds 3]
-//       [--device cuda] [--bf16] [--threads 4] [--work DIR]
+//       [--device cuda] [--bf16] [--threads 4] [--work DIR] [--verify]
+//
+// With --verify, every round worker 1 also replays worker 0's round and evaluates its
+// checkpoint again, as a validator does (docs/verification.md), and the bench prints what that
+// costs against a member's inner steps, and at the default replay rate.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -19,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,7 +55,11 @@ struct Args {
   bool bf16 = false;
   int threads = 4;
   std::string work;
+  bool verify = false;
 };
+
+// The default replay rate (sidecar/shard/run_spec.h kDefaultReplayRateBps: 800 bps).
+constexpr double kDefaultReplayRate = 0.08;
 
 constexpr char kEvalFile[] = "data/eval.tsds";
 constexpr int kShards = 2;
@@ -138,7 +147,47 @@ absl::Status MeanDelta(const std::vector<std::string>& dirs) {
   return absl::OkStatus();
 }
 
+// What checking one member-round cost (docs/verification.md "Replay"): worker 1 replays worker
+// 0's inner steps of `round` from the round's base checkpoint with worker 0's threads, on a
+// trainer of its own, and evaluates the round's checkpoint again as worker 0 evaluated it. The
+// replayed Δ must be worker 0's to the byte and the loss its loss.
+struct VerifyCost {
+  double replay_s = 0, reevaluate_s = 0;
+  bool reproduced = false;
+};
+
+absl::StatusOr<VerifyCost> VerifyRound(const Args& a,
+                                       std::vector<std::unique_ptr<WorkerProcess>>& w,
+                                       const std::vector<std::string>& dirs,
+                                       const std::string& base_root, uint32_t round,
+                                       pb::EvaluateRequest eval) {
+  VerifyCost cost;
+  pb::InnerStepsRequest replay = InnerRequest(a, base_root, round, 0);
+  replay.set_delta_file("replay.bin");
+  replay.set_replay_checkpoint_file(absl::StrCat("ckpt-", round - 1, ".tsck"));
+  replay.set_replay_threads(static_cast<uint32_t>(a.threads));
+  auto t0 = Clock::now();
+  TS_RETURN_IF_ERROR(w[1]->client().InnerSteps(replay).status());
+  cost.replay_s = Since(t0);
+  TS_ASSIGN_OR_RETURN(pb::EvaluateResponse own, w[0]->client().Evaluate(eval));
+  eval.set_checkpoint_file(absl::StrCat("ckpt-", round, ".tsck"));
+  eval.set_threads(static_cast<uint32_t>(a.threads));
+  t0 = Clock::now();
+  TS_ASSIGN_OR_RETURN(pb::EvaluateResponse again, w[1]->client().Evaluate(eval));
+  cost.reevaluate_s = Since(t0);
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  cost.reproduced = read(dirs[1] + "/replay.bin") == read(dirs[0] + "/delta.bin") &&
+                    again.mean_loss() == own.mean_loss();
+  return cost;
+}
+
 absl::Status Run(const Args& a) {
+  if (a.verify && a.workers < 2) {
+    return absl::InvalidArgumentError("--verify needs --workers 2 or more");
+  }
   TS_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(a.preset, a.vocab, a.context));
   const std::string root_dir =
       a.work.empty() ? absl::StrCat("/tmp/ts-shard-bench-", ::getpid()) : a.work;
@@ -199,8 +248,8 @@ absl::Status Run(const Args& a) {
               static_cast<unsigned long long>(ParameterCount(config)), a.batch, a.context, a.steps,
               a.rounds, a.bf16 ? ", bf16" : "");
 
-  bool one_root = true;
-  double inner_total = 0, outer_total = 0;
+  bool one_root = true, verified = true;
+  double inner_total = 0, outer_total = 0, check_total = 0, member_inner_total = 0;
   nlohmann::json rounds = nlohmann::json::array();
   const auto t_all = Clock::now();
   for (uint32_t round = 1; round <= a.rounds; ++round) {
@@ -209,7 +258,9 @@ absl::Status Run(const Args& a) {
     std::vector<std::thread> threads;
     for (uint32_t k = 0; k < a.workers; ++k) {
       threads.emplace_back([&, k] {
-        results[k] = workers[k]->client().InnerSteps(InnerRequest(a, root, round, k));
+        pb::InnerStepsRequest request = InnerRequest(a, root, round, k);
+        request.set_reset_optimizer(a.verify);  // a verified shard's rounds start fresh
+        results[k] = workers[k]->client().InnerSteps(request);
       });
     }
     for (std::thread& t : threads) t.join();
@@ -247,6 +298,18 @@ absl::Status Run(const Args& a) {
                                    [&](const std::string& r) { return r == roots[0]; });
     one_root = one_root && agree;
     const double outer_s = Since(t_outer), round_s = Since(t_round);
+    if (a.verify) {
+      TS_ASSIGN_OR_RETURN(VerifyCost cost, VerifyRound(a, workers, dirs, root, round, eval));
+      const double member_inner = results[0]->seconds();
+      verified = verified && cost.reproduced;
+      check_total += cost.replay_s + cost.reevaluate_s;
+      member_inner_total += member_inner;
+      std::printf(
+          "round %u: replay %.2f s + re-evaluation %.2f s against the member's inner steps "
+          "%.2f s, %s\n",
+          round, cost.replay_s, cost.reevaluate_s, member_inner,
+          cost.reproduced ? "reproduced" : "NOT REPRODUCED");
+    }
     inner_total += inner_s;
     outer_total += outer_s;
     // The previous round's files are not needed again.
@@ -291,10 +354,23 @@ absl::Status Run(const Args& a) {
                       {"wall_s", wall},
                       {"inner_share", share},
                       {"rounds", rounds}};
+  if (a.verify) {
+    // Every member-round replayed and re-evaluated at the default rate: rate × check / inner.
+    const double overhead = kDefaultReplayRate * check_total / member_inner_total;
+    std::printf(
+        "verification: checks %.1f s against the member's inner steps %.1f s: %.2f x a round; "
+        "at the default rate (%.0f %%) %.1f %% more compute (target <= 10 %%); every replay %s\n",
+        check_total, member_inner_total, check_total / member_inner_total, 100 * kDefaultReplayRate,
+        100 * overhead, verified ? "reproduced" : "DID NOT REPRODUCE");
+    j["check_s"] = check_total;
+    j["member_inner_s"] = member_inner_total;
+    j["verification_overhead"] = overhead;
+    j["verified"] = verified;
+  }
   std::printf("%s\n", j.dump().c_str());
   for (auto& w : workers) (void)w->Stop();
   if (a.work.empty()) std::filesystem::remove_all(root_dir);
-  return one_root && eval1.mean_loss() < eval0.mean_loss()
+  return one_root && verified && eval1.mean_loss() < eval0.mean_loss()
              ? absl::OkStatus()
              : absl::InternalError("the roots differed or the loss did not go down");
 }
@@ -319,6 +395,9 @@ int main(int argc, char** argv) {
   app.add_flag("--bf16", a.bf16, "bf16 autocast (CUDA)");
   app.add_option("--threads", a.threads, "each worker's torch threads")->check(CLI::Range(1, 256));
   app.add_option("--work", a.work, "folder for the workers' files (default: a temporary one)");
+  app.add_flag("--verify", a.verify,
+               "rounds start with fresh moments; worker 1 replays and re-evaluates worker 0's "
+               "rounds, and the verification's cost is printed (needs 2 workers)");
   CLI11_PARSE(app, argc, argv);
   absl::Status s = ts::worker::Run(a);
   if (!s.ok()) {

@@ -52,8 +52,22 @@ void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
     unanswered = (*tally)->Unanswered(run_.host.address);
     run_.status.set_marks((*tally)->Marks(run_.host.address));
   }
+  // Drawn replays the worker could not run before (it was down), while the window lasts; a
+  // base no longer held does not come back.
+  auto retry_later = [this](uint64_t round, size_t index, const absl::Status& s) {
+    if (!s.ok() && !absl::IsFailedPrecondition(s)) retries_.emplace_back(round, index);
+  };
+  std::vector<std::pair<uint64_t, size_t>> retries = std::move(retries_);
+  retries_.clear();
+  for (const auto& [round, index] : retries) {
+    if (round + kVerdictRounds <= result.round()) continue;
+    auto certs = run_.LoadCertificates(round, 1);
+    if (!certs.ok() || certs->empty() || certs->front().result().round() != round) continue;
+    retry_later(round, index, Check(certs->front(), index, "drawn, tried again"));
+  }
   for (const VerdictTally::Draw& draw : draws) {
-    if (draw.validator == run_.host.address) Check(certificate, draw.index, "drawn");
+    if (draw.validator != run_.host.address) continue;
+    retry_later(result.round(), draw.index, Check(certificate, draw.index, "drawn"));
   }
   // Failures found by others that the certificates ask this host to confirm or reject.
   for (const auto& [round, member] : unanswered) {
@@ -64,14 +78,16 @@ void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
     const pb::RoundResult& accused = certs->front().result();
     for (int i = 0; i < accused.contributions_size(); ++i) {
       if (accused.contributions(i).host() == member) {
-        Check(certs->front(), static_cast<size_t>(i), "asked by a verdict of failure");
+        // Not run: still unanswered after the next certificate, so asked again then.
+        Check(certs->front(), static_cast<size_t>(i), "asked by a verdict of failure")
+            .IgnoreError();
       }
     }
   }
 }
 
-void ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t member,
-                         absl::string_view why) {
+absl::Status ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t member,
+                                 absl::string_view why) {
   const pb::RoundResult& result = certificate.result();
   const pb::Contribution& c = result.contributions(static_cast<int>(member));
   const std::string what =
@@ -81,7 +97,7 @@ void ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t member,
   CountSeconds counted(&run_, started);
   if (!replayed.ok()) {
     run_.Transition(absl::StrCat(what, " not run: ", replayed.status().message()));
-    return;
+    return replayed.status();
   }
   pb::Verdict v;
   // The member's evaluation of the round, when the certificate carries one, evaluated again.
@@ -90,7 +106,7 @@ void ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t member,
     absl::StatusOr<int64_t> again = Reevaluate(result.round(), c.worker_threads());
     if (!again.ok()) {
       run_.Transition(absl::StrCat(what, " not run: re-evaluating: ", again.status().message()));
-      return;
+      return again.status();
     }
     v.set_evaluated(true);
     v.set_evaluation_loss_micro(e.result().loss_micro());
@@ -123,6 +139,7 @@ void ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t member,
     outcome = ": FAILED, its evaluation of the round does not match the re-evaluation";
   }
   run_.Transition(absl::StrCat(what, outcome));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> ReplayChecks::Reevaluate(uint64_t round, uint32_t threads) {

@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gonka/trainshard/v1/training.pb.h"
@@ -40,9 +42,13 @@ class ReplayChecks {
  private:
   // Replays contribution `member` of the certified round — and re-evaluates the member's
   // evaluation of it, when the certificate carries one — signs the verdict and keeps it for the
-  // announces.
-  void Check(const ::gonka::trainshard::v1::RoundCertificate& certificate, size_t member,
-             absl::string_view why);
+  // announces. FAILED_PRECONDITION when the round's base is no longer held; the worker's error
+  // when it could not run the replay (a drawn replay is then tried again after the next
+  // certificate, while the round is within the verdicts' window).
+  absl::Status Check(const ::gonka::trainshard::v1::RoundCertificate& certificate, size_t member,
+                     absl::string_view why);
+  // Drawn replays to try again: (round, the member's index in its contributions).
+  std::vector<std::pair<uint64_t, size_t>> retries_;
   // The round's checkpoint evaluated as its members do, with `threads`: the loss in micro-nats.
   absl::StatusOr<int64_t> Reevaluate(uint64_t round, uint32_t threads);
 

@@ -31,8 +31,10 @@ CI_ATTACKS = ("sign_flip", "lying_evaluator", "lying_validator")
 LOSS_TOLERANCE = 0.05
 WEIGHT = 60
 ESCROW = 300000  # harness.Network.write_spec's default
-# Every member-round replayed, so every attacked round is checked.
-RUN = {"rounds": 8, "innerSteps": 30, "aggregation": "auto", "evalEvery": 2,
+# Every member-round replayed, so every attacked round is checked; a join window long enough
+# that a host slowed by the others on one machine still makes its rounds (the loss compared
+# depends on how many hosts trained each round).
+RUN = {"rounds": 8, "innerSteps": 30, "aggregation": "auto", "evalEvery": 2, "joinWindowMs": 4000,
        "verification": {"commitments": True, "replayRateBps": 10000}}
 
 
