@@ -42,6 +42,19 @@ constexpr bool IsQuorum(unsigned __int128 signed_weight, unsigned __int128 total
 }
 static_assert(!IsQuorum(2, 3) && IsQuorum(3, 4) && IsQuorum(1, 1) && !IsQuorum(0, 0));
 
+// The rounds a run spec may ask for (RunSpec.rounds), and so a settlement's rounds_planned.
+inline constexpr uint64_t kRoundsMax = 100000;
+
+// The part of the escrow a settlement pays out: all of it for a run that completed its rounds;
+// for one that reached its deadline first (partial settlement), escrow × completed / planned,
+// rounded down; the rest is refunded. Needs 1 <= completed <= planned.
+constexpr uint64_t PayableOf(uint64_t escrow, uint64_t rounds_completed, uint64_t rounds_planned) {
+  if (rounds_planned == 0 || rounds_completed >= rounds_planned) return escrow;
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(escrow) * rounds_completed /
+                               rounds_planned);
+}
+static_assert(PayableOf(1000, 3, 3) == 1000 && PayableOf(1000, 1, 3) == 333);
+
 // What a settlement pays a host for (docs/verification.md "Pay"): its work units (the tokens
 // behind its contributions, or the rounds it signed in a run without commitments), and whether
 // it forfeits its pay (it has a mark).

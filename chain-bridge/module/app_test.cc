@@ -323,6 +323,7 @@ class ChainTest : public ::testing::Test {
     }
     s.set_refund("1");
     s.set_rounds_completed(10);
+    s.set_rounds_planned(10);
     return s;
   }
 
@@ -765,6 +766,40 @@ TEST_F(SettlementRefusals, PayoutRules) {
   marked.set_refund("128572");
   Deliver(creator_, {SettleMsg(creator_, marked, AllThree(marked))});
   EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
+}
+
+TEST_F(SettlementRefusals, APartialSettlementPaysForTheRoundsItCompleted) {
+  pb::Settlement none = s_;
+  none.set_rounds_planned(0);
+  ExpectRefused(creator_, {SettleMsg(creator_, none, AllThree(none))}, kInvalidArgument,
+                "settlement.rounds_planned: 0 is outside 1..100000");
+  pb::Settlement more = s_;
+  more.set_rounds_completed(11);
+  ExpectRefused(creator_, {SettleMsg(creator_, more, AllThree(more))}, kInvalidArgument,
+                "settlement.rounds_completed: 11 is outside 1..10 (rounds_planned)");
+  // 10 rounds of 20: half the escrow is payable. The whole run's amounts are refused, and so
+  // is a host's share of the half moved to another host.
+  pb::Settlement half = s_;
+  half.set_rounds_planned(20);
+  ExpectRefused(creator_, {SettleMsg(creator_, half, AllThree(half))}, kInvalidArgument,
+                "settlement.payouts[0].amount: 385714 exceeds the host share 225000 "
+                "(max_host_share_bps 5000 of 450000 payable of escrow 900000)");
+  pb::Settlement moved = half;
+  const char* shifted[] = {"192858", "192857", "64284"};
+  for (int i = 0; i < 3; ++i) moved.mutable_payouts(i)->set_amount(shifted[i]);
+  moved.set_refund("450001");
+  ExpectRefused(creator_, {SettleMsg(creator_, moved, AllThree(moved))}, kInvalidArgument,
+                "settlement.payouts[0].amount: 192858 does not follow from its stats");
+  // 450000 × 3000 / 7000, × 3000 / 7000, × 1000 / 7000, rounded down; the rest refunded.
+  const char* amounts[] = {"192857", "192857", "64285"};
+  for (int i = 0; i < 3; ++i) half.mutable_payouts(i)->set_amount(amounts[i]);
+  half.set_refund("450001");
+  const uint64_t creator_before = app_->Balance(Addr(creator_));
+  const uint64_t host_before = app_->Balance(Addr(hosts_[2]));
+  Deliver(creator_, {SettleMsg(creator_, half, AllThree(half))});
+  EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
+  EXPECT_EQ(app_->Balance(Addr(hosts_[2])) - host_before, 64285u);
+  EXPECT_EQ(app_->Balance(Addr(creator_)) - creator_before, 450001u);
 }
 
 TEST_F(SettlementRefusals, TooManySignatures) {

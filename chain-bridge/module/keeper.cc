@@ -1003,11 +1003,12 @@ absl::Status Keeper::Assemble(const pb::MsgAssembleTrainshard& msg) {
 namespace {
 
 // Each payout's amount is the one its stats imply under the shard's reward policy
-// (PayoutsFromStats, the rule of the members' drafts); `amounts` are the payouts' parsed.
-absl::Status CheckPayoutsFollowStats(const pb::Settlement& s, uint64_t escrow,
+// (PayoutsFromStats, the rule of the members' drafts) for the `payable` part of the escrow;
+// `amounts` are the payouts' parsed.
+absl::Status CheckPayoutsFollowStats(const pb::Settlement& s, uint64_t payable,
                                      const pb::RewardPolicy& policy,
                                      const std::vector<uint64_t>& amounts) {
-  const std::vector<uint64_t> wants = PayoutsFromStats(escrow, policy, s.payouts());
+  const std::vector<uint64_t> wants = PayoutsFromStats(payable, policy, s.payouts());
   for (int i = 0; i < s.payouts_size(); ++i) {
     const pb::HostPayout& p = s.payouts(i);
     const uint64_t want = wants[static_cast<size_t>(i)];
@@ -1050,11 +1051,22 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
     return Invalid("settlement.final_checkpoint_root", s.final_checkpoint_root().size(),
                    " bytes, want ", common::kSha256Size);
   }
+  if (s.rounds_planned() < 1 || s.rounds_planned() > protocol::kRoundsMax) {
+    return Invalid("settlement.rounds_planned", s.rounds_planned(), " is outside 1..",
+                   protocol::kRoundsMax);
+  }
+  if (s.rounds_completed() < 1 || s.rounds_completed() > s.rounds_planned()) {
+    return Invalid("settlement.rounds_completed", s.rounds_completed(), " is outside 1..",
+                   s.rounds_planned(), " (rounds_planned)");
+  }
   TS_ASSIGN_OR_RETURN(uint64_t escrow,
                       StoredAmount("spec.escrow.amount", shard.spec().escrow().amount()));
   TS_ASSIGN_OR_RETURN(uint64_t held, StoredAmount("escrow_held", shard.escrow_held()));
+  // A run settled before its last round (it reached its deadline) pays for the rounds it
+  // certified; the payouts' shares and the per-host cap are of that part.
+  const uint64_t payable = protocol::PayableOf(escrow, s.rounds_completed(), s.rounds_planned());
   uint64_t share_max = static_cast<uint64_t>(
-      u128{escrow} * shard.spec().reward_policy().max_host_share_bps() / kBps);
+      u128{payable} * shard.spec().reward_policy().max_host_share_bps() / kBps);
 
   // Every host the settlement names, read from the state once: payouts and signatures of the
   // same host share the record. The map only answers lookups (never iterated).
@@ -1103,12 +1115,12 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
     if (*amount > share_max) {
       return Invalid(Cat(field(), ".amount"), *amount, " exceeds the host share ", share_max,
                      " (max_host_share_bps ", shard.spec().reward_policy().max_host_share_bps(),
-                     " of escrow ", escrow, ")");
+                     " of ", payable, " payable of escrow ", escrow, ")");
     }
     amounts.push_back(*amount);
     paid += *amount;
   }
-  TS_RETURN_IF_ERROR(CheckPayoutsFollowStats(s, escrow, shard.spec().reward_policy(), amounts));
+  TS_RETURN_IF_ERROR(CheckPayoutsFollowStats(s, payable, shard.spec().reward_policy(), amounts));
   TS_ASSIGN_OR_RETURN(uint64_t refund, common::ParseAmount("settlement.refund", s.refund()));
   u128 total = paid + refund;
   if (total > held) {

@@ -174,6 +174,7 @@ void PrintSettlement(std::ostream& out, const gonka::trainshard::v1::Settlement&
       {"chain_id", s.chain_id()},
       {"final_checkpoint_root", common::HexEncode(s.final_checkpoint_root())},
       {"rounds_completed", std::to_string(s.rounds_completed())},
+      {"rounds_planned", std::to_string(s.rounds_planned())},
       {"refund", s.refund()},
   };
   if (s.has_evaluation()) {

@@ -1,5 +1,6 @@
 // `trainshard shard list|status|reserve|assemble|settle|settlement`: shards on the chain, and
 // the calls to host sidecars that reserve places and sign settlements.
+#include <algorithm>
 #include <memory>
 #include <set>
 
@@ -153,6 +154,7 @@ struct SettleArgs {
   std::string eval_metric;
   int64_t eval_value_micro = 0;
   uint64_t rounds = 0;
+  uint64_t rounds_planned = 0;
   std::string submit_via;
   std::string draft_from;
   CLI::Option* eval_value_option = nullptr;
@@ -239,8 +241,8 @@ void PrintSettleResult(Context& ctx, const std::string& txhash, uint32_t code,
 }
 
 // Adds to `draft` a payout per host of `work` (its rounds contributed), each the amount the
-// shard's reward policy gives it (PayoutsFromStats, the rule the chain checks); the
-// sum paid.
+// shard's reward policy gives it of the escrow's part the draft's rounds make payable
+// (PayableOf, PayoutsFromStats: the rules the chain checks); the sum paid.
 absl::StatusOr<uint64_t> AddPayouts(const pb::Shard& shard, const std::vector<AddressValue>& work,
                                     pb::Settlement* draft) {
   auto escrow = common::ParseAmount("spec.escrow.amount", shard.spec().escrow().amount());
@@ -250,8 +252,10 @@ absl::StatusOr<uint64_t> AddPayouts(const pb::Shard& shard, const std::vector<Ad
     entry->set_host(w.address);
     entry->set_rounds_contributed(w.value);
   }
+  const uint64_t payable =
+      protocol::PayableOf(*escrow, draft->rounds_completed(), draft->rounds_planned());
   const std::vector<uint64_t> amounts =
-      bridge::PayoutsFromStats(*escrow, shard.spec().reward_policy(), draft->payouts());
+      bridge::PayoutsFromStats(payable, shard.spec().reward_policy(), draft->payouts());
   uint64_t paid = 0;
   for (size_t i = 0; i < amounts.size(); ++i) {
     draft->mutable_payouts(static_cast<int>(i))->set_amount(common::FormatAmount(amounts[i]));
@@ -300,6 +304,13 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
       draft.mutable_evaluation()->set_metric(args.eval_metric);
       draft.mutable_evaluation()->set_value_micro(args.eval_value_micro);
     }
+    // Rounds completed: by default the most any host contributed; planned: all of them.
+    uint64_t rounds = args.rounds;
+    if (rounds == 0) {
+      for (const AddressValue& w : plan->work) rounds = std::max(rounds, w.value);
+    }
+    draft.set_rounds_completed(rounds);
+    draft.set_rounds_planned(args.rounds_planned > 0 ? args.rounds_planned : rounds);
     auto paid = AddPayouts(*shard, plan->work, &draft);
     if (!paid.ok()) return ctx.ChainFailed(paid.status());
     uint64_t refund = plan->refund;
@@ -311,7 +322,6 @@ int RunSettle(Context& ctx, const SettleArgs& args) {
       refund = *held - *paid;
     }
     draft.set_refund(common::FormatAmount(refund));
-    draft.set_rounds_completed(args.rounds);
   }
   std::set<std::string> members;
   for (const auto& r : shard->reservations()) members.insert(r.host());
@@ -465,8 +475,18 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
                                            "evaluation metric, e.g. eval_loss");
   settle_args->eval_value_option = settle->add_option(
       "--eval-value-micro", settle_args->eval_value_micro, "metric value times 1e6");
-  CLI::Option* rounds = settle->add_option("--rounds", settle_args->rounds, "rounds completed")
-                            ->transform(UnsignedInteger());
+  CLI::Option* rounds =
+      settle
+          ->add_option("--rounds", settle_args->rounds,
+                       "rounds completed (default: the most rounds a host of --work contributed)")
+          ->transform(UnsignedInteger());
+  CLI::Option* rounds_planned =
+      settle
+          ->add_option("--rounds-planned", settle_args->rounds_planned,
+                       "rounds the run spec asked for (default: --rounds); more settles a run "
+                       "that reached its deadline: the payouts share escrow × rounds / "
+                       "rounds-planned, the rest is refunded")
+          ->transform(UnsignedInteger());
   settle
       ->add_option("--draft-from", settle_args->draft_from,
                    "take the whole draft from this sidecar's certified records (as --host): the "
@@ -476,7 +496,8 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
       ->excludes(refund)
       ->excludes(metric)
       ->excludes(settle_args->eval_value_option)
-      ->excludes(rounds);
+      ->excludes(rounds)
+      ->excludes(rounds_planned);
   settle->add_option("--submit-via", settle_args->submit_via,
                      "submit through this sidecar (default: submit with --key)");
   table.Add(settle, [settle_args](Context& ctx) { return RunSettle(ctx, *settle_args); });

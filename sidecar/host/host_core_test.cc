@@ -188,6 +188,7 @@ class HostCoreTest : public ::testing::Test {
     p2->set_amount("80000");
     d.set_refund("120000");
     d.set_rounds_completed(10);
+    d.set_rounds_planned(10);
     return d;
   }
 

@@ -308,10 +308,12 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
                                                uint64_t escrow, const pb::RewardPolicy& policy,
                                                const pb::VerificationSpec& verification,
                                                std::span<const pb::RoundCertificate> certificates,
-                                               uint64_t rounds_total) {
-  if (certificates.size() != rounds_total || rounds_total == 0) {
+                                               uint64_t rounds_planned) {
+  if (certificates.empty() || certificates.size() > rounds_planned ||
+      rounds_planned > protocol::kRoundsMax) {
     return absl::InvalidArgumentError(absl::StrCat("certificates: ", certificates.size(),
-                                                   " held, the run has ", rounds_total, " rounds"));
+                                                   " held, the run has ", rounds_planned,
+                                                   " rounds"));
   }
   if (policy.max_host_share_bps() < 1 || policy.max_host_share_bps() > kBps) {
     return absl::InvalidArgumentError(
@@ -357,7 +359,8 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
   s.set_shard_id(shard.shard_id);
   const pb::RoundCertificate& last = certificates.back();
   s.set_final_checkpoint_root(last.result().new_root());
-  s.set_rounds_completed(rounds_total);
+  s.set_rounds_completed(certificates.size());
+  s.set_rounds_planned(rounds_planned);
   pb::EvaluationSummary* eval = s.mutable_evaluation();
   eval->set_metric("eval_loss");
   eval->set_value_micro(last.eval_loss_micro());
@@ -366,7 +369,8 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
     eval->set_eval_set_root(last.evaluations(0).result().eval_set_id());
   }
   for (auto& [host, p] : stats) *s.add_payouts() = std::move(p);
-  const std::vector<uint64_t> amounts = bridge::PayoutsFromStats(escrow, policy, s.payouts());
+  const std::vector<uint64_t> amounts = bridge::PayoutsFromStats(
+      protocol::PayableOf(escrow, s.rounds_completed(), rounds_planned), policy, s.payouts());
   uint64_t paid = 0;
   for (int i = 0; i < s.payouts_size(); ++i) {
     const uint64_t amount = amounts[static_cast<size_t>(i)];

@@ -96,18 +96,21 @@ int64_t MedianOf(std::vector<int64_t> values);
 // Total frozen weight of the shard's members.
 uint64_t TotalWeight(const ShardView& shard);
 
-// The settlement the certificates of rounds 1..rounds_total of `shard` imply:
-// final_checkpoint_root and evaluation from the last certificate; per host that signed a round
-// its stats — rounds_contributed (certificates it signed), tokens (behind its contributions),
-// verified and rejected rounds and marks (the verdicts' tally, verdicts.h) — and its payout,
-// protocol::PayoutOf its work under the reward policy (a marked host forfeits); sorted by host;
-// the rest refunded. INVALID_ARGUMENT when the certificates are not rounds 1..rounds_total in
-// order, or the policy is bad.
+// The settlement the certificates of rounds 1..c of `shard` imply, c = certificates.size() of
+// the rounds_planned the run spec asks for (c < rounds_planned: the run reached its deadline
+// first and settles what it certified): final_checkpoint_root and evaluation from the last
+// certificate; per host that signed a round its stats — rounds_contributed (certificates it
+// signed), tokens (behind its contributions), verified and rejected rounds and marks (the
+// verdicts' tally, verdicts.h) — and its payout, protocol::PayoutOf its work under the reward
+// policy (a marked host forfeits) out of protocol::PayableOf the escrow; sorted by host; the rest
+// refunded. INVALID_ARGUMENT when the certificates are not rounds 1..c in order with
+// 1 <= c <= rounds_planned, or the policy is bad.
 absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftSettlement(
     std::string_view chain_id, const ShardView& shard, uint64_t escrow,
     const ::gonka::trainshard::v1::RewardPolicy& policy,
     const ::gonka::trainshard::v1::VerificationSpec& verification,
-    std::span<const ::gonka::trainshard::v1::RoundCertificate> certificates, uint64_t rounds_total);
+    std::span<const ::gonka::trainshard::v1::RoundCertificate> certificates,
+    uint64_t rounds_planned);
 
 }  // namespace ts::sidecar
 

@@ -290,7 +290,30 @@ TEST(Ledger, SettlementPaysByContributionWithTheCapAndRefundsTheRest) {
   std::vector<pb::RoundCertificate> gap = {certs[0], certs[2]};
   EXPECT_THAT(DraftSettlement(kChain, f.view, 1000, policy, none, gap, 2).status().message(),
               HasSubstr("round 3, want 2"));
-  EXPECT_FALSE(DraftSettlement(kChain, f.view, 1000, policy, none, certs, 4).ok());
+  EXPECT_FALSE(DraftSettlement(kChain, f.view, 1000, policy, none, certs, 2).ok());
+  EXPECT_FALSE(DraftSettlement(kChain, f.view, 1000, policy, none, {}, 2).ok());
+}
+
+TEST(Ledger, APartialSettlementPaysForTheRoundsCertifiedAndRefundsTheRest) {
+  Fixture f;
+  std::vector<pb::RoundCertificate> certs = {f.Certify(1, {0, 1, 2}), f.Certify(2, {0, 1, 2, 3}),
+                                             f.Certify(3, {0, 1, 2, 3})};
+  pb::RewardPolicy policy;
+  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+  policy.set_max_host_share_bps(5000);
+  // Three rounds of the six planned: half the escrow is payable, shared as for a whole run.
+  auto s = DraftSettlement(kChain, f.view, 2200, policy, pb::VerificationSpec(), certs, 6);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->rounds_completed(), 3u);
+  EXPECT_EQ(s->rounds_planned(), 6u);
+  uint64_t paid = 0;
+  for (const auto& p : s->payouts()) {
+    const uint64_t n = p.host() == f.hosts[3].address ? 2 : 3;
+    EXPECT_EQ(std::stoull(p.amount()), 1100 * n / 11);
+    paid += std::stoull(p.amount());
+  }
+  EXPECT_EQ(paid, 1100u);  // all of the payable half
+  EXPECT_EQ(std::stoull(s->refund()), 2200 - paid);
 }
 
 }  // namespace

@@ -104,7 +104,8 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   TS_RETURN_IF_ERROR(run_.StoreCertificates({cert}));
   run_.loaded = true;
   const int64_t certified = run_.host.clock->MonotonicMs();
-  run_.RecordRound(cert, (certified - r.started) / 1000.0 + inner_seconds, inner_seconds,
+  run_.last_round_seconds = (certified - r.started) / 1000.0 + inner_seconds;
+  run_.RecordRound(cert, run_.last_round_seconds, inner_seconds,
                    (r.reduced - r.started) / 1000.0, (certified - r.reduced) / 1000.0);
   std::vector<std::string> short_members;
   for (const auto& m : result.members()) short_members.push_back(Short(m));
@@ -126,7 +127,7 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
     }
   }
   if (round == run_.spec.spec.rounds()) {
-    settlement_.Exchange(r.collective.get(), r.group, deadline);
+    settlement_.Exchange(r.collective.get(), r.group, deadline, round);
   }
   // The replays owed by this host, while it holds the rounds' bases.
   if (run_.spec.spec.verification().replay_rate_bps() > 0) ReplayChecks(&run_).Run(cert);

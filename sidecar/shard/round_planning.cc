@@ -32,6 +32,7 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
   const auto& [base, seed] = expected;
   int64_t no_plan_since = -1;  // a planner past the first answers, without a plan
   while (!run_.stopping) {
+    if (Moot(round)) return Outcome{};
     const std::string& candidate = order[p % order.size()];
     const bool first = p % order.size() == 0;
     if (candidate == run_.host.address) {
@@ -57,6 +58,14 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::Obtain(uint64_t round, uin
       const pb::AnnounceResponse& response = *answered;
       if (response.certified_round() >= round) {
         return Outcome{.plan = std::nullopt, .behind_peer = candidate};
+      }
+      if (response.settling() != request.settling()) {
+        // The planner settles where this host trains (it judged the deadline near), or the
+        // other way round: the next planner; a host that trains looks at the deadline again.
+        ++p;
+        run_.Sleep(kRetryMs);
+        if (!request.settling()) return Outcome{};
+        continue;
       }
       if (response.cannot_plan() && !response.has_plan()) {
         ++p;
@@ -134,6 +143,11 @@ absl::Status RoundPlanning::CheckPlan(const pb::RoundPlan& plan, uint64_t round,
     return absl::InvalidArgumentError("the plan is for another round, planner or base");
   }
   absl::MutexLock lock(&run_.mu);
+  if (plan.settlement() != run_.Settling(round)) {
+    return absl::FailedPreconditionError(
+        plan.settlement() ? "the plan settles where this host trains (its deadline is not near)"
+                          : "the plan trains where this host settles");
+  }
   TS_ASSIGN_OR_RETURN(const VerdictTally* tally, run_.Tally());
   for (const pb::RoundMember& m : plan.members()) {
     if (tally->Excluded(m.address())) {
@@ -164,6 +178,7 @@ absl::StatusOr<RoundPlanning::Outcome> RoundPlanning::PlanAsPlanner(uint64_t rou
     run_.status.set_planner_round(round);
   }
   while (!run_.stopping) {
+    if (Moot(round)) return Outcome{};
     {
       absl::MutexLock lock(&run_.mu);
       Rendezvous& rendezvous = run_.rendezvous;
@@ -229,6 +244,7 @@ absl::StatusOr<pb::RoundPlan> RoundPlanning::MakePlan(
     m->set_worker_threads(announced != nullptr ? announced->worker_threads : 0);
   }
   p.set_base_root(run_.certified_root);
+  p.set_settlement(run_.Settling(round));
   TS_ASSIGN_OR_RETURN(std::string data_root, run_.DataRoot(round));
   p.set_data_seed(DataSeedOf(run_.spec.spec.seed(), round, data_root));
   // The verdicts announced (this host's own among them) that no certificate carries yet, in a
@@ -253,6 +269,18 @@ absl::StatusOr<pb::RoundPlan> RoundPlanning::MakePlan(
   }
   TS_RETURN_IF_ERROR(SignPlan(*run_.host.key, run_.host.chain_id, &p));
   return p;
+}
+
+bool RoundPlanning::Moot(uint64_t round) {
+  bool settling = false;
+  {
+    absl::MutexLock lock(&run_.mu);
+    settling = run_.Settling(round);
+  }
+  if (settling) return run_.ShardClosed();
+  run_.WatchDeadline();
+  absl::MutexLock lock(&run_.mu);
+  return run_.Settling(round);
 }
 
 bool RoundPlanning::CertifiedWithout(uint64_t round, const ShardView& view, size_t* probe,
@@ -291,6 +319,7 @@ absl::StatusOr<pb::AnnounceRequest> RoundPlanning::AnnounceTo(const std::string&
   request.set_preparing(preparing);
   {
     absl::MutexLock lock(&run_.mu);
+    request.set_settling(run_.Settling(round));
     for (const pb::SignedVerdict& v : run_.pending_verdicts) {
       if (request.verdicts_size() == kVerdictsPerAnnounceMax) break;
       if (v.verdict().round() < round && v.verdict().round() + kVerdictRounds >= round) {

@@ -59,6 +59,11 @@ class RoundPlanning {
   absl::StatusOr<::gonka::trainshard::v1::RoundPlan> MakePlan(
       uint64_t round, const std::vector<std::pair<std::string, std::string>>& ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_.mu);
+  // Whether planning `round` has become moot: the run ended at the certified round for the
+  // shard's deadline (RunContext::WatchDeadline) while this host planned to train it (its
+  // settlement is planned instead), or the chain settled or closed the shard while this host
+  // planned its settlement.
+  bool Moot(uint64_t round);
   // Whether `round` was certified without this host, asking the member `probe` (in turn).
   bool CertifiedWithout(uint64_t round, const ShardView& view, size_t* probe, std::string* peer);
   // The base root and data seed every plan of `round` must carry (the status moved to it).

@@ -17,6 +17,10 @@ namespace {
 namespace pb = ::gonka::trainshard::v1;
 constexpr char kComponent[] = "shard_run";
 constexpr size_t kRoundsKept = 256;
+// WatchDeadline: how often it reads the chain, and the time it keeps for the settlement after
+// the last round (an attempt's plan and exchange, the submission, a block or two to land).
+constexpr int64_t kChainReadIntervalMs = 1000;
+constexpr int64_t kSettlementReserveMs = 30'000;
 
 std::string RoundKey(uint64_t shard_id, uint64_t round) {
   return state::EncodeU64Key(shard_id) + state::EncodeU64Key(round);
@@ -62,7 +66,73 @@ absl::StatusOr<std::vector<pb::RoundCertificate>> LoadStoredCertificates(const s
 
 RunContext::RunContext(const ShardRunHost& h, const ShardRunOptions& o, uint64_t id,
                        ParsedRunSpec s, std::unique_ptr<RoundPeers> p)
-    : host(h), options(o), shard_id(id), spec(std::move(s)), peers(std::move(p)) {}
+    : host(h), options(o), shard_id(id), spec(std::move(s)), peers(std::move(p)) {
+  absl::MutexLock lock(&mu);
+  end_round = spec.spec.rounds();
+}
+
+bool RunContext::ShardClosed() {
+  const int64_t now = host.clock->MonotonicMs();
+  ChainPace& pace = chain_pace;
+  if (pace.closed || (pace.status_read_ms >= 0 && now - pace.status_read_ms < kChainReadIntervalMs)) {
+    return pace.closed;
+  }
+  pace.status_read_ms = now;
+  absl::StatusOr<pb::Shard> shard = host.chain_shard(shard_id);
+  pace.closed = shard.ok() && shard->status() != pb::SHARD_STATUS_RUNNING;
+  return pace.closed;
+}
+
+void RunContext::WatchDeadline() {
+  const int64_t now = host.clock->MonotonicMs();
+  ChainPace& pace = chain_pace;
+  if (!host.chain_height || (pace.read_ms >= 0 && now - pace.read_ms < kChainReadIntervalMs)) {
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    if (end_round <= certified_round) return;
+  }
+  absl::StatusOr<int64_t> height = host.chain_height();
+  if (!height.ok()) return;
+  if (pace.deadline_height == 0) {
+    absl::StatusOr<pb::Shard> shard = host.chain_shard(shard_id);
+    if (!shard.ok()) return;
+    pace.deadline_height = shard->deadline_height();
+  }
+  if (pace.deadline_height <= 0) return;  // none set
+  if (pace.read_ms < 0) {
+    pace.first_height = *height;
+    pace.first_ms = now;
+  }
+  pace.height = *height;
+  pace.read_ms = now;
+  const int64_t blocks_left = pace.deadline_height - pace.height;
+  const int64_t blocks_seen = pace.height - pace.first_height;
+  // Before two blocks were seen the pace is unknown: only the last blocks count as near.
+  const int64_t ms_per_block = blocks_seen >= 2 ? (now - pace.first_ms) / blocks_seen : 0;
+  const int64_t need_ms =
+      static_cast<int64_t>(std::max(last_round_seconds, round_inner_seconds) * 1000.0) +
+      spec.spec.join_window_ms() + kSettlementReserveMs;
+  const bool near = ms_per_block > 0 ? blocks_left * ms_per_block < need_ms : blocks_left <= 2;
+  if (!near) return;
+  uint64_t ends_at = 0;
+  {
+    absl::MutexLock lock(&mu);
+    if (certified_round == 0) return;  // nothing to settle: the shard expires if it must
+    end_round = certified_round;
+    ends_at = end_round;
+    // The announces to train the next round heard here, and any plan made of them, are
+    // dropped: the settlement is a later attempt, of the members that settle.
+    if (rendezvous.round() == certified_round + 1) {
+      rendezvous.Enter(rendezvous.round(), rendezvous.attempt() + 1);
+    }
+  }
+  Transition(absl::StrCat("the shard's deadline (height ", pace.deadline_height, ") is ",
+                          blocks_left, " blocks away, about ", blocks_left * ms_per_block / 1000,
+                          " s: too near for another round and the settlement (", need_ms / 1000,
+                          " s); the run settles its ", ends_at, " certified rounds"));
+}
 
 void RunContext::ShareEvalTarget(bool ready) {
   absl::MutexLock lock(&mu);

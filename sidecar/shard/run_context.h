@@ -85,6 +85,18 @@ struct RunContext {
   uint64_t parameters = 0;
   bool loaded = false;             // the worker holds the certified checkpoint
   double round_inner_seconds = 0;  // the last inner steps' time (the planner's wait grows with it)
+  double last_round_seconds = 0;   // the last round this host certified: inner steps to certificate
+  // What WatchDeadline has seen of the chain: the shard's deadline height, and the first and
+  // latest heights with the times they were read (the blocks' pace).
+  struct ChainPace {
+    int64_t deadline_height = 0;
+    int64_t first_height = 0;
+    int64_t first_ms = 0;
+    int64_t height = 0;
+    int64_t read_ms = -1;
+    int64_t status_read_ms = -1;  // ShardClosed's last read, and what it found
+    bool closed = false;
+  } chain_pace;
 
   std::atomic<int64_t> start_ms{0};
   std::atomic<bool> stopping{false};
@@ -108,6 +120,9 @@ struct RunContext {
   // Whether this host can plan a round now (its worker holds the certified checkpoint and it
   // is not waiting for the settlement); Announce answers cannot_plan when not.
   bool can_plan ABSL_GUARDED_BY(mu) = false;
+  // The run's last round: the spec's, or the round certified when the shard's deadline came too
+  // near for another one (WatchDeadline); the rounds past it are settled, not trained.
+  uint64_t end_round ABSL_GUARDED_BY(mu) = 0;
   ::gonka::trainshard::v1::ShardRunStatus status ABSL_GUARDED_BY(mu);
   // What an evaluation on a gRPC thread needs of the run (ShardRun::EvaluateArtifact): set once
   // the worker and the data are prepared, cleared before the worker is stopped or replaced.
@@ -136,6 +151,22 @@ struct RunContext {
   // Sleeps on the host's clock in short steps; false once the run stops.
   bool Sleep(int64_t ms);
   uint64_t CertifiedRound() const;
+  uint64_t EndRound() const {
+    absl::MutexLock lock(&mu);
+    return end_round;
+  }
+  // Whether `round` is past the run's last round: its plan is a settlement's
+  // (RoundPlan.settlement), not a training round's.
+  bool Settling(uint64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return round > end_round;
+  }
+  // Partial settlement (docs/training.md "Settlement"): ends the run at the certified round
+  // when the shard's deadline, at the pace the chain's blocks have come, leaves too little time
+  // for another round (the last one's duration) and the settlement after it. Reads the chain at
+  // most once a second; does nothing before a round is certified, or without a chain height.
+  void WatchDeadline();
+  // Whether the chain no longer runs the shard (settled, expired), read at most once a second.
+  bool ShardClosed();
   struct Certified {
     uint64_t round = 0;
     std::string root;

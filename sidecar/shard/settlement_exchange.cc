@@ -24,8 +24,8 @@ constexpr int64_t kSettleGiveUpMs = 45'000;
 }  // namespace
 
 bool SettlementExchange::Exchange(Collective* collective, const GroupSpec& group,
-                                  int64_t deadline) {
-  auto draft = DraftFromRecords(run_.host, run_.shard_id, run_.spec.spec);
+                                  int64_t deadline, uint64_t rounds) {
+  auto draft = DraftFromRecords(run_.host, run_.shard_id, run_.spec.spec, rounds);
   if (!draft.ok()) {
     run_.Transition(absl::StrCat("settlement not drafted: ", draft.status().message()));
     return false;
@@ -115,24 +115,26 @@ bool SettlementExchange::Settle(bool first_member) {
 }
 
 absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64_t shard_id,
-                                                const pb::RunSpec& spec) {
-  const uint64_t rounds_total = spec.rounds();
+                                                const pb::RunSpec& spec, uint64_t rounds) {
+  if (rounds < 1 || rounds > spec.rounds()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rounds: ", rounds, " is outside 1..", spec.rounds(), " (the run's)"));
+  }
   TS_ASSIGN_OR_RETURN(
       std::vector<pb::RoundCertificate> certs,
-      // rounds_total is a validated run spec's (at most 100,000).
-      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds_total + 1)));
-  if (certs.size() != rounds_total ||
-      (!certs.empty() && certs.back().result().round() != rounds_total)) {
+      // At most a validated run spec's rounds (100,000).
+      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds)));
+  if (certs.size() != rounds || certs.back().result().round() != rounds) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard_id, ": this host's records certify ", certs.size(), " of ",
-                     rounds_total, " rounds; the run has not finished here"));
+                     rounds, " rounds; the run has not got that far here"));
   }
   TS_ASSIGN_OR_RETURN(pb::Shard shard, host.chain_shard(shard_id));
   TS_ASSIGN_OR_RETURN(uint64_t escrow,
                       common::ParseAmount("shard.spec.escrow", shard.spec().escrow().amount()));
   TS_ASSIGN_OR_RETURN(ShardView view, host.directory->Get(shard_id));
   return DraftSettlement(host.chain_id, view, escrow, shard.spec().reward_policy(),
-                         spec.verification(), certs, rounds_total);
+                         spec.verification(), certs, spec.rounds());
 }
 
 }  // namespace ts::sidecar

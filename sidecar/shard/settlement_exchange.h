@@ -1,4 +1,5 @@
 // The settlement of a run (docs/training.md "Settlement"): after the last round's certificate
+// (the spec's last, or the last certified when the deadline came near: a partial settlement)
 // each member drafts the settlement its own records imply (DraftFromRecords: every round's
 // certificate, the shard's escrow and reward policy as the chain has them), has its host sign
 // it (the host checks the draft against the records once more), and the members all-gather
@@ -27,9 +28,10 @@ class SettlementExchange {
  public:
   explicit SettlementExchange(RunContext* run) : run_(*run) {}
 
-  // Drafts, signs and gathers the members' signatures over `collective` (the last round's, or
-  // a settlement attempt's); whether any were gathered.
-  bool Exchange(Collective* collective, const GroupSpec& group, int64_t deadline);
+  // Drafts the settlement of rounds 1..`rounds`, signs it and gathers the members' signatures
+  // over `collective` (the last round's, or a settlement attempt's); whether any were gathered.
+  bool Exchange(Collective* collective, const GroupSpec& group, int64_t deadline,
+                uint64_t rounds);
   // Submits (at once when `first_member`) and waits until the chain settles or ends the shard:
   // true. False (or the run stopping) after a while when there is nothing to wait for — no
   // signatures here or the chain refused them, and no member's settlement landed: the members

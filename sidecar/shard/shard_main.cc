@@ -149,6 +149,11 @@ ShardRunHost RunHostOf(const Flags& f, const common::PrivateKey* key, ShardDirec
     absl::MutexLock lock(chain_mu);
     return chain->Shard(id);
   };
+  h.chain_height = [chain, chain_mu]() -> absl::StatusOr<int64_t> {
+    absl::MutexLock lock(chain_mu);
+    TS_ASSIGN_OR_RETURN(bridge::ChainStatus status, chain->Status());
+    return status.latest_height;
+  };
   h.sign_settlement = [link](const pb::Settlement& draft) { return link->SignSettlement(draft); };
   h.submit_settlement = [link](const pb::Settlement& s,
                                const std::vector<pb::SettlementSignature>& sigs) {

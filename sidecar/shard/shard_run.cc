@@ -117,22 +117,35 @@ struct ShardRun::Impl {
     return done.status();
   }
 
-  // The next round to certify, with the run's wall time brought up to date.
-  // Whether this host can plan follows whether its worker holds the certified checkpoint.
-  uint64_t NextRound() {
+  // The next round to certify, with the run's wall time brought up to date; first, unless
+  // `watch_deadline` is false, the run may end early for the shard's deadline. Whether this
+  // host can plan follows whether its worker holds the certified checkpoint.
+  uint64_t NextRound(bool watch_deadline = true) {
+    if (watch_deadline) ctx.WatchDeadline();
     absl::MutexLock lock(&ctx.mu);
     ctx.status.set_wall_seconds((ctx.host.clock->MonotonicMs() - ctx.start_ms) / 1000.0);
-    ctx.can_plan = ctx.loaded && ctx.certified_round < ctx.spec.spec.rounds();
+    // A run ended early for the deadline plans its settlement at once (SettleAndIdle).
+    ctx.can_plan = ctx.certified_round < ctx.end_round ? ctx.loaded
+                                                       : ctx.end_round < ctx.spec.spec.rounds();
     return ctx.certified_round + 1;
   }
 
-  // Past the last round: the settlement, then idle until stopped. When none lands (no member
-  // gathered the signatures: one died under the final round's exchange of them), the members
-  // exchange them again, in attempts planned like a round's (round `rounds` + 1).
-  void SettleAndIdle(bool first_member) {
-    const uint64_t round = uint64_t{ctx.spec.spec.rounds()} + 1;
+  // Past the last round: the settlement, then idle until stopped. The last round's exchange
+  // gathered the signatures when it was the spec's last (`exchanged`); otherwise (the run ended
+  // early for the deadline), or when no settlement lands (no member gathered the signatures:
+  // one died under their exchange), the members exchange them in attempts planned like a
+  // round's (RoundPlan.settlement, the round after the certified one: a member behind catches
+  // up on the way and settles the others' rounds).
+  void SettleAndIdle(bool first_member, bool exchanged) {
     uint32_t min_attempt = 0;
-    while (!ctx.stopping && !settlement.Settle(first_member)) {
+    uint64_t attempt_round = 0;
+    while (!ctx.stopping && !(exchanged && settlement.Settle(first_member))) {
+      exchanged = true;
+      const uint64_t round = ctx.CertifiedRound() + 1;
+      if (attempt_round != round) {
+        attempt_round = round;
+        min_attempt = 0;
+      }
       if (SupersedeLast(round - 1)) continue;
       {
         absl::MutexLock lock(&ctx.mu);
@@ -143,8 +156,15 @@ struct ShardRun::Impl {
       first_member = plan->members(0).address() == ctx.host.address;
       if (!SettlementAttempt(*plan)) min_attempt = plan->attempt() + 1;
     }
-    if (!ctx.stopping) SupersedeLast(round - 1);
+    if (!ctx.stopping) SupersedeLast(ctx.CertifiedRound());
     while (!ctx.stopping) ctx.Sleep(200);
+  }
+
+  // Whether the run is past its last round (the spec's, or the deadline's); then it settles.
+  bool PastTheEnd(uint64_t round, bool first_member) {
+    if (round <= ctx.EndRound()) return false;
+    SettleAndIdle(first_member, /*exchanged=*/round > ctx.spec.spec.rounds());
+    return true;
   }
 
   // Whether a member holds a later attempt's certificate of the last round than this host's
@@ -168,7 +188,8 @@ struct ShardRun::Impl {
       return false;
     }
     AbortOnStop guard(&ctx, met->mesh.get());
-    return settlement.Exchange(met->collective.get(), met->group, met->deadline);
+    return settlement.Exchange(met->collective.get(), met->group, met->deadline,
+                               plan.round() - 1);
   }
 
   // One attempt of `plan` with this host's Δ; false when the run must end.
@@ -199,7 +220,7 @@ struct ShardRun::Impl {
     bool first_member = false;
     while (!ctx.stopping) {
       const uint64_t round = NextRound();
-      if (round > ctx.spec.spec.rounds()) return SettleAndIdle(first_member);
+      if (PastTheEnd(round, first_member)) return;
       if (absl::Status excluded = ctx.CheckNotExcluded(); !excluded.ok()) {
         ctx.Fail(excluded);
         return;
@@ -274,7 +295,13 @@ struct ShardRun::Impl {
   // The plan of `round` when this host is in it. Otherwise (no plan yet, this host behind or
   // left out) nullopt after catching up or waiting a little; the caller goes round again.
   std::optional<pb::RoundPlan> PlanWithThisHost(uint64_t round, uint32_t min_attempt) {
-    auto outcome = planning.Obtain(round, min_attempt, HasDelta(round));
+    bool settling = false;
+    {
+      absl::MutexLock lock(&ctx.mu);
+      settling = ctx.Settling(round);
+    }
+    // A member that settles is as ready as one that holds its Δ: it joins a later attempt.
+    auto outcome = planning.Obtain(round, min_attempt, settling || HasDelta(round));
     if (!outcome.ok()) {
       if (!ctx.stopping) {
         ctx.Transition(absl::StrCat("round ", round, ": ", outcome.status().message()));
@@ -345,8 +372,9 @@ struct ShardRun::Impl {
     uint64_t attempt_round = 0;
     bool first_member = false;
     while (!ctx.stopping) {
-      const uint64_t next = NextRound();
-      if (next > ctx.spec.spec.rounds()) return SettleAndIdle(first_member);
+      // Not while a round is in flight: its members wait for this host's part.
+      const uint64_t next = NextRound(/*watch_deadline=*/!flight);
+      if (PastTheEnd(next, first_member)) return;
       if (!flight && !ctx.loaded) {
         deltas.clear();
         if (!Reload()) return;
@@ -357,7 +385,8 @@ struct ShardRun::Impl {
         min_attempt = 0;
       }
       const uint64_t inner_round = flight ? next + 1 : next;
-      if (inner_round <= ctx.spec.spec.rounds() && !deltas.contains(inner_round)) {
+      const uint64_t end = ctx.EndRound();
+      if (inner_round <= end && !deltas.contains(inner_round)) {
         absl::Status s;
         {
           std::jthread told = planning.PreAnnounce(inner_round, min_attempt);
@@ -380,7 +409,7 @@ struct ShardRun::Impl {
       if (!plan) continue;
       ctx.SetState("training");
       first_member = plan->members(0).address() == ctx.host.address;
-      if (next < ctx.spec.spec.rounds()) {
+      if (next < end) {
         flight = InFlight{.plan = *plan, .info = info->second, .reduced = {}};
         flight->reduced =
             std::async(std::launch::async, [this, p = *plan] { return exchange.Reduce(p); });
@@ -498,6 +527,13 @@ pb::AnnounceResponse ShardRun::OnAnnounce(const std::string& signer,
   }
   if (auto tally = m.Tally(); tally.ok() && (*tally)->Excluded(signer)) {
     response.set_note("the caller is excluded from the run (docs/verification.md \"Verdicts\")");
+    return response;
+  }
+  // A caller that settles where this host trains, or the other way round, is not counted.
+  response.set_settling(m.Settling(request.round()));
+  if (request.settling() != response.settling()) {
+    response.set_note(response.settling() ? "this host settles the rounds before this one"
+                                          : "this host trains this round");
     return response;
   }
   m.rendezvous.Enter(request.round(), request.min_attempt());

@@ -69,6 +69,8 @@ struct ShardRunHost {
   common::Clock* clock = nullptr;
   // The shard as the chain has it now (spec: escrow, reward policy, run spec hash; status).
   std::function<absl::StatusOr<::gonka::trainshard::v1::Shard>(uint64_t)> chain_shard;
+  // The chain's latest height, for the shard's deadline; empty: the run does not watch it.
+  std::function<absl::StatusOr<int64_t>()> chain_height;
   // Signs a settlement draft after checking it against the host's records.
   std::function<absl::StatusOr<::gonka::trainshard::v1::SettlementSignature>(
       const ::gonka::trainshard::v1::Settlement&)>
@@ -98,12 +100,14 @@ struct ShardRunOptions {
   int64_t heartbeat_interval_ms = 500;
 };
 
-// The settlement this host's records imply (ledger.h DraftSettlement): its certificates of
-// rounds 1..spec.rounds with their verdicts under the spec's verification, and the shard's
-// members, escrow and reward policy as the chain has them. FAILED_PRECONDITION while a round's
-// certificate is missing (the run has not finished here). In settlement_exchange.cc.
+// The settlement this host's records imply for rounds 1..`rounds` of the spec's (ledger.h
+// DraftSettlement; fewer than the spec's: a partial settlement): its certificates with their
+// verdicts under the spec's verification, and the shard's members, escrow and reward policy as
+// the chain has them. FAILED_PRECONDITION while a round's certificate is missing (the run has
+// not got that far here). In settlement_exchange.cc.
 absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromRecords(
-    const ShardRunHost& host, uint64_t shard_id, const ::gonka::trainshard::v1::RunSpec& spec);
+    const ShardRunHost& host, uint64_t shard_id, const ::gonka::trainshard::v1::RunSpec& spec,
+    uint64_t rounds);
 
 class ShardRun {
  public:

@@ -260,7 +260,7 @@ absl::StatusOr<pb::Settlement> ShardRunManager::DraftFromStoredRun(uint64_t shar
   }
   if (!doc.ok()) return doc.status();
   TS_ASSIGN_OR_RETURN(ParsedRunSpec spec, ParseRunSpec(*doc));
-  return DraftFromRecords(host, shard_id, spec.spec);
+  return DraftFromRecords(host, shard_id, spec.spec, spec.spec.rounds());
 }
 
 }  // namespace ts::sidecar

@@ -182,6 +182,7 @@ class Setup {
     }
     s.set_refund(std::to_string(kEscrow - share * static_cast<uint64_t>(hosts_count_)));
     s.set_rounds_completed(100);
+    s.set_rounds_planned(100);
     pb::MsgSettleTrainshard settle;
     settle.set_submitter(Addr(creator_));
     *settle.mutable_settlement() = s;

@@ -35,6 +35,7 @@ namespace {
 
 constexpr uint64_t kShard = 7;
 constexpr char kChainId[] = "sim-chain";
+constexpr uint64_t kEscrow = 1000000;
 constexpr int kCheckStatusEvery = 16;
 
 // Every fourth seed (1, 5, 9, ...) runs with commitments and replays at half the rounds
@@ -143,6 +144,12 @@ class RoundSim {
 
   // The chain's side of the shard.
   absl::StatusOr<pb::Shard> ChainShard(uint64_t id) const;
+  int64_t ChainHeight() const { return 1 + scheduler_.now() / kSimBlockMs; }
+  // Past the deadline without a settlement.
+  bool Expired() const {
+    return !settled_ && options_.deadline_ms > 0 &&
+           ChainHeight() >= options_.deadline_ms / kSimBlockMs;
+  }
   absl::StatusOr<pb::SettlementSignature> SignSettlement(Host& h, const pb::Settlement& draft);
   absl::StatusOr<std::string> Submit(const pb::Settlement& s,
                                      const std::vector<pb::SettlementSignature>& sigs);
@@ -287,6 +294,7 @@ absl::Status RoundSim::Setup() {
     r.db = h.db.get();
     r.clock = &clock_;
     r.chain_shard = [this](uint64_t id) { return ChainShard(id); };
+    r.chain_height = [this]() -> absl::StatusOr<int64_t> { return ChainHeight(); };
     r.sign_settlement = [this, &h](const pb::Settlement& d) { return SignSettlement(h, d); };
     r.submit_settlement = [this](const pb::Settlement& s,
                                  const std::vector<pb::SettlementSignature>& sigs) {
@@ -506,6 +514,7 @@ bool RoundSim::CheckResume(Host& h) {
 }
 
 bool RoundSim::Finished() {
+  if (Expired()) return Violation("the shard reached its deadline without a settlement");
   if (!settled_ || !faults_over_) return false;
   for (auto& hp : hosts_) {
     if (hp->run == nullptr || hp->stopping) return false;
@@ -539,9 +548,13 @@ bool RoundSim::CheckEnd() {
       if (st.error().empty()) return Violation(absl::StrCat(hp->address, " failed saying nothing"));
       continue;
     }
-    if (hp->checked_round != rounds_ || hp->checked_root != settled_root_) {
+    // After a partial settlement a member may stay behind the settled round (it stopped
+    // training for the deadline and the others certified one more round without it).
+    const uint64_t settled = result_.rounds_settled;
+    const bool behind = settled < rounds_ && hp->checked_round < settled;
+    if (!behind && (hp->checked_round != settled || hp->checked_root != settled_root_)) {
       return Violation(absl::StrCat(hp->address, " ends at round ", hp->checked_round,
-                                    ", not on the settled root of round ", rounds_));
+                                    ", not on the settled root of round ", settled));
     }
   }
   return CheckMarks();
@@ -559,7 +572,7 @@ bool RoundSim::Attacked(const std::vector<pb::RoundCertificate>& certs) {
   const std::string& address = hosts_[attacker_]->address;
   const SimHostState& state = net_.hosts().at(address);
   for (const pb::RoundCertificate& c : certs) {
-    if (c.result().round() + 2 > rounds_) continue;
+    if (c.result().round() + 2 > result_.rounds_settled) continue;
     if (attack_ == Attack::kLyingEvaluator) {
       for (const pb::SignedEvaluation& e : c.evaluations()) {
         if (e.result().host() == address) return true;
@@ -636,10 +649,13 @@ void RoundSim::Teardown() {
 absl::StatusOr<pb::Shard> RoundSim::ChainShard(uint64_t id) const {
   pb::Shard shard;
   shard.set_id(id);
-  shard.set_status(settled_ ? pb::SHARD_STATUS_SETTLED : pb::SHARD_STATUS_RUNNING);
+  shard.set_status(settled_   ? pb::SHARD_STATUS_SETTLED
+                   : Expired() ? pb::SHARD_STATUS_EXPIRED
+                               : pb::SHARD_STATUS_RUNNING);
+  if (options_.deadline_ms > 0) shard.set_deadline_height(options_.deadline_ms / kSimBlockMs);
   shard.mutable_spec()->set_run_spec_hash(spec_.hash);
   shard.mutable_spec()->mutable_escrow()->set_denom("ngonka");
-  shard.mutable_spec()->mutable_escrow()->set_amount("1000000");
+  shard.mutable_spec()->mutable_escrow()->set_amount(absl::StrCat(kEscrow));
   shard.mutable_spec()->mutable_reward_policy()->set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
   shard.mutable_spec()->mutable_reward_policy()->set_max_host_share_bps(10000);
   return shard;
@@ -648,7 +664,8 @@ absl::StatusOr<pb::Shard> RoundSim::ChainShard(uint64_t id) const {
 absl::StatusOr<pb::SettlementSignature> RoundSim::SignSettlement(Host& h,
                                                                  const pb::Settlement& draft) {
   TS_ASSIGN_OR_RETURN(pb::Settlement mine,
-                      sidecar::DraftFromRecords(h.run_host, kShard, spec_.spec));
+                      sidecar::DraftFromRecords(h.run_host, kShard, spec_.spec,
+                                                draft.rounds_completed()));
   const std::string bytes = DeterministicBytes(draft);
   if (DeterministicBytes(mine) != bytes) {
     return absl::FailedPreconditionError("sim: the draft is not what this host's records imply");
@@ -664,6 +681,7 @@ absl::StatusOr<pb::SettlementSignature> RoundSim::SignSettlement(Host& h,
 absl::StatusOr<std::string> RoundSim::Submit(const pb::Settlement& s,
                                              const std::vector<pb::SettlementSignature>& sigs) {
   if (settled_) return absl::FailedPreconditionError("sim chain: the shard is settled");
+  if (Expired()) return absl::FailedPreconditionError("sim chain: the shard expired");
   const std::string bytes = DeterministicBytes(s);
   uint64_t weight = 0;
   std::vector<std::string> counted;
@@ -684,6 +702,17 @@ absl::StatusOr<std::string> RoundSim::Submit(const pb::Settlement& s,
   }
   settled_ = true;
   settled_root_ = s.final_checkpoint_root();
+  result_.rounds_settled = s.rounds_completed();
+  result_.refund = std::stoull(s.refund());
+  if (s.rounds_planned() != rounds_ || s.rounds_completed() > rounds_) {
+    Violation(absl::StrCat("the settlement says ", s.rounds_completed(), " of ",
+                           s.rounds_planned(), " rounds; the run has ", rounds_));
+  }
+  // A partial settlement pays at most its part of the escrow.
+  if (kEscrow - result_.refund > protocol::PayableOf(kEscrow, s.rounds_completed(), rounds_)) {
+    Violation(absl::StrCat("the settlement of ", s.rounds_completed(), " of ", rounds_,
+                           " rounds pays ", kEscrow - result_.refund));
+  }
   for (const pb::HostPayout& p : s.payouts()) {
     const bool attacker = Attacker() >= 0 && p.host() == hosts_[Attacker()]->address;
     (attacker ? result_.attacker_paid : result_.honest_paid) += std::stoull(p.amount());

@@ -73,7 +73,13 @@ struct SimOptions {
   size_t hosts = 0;
   uint32_t rounds = 0;           // 0: 3..5, drawn from the seed
   uint32_t replay_rate_bps = 0;  // 0: 5000 on every fourth seed (1, 5, 9, ...), else none
+  // The shard's deadline in simulated ms (the chain makes a block every kSimBlockMs), or 0 for
+  // none. With one, the members settle the rounds they certified before it (partial
+  // settlement): the shard must settle, on a root some host ends on, before it expires.
+  int64_t deadline_ms = 0;
 };
+
+inline constexpr int64_t kSimBlockMs = 1000;
 
 struct SimResult {
   bool ok = true;
@@ -95,6 +101,8 @@ struct SimResult {
   bool attacker_excluded = false;
   uint64_t attacker_paid = 0;
   uint64_t honest_paid = 0;
+  uint64_t rounds_settled = 0;  // the settlement's rounds_completed
+  uint64_t refund = 0;          // what it refunded
 };
 
 SimResult RunRoundSim(const SimOptions& options);

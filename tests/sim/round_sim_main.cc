@@ -33,6 +33,11 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds (0: 3..5 drawn)")->check(CLI::Range(0u, 50u));
   app.add_option("--replay-rate-bps", rate, "replay rate (0: the seed's)")
       ->check(CLI::Range(0u, 10000u));
+  int64_t deadline_ms = 0;
+  app.add_option("--deadline-ms", deadline_ms,
+                 "the shard's deadline in simulated ms (0: none); the run settles what it "
+                 "certified before it")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}));
   CLI11_PARSE(app, argc, argv);
   const std::optional<ts::sim::Attack> attack = ts::sim::ParseAttack(attack_name);
   if (!attack.has_value()) {
@@ -51,7 +56,8 @@ int main(int argc, char** argv) {
                                                  .attack = *attack,
                                                  .hosts = attacking ? hosts : 0,
                                                  .rounds = rounds,
-                                                 .replay_rate_bps = rate});
+                                                 .replay_rate_bps = rate,
+                                                 .deadline_ms = deadline_ms});
     if (attacking && r.ok) {
       caught += r.attacker_paid == 0 ? 1 : 0;
       marked += r.attacker_marks > 0 ? 1 : 0;
@@ -59,9 +65,11 @@ int main(int argc, char** argv) {
     events += r.events;
     if (verbose || !r.ok) {
       std::printf(
-          "seed %llu: %s; %zu hosts, %u rounds, %llu events, %.1f s simulated; faults: %s\n",
+          "seed %llu: %s; %zu hosts, %llu of %u rounds settled, %llu events, %.1f s simulated; "
+          "faults: %s\n",
           static_cast<unsigned long long>(seed), r.ok ? "ok" : r.violation.c_str(), r.hosts,
-          r.rounds, static_cast<unsigned long long>(r.events), r.sim_ms / 1000.0,
+          static_cast<unsigned long long>(r.rounds_settled), r.rounds,
+          static_cast<unsigned long long>(r.events), r.sim_ms / 1000.0,
           r.faults.empty() ? "none" : r.faults.c_str());
     }
     if (!r.ok) {

@@ -29,6 +29,30 @@ TEST(RoundSim, WithoutFaultsEveryShardSettles) {
   EXPECT_GT(replays, 0u);
 }
 
+// A run of 50 rounds whose shard's deadline comes first: the members stop in time and settle
+// the rounds they certified, paying that part of the escrow and refunding the rest (the chain's
+// rule, protocol::PayableOf, which the simulated chain holds the settlement to); with faults
+// too.
+TEST(RoundSim, ARunThatReachesItsDeadlineSettlesTheRoundsItCertified) {
+  struct Case {
+    uint64_t seed;
+    bool faults;
+    int64_t deadline_ms;
+  };
+  for (const Case c : {Case{1, false, 60'000}, Case{2, false, 60'000}, Case{3, false, 60'000},
+                       Case{1, true, 120'000}, Case{3, true, 120'000}}) {
+    SimResult r = RunRoundSim(
+        {.seed = c.seed, .faults = c.faults, .rounds = 50, .deadline_ms = c.deadline_ms});
+    ASSERT_TRUE(r.ok) << r.violation << "\n  replay: build/tests/sim/ts_round_sim --from "
+                      << c.seed << " --seeds 1 --rounds 50 --deadline-ms " << c.deadline_ms
+                      << (c.faults ? "" : " --no-faults") << " --verbose";
+    EXPECT_GE(r.rounds_settled, 1u) << "seed " << c.seed;
+    EXPECT_LT(r.rounds_settled, 50u) << "seed " << c.seed;
+    EXPECT_GT(r.refund, 0u) << "seed " << c.seed;
+    EXPECT_GT(r.honest_paid, 0u) << "seed " << c.seed;
+  }
+}
+
 // Seeds [first, last] with faults: no invariant breaks and every shard settles.
 void RunSeedsUnderFaults(uint64_t first, uint64_t last) {
   int settled = 0;
