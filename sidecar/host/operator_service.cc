@@ -140,7 +140,9 @@ grpc::Status HostOperatorService::SignSettlement(grpc::ServerContext* context,
         absl::StrCat("shard ", request->draft().shard_id(),
                      ": this host keeps no training records, so it signs no settlement")));
   }
-  auto expected = records_->CertifiedDraft(request->draft().shard_id(), HandlerDeadline(*context));
+  // Of the rounds the draft settles: fewer than the run's when it reached its deadline first.
+  auto expected = records_->CertifiedDraft(
+      request->draft().shard_id(), request->draft().rounds_completed(), HandlerDeadline(*context));
   if (!expected.ok()) return ToGrpc(expected.status());
   if (std::string difference = SettlementDifference(*expected, request->draft());
       !difference.empty()) {

@@ -58,7 +58,7 @@ tendermint::abci::Event Added(uint64_t id, const std::string& host, uint32_t mem
 // The host's certified records as a test sets them: the draft they imply, or an error.
 class FakeRecords final : public SettlementRecords {
  public:
-  absl::StatusOr<pb::Settlement> CertifiedDraft(uint64_t shard_id, absl::Time) override {
+  absl::StatusOr<pb::Settlement> CertifiedDraft(uint64_t shard_id, uint64_t, absl::Time) override {
     absl::MutexLock lock(&mu_);
     ++calls_;
     if (!draft_.ok() || draft_->shard_id() == shard_id) return draft_;

@@ -470,13 +470,13 @@ grpc::Status ShardProcesses::DraftSettlement(grpc::ServerContext* context,
   const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
                                   ? cap
                                   : std::min(cap, absl::FromChrono(context->deadline()));
-  auto draft = CertifiedDraft(request->shard_id(), deadline);
+  auto draft = CertifiedDraft(request->shard_id(), request->rounds(), deadline);
   if (!draft.ok()) return Grpc(draft.status());
   *response->mutable_draft() = *std::move(draft);
   return grpc::Status::OK;
 }
 
-absl::StatusOr<pb::Settlement> ShardProcesses::CertifiedDraft(uint64_t shard_id,
+absl::StatusOr<pb::Settlement> ShardProcesses::CertifiedDraft(uint64_t shard_id, uint64_t rounds,
                                                               absl::Time deadline) {
   auto stubs = Wake(shard_id);
   if (absl::IsNotFound(stubs.status())) {
@@ -486,6 +486,7 @@ absl::StatusOr<pb::Settlement> ShardProcesses::CertifiedDraft(uint64_t shard_id,
   if (!stubs.ok()) return stubs.status();
   pb::DraftSettlementRequest request;
   request.set_shard_id(shard_id);
+  request.set_rounds(rounds);
   // A process just started answers UNAVAILABLE until it has its chain id.
   while (true) {
     grpc::ClientContext call;

@@ -79,11 +79,12 @@ struct ShardProcessOptions {
 class SettlementRecords {
  public:
   virtual ~SettlementRecords() = default;
-  // The draft the host's records imply. FAILED_PRECONDITION when the host keeps no training
-  // records for the shard or has not certified every round; UNAVAILABLE or DEADLINE_EXCEEDED
-  // when the records cannot be read before `deadline`.
+  // The draft the host's records imply for rounds 1..`rounds` (0: all the run spec's; fewer: a
+  // partial settlement). FAILED_PRECONDITION when the host keeps no training records for the
+  // shard or has not certified those rounds; UNAVAILABLE or DEADLINE_EXCEEDED when the records
+  // cannot be read before `deadline`.
   virtual absl::StatusOr<::gonka::trainshard::v1::Settlement> CertifiedDraft(
-      uint64_t shard_id, absl::Time deadline) = 0;
+      uint64_t shard_id, uint64_t rounds, absl::Time deadline) = 0;
 };
 
 class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::Service,
@@ -134,6 +135,7 @@ class ShardProcesses final : public ::gonka::trainshard::v1::ShardRunOperator::S
   // stopped) for the draft its records imply; while a new process starts (UNAVAILABLE) it asks
   // again until the deadline. FAILED_PRECONDITION for a shard without a process on this host.
   absl::StatusOr<::gonka::trainshard::v1::Settlement> CertifiedDraft(uint64_t shard_id,
+                                                                     uint64_t rounds,
                                                                      absl::Time deadline) override;
 
   // Start for the host itself (sidecar/host/run_starter.h): the run of `shard_id` with the run

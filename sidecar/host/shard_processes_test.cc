@@ -220,14 +220,14 @@ TEST_F(ShardProcessesTest, TheCertifiedDraftComesFromTheShardProcesssOwnRecords)
 
   // Asked of the process itself, over its socket: its records certify no round of four, so
   // there is nothing the host would sign yet.
-  auto draft = processes_->CertifiedDraft(7, absl::Now() + absl::Seconds(10));
+  auto draft = processes_->CertifiedDraft(7, 0, absl::Now() + absl::Seconds(10));
   ASSERT_FALSE(draft.ok());
   EXPECT_EQ(draft.status().code(), absl::StatusCode::kFailedPrecondition) << draft.status();
   EXPECT_NE(draft.status().message().find("certify 0 of 4 rounds"), std::string::npos)
       << draft.status();
 
   // A shard this host runs no process for: it keeps no training records.
-  auto none = processes_->CertifiedDraft(8, absl::Now() + absl::Seconds(10));
+  auto none = processes_->CertifiedDraft(8, 0, absl::Now() + absl::Seconds(10));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(none.status().message().find("no training records"), std::string::npos)
       << none.status();

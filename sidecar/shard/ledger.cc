@@ -311,9 +311,8 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
                                                uint64_t rounds_planned) {
   if (certificates.empty() || certificates.size() > rounds_planned ||
       rounds_planned > protocol::kRoundsMax) {
-    return absl::InvalidArgumentError(absl::StrCat("certificates: ", certificates.size(),
-                                                   " held, the run has ", rounds_planned,
-                                                   " rounds"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "certificates: ", certificates.size(), " held, the run has ", rounds_planned, " rounds"));
   }
   if (policy.max_host_share_bps() < 1 || policy.max_host_share_bps() > kBps) {
     return absl::InvalidArgumentError(

@@ -105,8 +105,8 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   run_.loaded = true;
   const int64_t certified = run_.host.clock->MonotonicMs();
   run_.last_round_seconds = (certified - r.started) / 1000.0 + inner_seconds;
-  run_.RecordRound(cert, run_.last_round_seconds, inner_seconds,
-                   (r.reduced - r.started) / 1000.0, (certified - r.reduced) / 1000.0);
+  run_.RecordRound(cert, run_.last_round_seconds, inner_seconds, (r.reduced - r.started) / 1000.0,
+                   (certified - r.reduced) / 1000.0);
   std::vector<std::string> short_members;
   for (const auto& m : result.members()) short_members.push_back(Short(m));
   run_.Transition(absl::StrCat("round ", round, " certified (attempt ", plan.attempt(), ", ",

@@ -74,7 +74,8 @@ RunContext::RunContext(const ShardRunHost& h, const ShardRunOptions& o, uint64_t
 bool RunContext::ShardClosed() {
   const int64_t now = host.clock->MonotonicMs();
   ChainPace& pace = chain_pace;
-  if (pace.closed || (pace.status_read_ms >= 0 && now - pace.status_read_ms < kChainReadIntervalMs)) {
+  if (pace.closed ||
+      (pace.status_read_ms >= 0 && now - pace.status_read_ms < kChainReadIntervalMs)) {
     return pace.closed;
   }
   pace.status_read_ms = now;

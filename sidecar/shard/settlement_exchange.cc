@@ -23,8 +23,8 @@ constexpr int64_t kSettleGiveUpMs = 45'000;
 
 }  // namespace
 
-bool SettlementExchange::Exchange(Collective* collective, const GroupSpec& group,
-                                  int64_t deadline, uint64_t rounds) {
+bool SettlementExchange::Exchange(Collective* collective, const GroupSpec& group, int64_t deadline,
+                                  uint64_t rounds) {
   auto draft = DraftFromRecords(run_.host, run_.shard_id, run_.spec.spec, rounds);
   if (!draft.ok()) {
     run_.Transition(absl::StrCat("settlement not drafted: ", draft.status().message()));
@@ -120,10 +120,9 @@ absl::StatusOr<pb::Settlement> DraftFromRecords(const ShardRunHost& host, uint64
     return absl::InvalidArgumentError(
         absl::StrCat("rounds: ", rounds, " is outside 1..", spec.rounds(), " (the run's)"));
   }
-  TS_ASSIGN_OR_RETURN(
-      std::vector<pb::RoundCertificate> certs,
-      // At most a validated run spec's rounds (100,000).
-      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds)));
+  TS_ASSIGN_OR_RETURN(std::vector<pb::RoundCertificate> certs,
+                      // At most a validated run spec's rounds (100,000).
+                      LoadStoredCertificates(*host.db, shard_id, 1, static_cast<uint32_t>(rounds)));
   if (certs.size() != rounds || certs.back().result().round() != rounds) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard_id, ": this host's records certify ", certs.size(), " of ",

@@ -30,8 +30,7 @@ class SettlementExchange {
 
   // Drafts the settlement of rounds 1..`rounds`, signs it and gathers the members' signatures
   // over `collective` (the last round's, or a settlement attempt's); whether any were gathered.
-  bool Exchange(Collective* collective, const GroupSpec& group, int64_t deadline,
-                uint64_t rounds);
+  bool Exchange(Collective* collective, const GroupSpec& group, int64_t deadline, uint64_t rounds);
   // Submits (at once when `first_member`) and waits until the chain settles or ends the shard:
   // true. False (or the run stopping) after a while when there is nothing to wait for — no
   // signatures here or the chain refused them, and no member's settlement landed: the members

@@ -125,8 +125,8 @@ struct ShardRun::Impl {
     absl::MutexLock lock(&ctx.mu);
     ctx.status.set_wall_seconds((ctx.host.clock->MonotonicMs() - ctx.start_ms) / 1000.0);
     // A run ended early for the deadline plans its settlement at once (SettleAndIdle).
-    ctx.can_plan = ctx.certified_round < ctx.end_round ? ctx.loaded
-                                                       : ctx.end_round < ctx.spec.spec.rounds();
+    ctx.can_plan =
+        ctx.certified_round < ctx.end_round ? ctx.loaded : ctx.end_round < ctx.spec.spec.rounds();
     return ctx.certified_round + 1;
   }
 
@@ -188,8 +188,7 @@ struct ShardRun::Impl {
       return false;
     }
     AbortOnStop guard(&ctx, met->mesh.get());
-    return settlement.Exchange(met->collective.get(), met->group, met->deadline,
-                               plan.round() - 1);
+    return settlement.Exchange(met->collective.get(), met->group, met->deadline, plan.round() - 1);
   }
 
   // One attempt of `plan` with this host's Δ; false when the run must end.

@@ -239,13 +239,14 @@ grpc::Status ShardRunManager::GetCertificates(grpc::ServerContext*,
 grpc::Status ShardRunManager::DraftSettlement(grpc::ServerContext*,
                                               const pb::DraftSettlementRequest* request,
                                               pb::DraftSettlementResponse* response) {
-  auto draft = DraftFromStoredRun(request->shard_id());
+  auto draft = DraftFromStoredRun(request->shard_id(), request->rounds());
   if (!draft.ok()) return ToGrpcStatus(draft.status());
   *response->mutable_draft() = *std::move(draft);
   return grpc::Status::OK;
 }
 
-absl::StatusOr<pb::Settlement> ShardRunManager::DraftFromStoredRun(uint64_t shard_id) {
+absl::StatusOr<pb::Settlement> ShardRunManager::DraftFromStoredRun(uint64_t shard_id,
+                                                                   uint64_t rounds) {
   ShardRunHost host;
   {
     absl::MutexLock lock(&mu_);
@@ -260,7 +261,7 @@ absl::StatusOr<pb::Settlement> ShardRunManager::DraftFromStoredRun(uint64_t shar
   }
   if (!doc.ok()) return doc.status();
   TS_ASSIGN_OR_RETURN(ParsedRunSpec spec, ParseRunSpec(*doc));
-  return DraftFromRecords(host, shard_id, spec.spec, spec.spec.rounds());
+  return DraftFromRecords(host, shard_id, spec.spec, rounds == 0 ? spec.spec.rounds() : rounds);
 }
 
 }  // namespace ts::sidecar

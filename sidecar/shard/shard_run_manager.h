@@ -71,7 +71,9 @@ class ShardRunManager final : public ::gonka::trainshard::v1::ShardRunOperator::
   // Why the shard has no run here: UNAVAILABLE until Activate has resumed the stored runs,
   // NOT_FOUND after.
   absl::Status NoRun(uint64_t shard_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromStoredRun(uint64_t shard_id);
+  // The draft of rounds 1..`rounds` (0: all the spec's) the stored records imply.
+  absl::StatusOr<::gonka::trainshard::v1::Settlement> DraftFromStoredRun(uint64_t shard_id,
+                                                                         uint64_t rounds);
   absl::StatusOr<std::string> VerifyPeer(const ::gonka::trainshard::v1::PeerRequestAuth& auth,
                                          std::string_view method, uint64_t shard_id,
                                          const google::protobuf::Message& request);

@@ -6,6 +6,9 @@ these hosts trained nothing) and changes nothing -> the shard expires at its dea
 escrow is refunded to the creator, total supply unchanged, every event seen once by every
 sidecar, each of which recorded the expiry. A settlement that hosts sign after training is
 test_training's; one signed by <= 2/3 of the weight is refused on chain in cli_e2e_test.
+
+A run too long for its shard's deadline: the hosts stop while the settlement still fits and
+settle the rounds they certified; the chain pays that part of the escrow and refunds the rest.
 """
 
 import os
@@ -117,6 +120,46 @@ class LifecycleTest(unittest.TestCase):
         for h in net.hosts:
             reserves = [e for e in h.events() if e["action"] == "reserve"]
             self.assertEqual(len(reserves), 1, f"{h.name}: {reserves}")
+
+    def test_a_run_that_reaches_its_deadline_settles_the_rounds_it_certified(self):
+        net = self.net
+        creator = net.address("creator")
+        before = {h.address: net.balance(h.address) for h in net.hosts}
+        creator_before = net.balance(creator)
+        # 200 rounds that cannot fit: opened at height h, the deadline is h + 300, about 60 s
+        # at 200 ms a block. The members train while a round and the settlement still fit
+        # before it, then settle what they certified, on their own.
+        planned = 200
+        run_spec = net.write_run_spec("deadline", rounds=planned, innerSteps=6)
+        spec = net.write_spec("deadline", run_spec=run_spec, min_nodes=3, max_nodes=3,
+                              escrow=300000, bps=5000, max_duration=300, window=30)
+        _, sid = net.propose_and_pass(spec, run_spec=run_spec)
+        net.wait_shard_status(sid, "SHARD_STATUS_SETTLED", 120)
+        shard = net.shard(sid)
+        self.assertLess(int(shard["closed_height"]), int(shard["deadline_height"]))
+        settlement = net.cli("shard", "settlement", "--id", sid)["settlement"]
+        completed = int(settlement["rounds_completed"])
+        self.assertEqual(int(settlement["rounds_planned"]), planned)
+        self.assertGreaterEqual(completed, 1)
+        self.assertLess(completed, planned)
+        # Paid: at most the certified rounds' part of the escrow, to every host that trained;
+        # the rest back to the creator.
+        paid = {p["host"]: int(p["amount"]) for p in settlement["payouts"]}
+        self.assertLessEqual(sum(paid.values()), 300000 * completed // planned)
+        self.assertEqual(int(settlement["refund"]), 300000 - sum(paid.values()))
+        # The creator locked the escrow when the proposal passed (its deposit came back).
+        self.assertEqual(net.balance(creator) - creator_before,
+                         int(settlement["refund"]) - 300000)
+        for h in net.hosts:
+            self.assertGreater(paid.get(h.address, 0), 0, f"{h.name} was not paid")
+            self.assertEqual(net.balance(h.address) - before[h.address], paid[h.address])
+        # Each host's run says why it stopped, and ends on the settled root or behind it.
+        for h in net.hosts:
+            status = net.train_status(h, sid)
+            self.assertTrue(any("too near for another round" in t
+                                for t in status.get("transitions", [])),
+                            f"{h.name}: {status.get('transitions')}")
+            self.assertLessEqual(int(status["certified_round"]), completed)
 
 
 if __name__ == "__main__":

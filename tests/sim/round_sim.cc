@@ -649,7 +649,7 @@ void RoundSim::Teardown() {
 absl::StatusOr<pb::Shard> RoundSim::ChainShard(uint64_t id) const {
   pb::Shard shard;
   shard.set_id(id);
-  shard.set_status(settled_   ? pb::SHARD_STATUS_SETTLED
+  shard.set_status(settled_    ? pb::SHARD_STATUS_SETTLED
                    : Expired() ? pb::SHARD_STATUS_EXPIRED
                                : pb::SHARD_STATUS_RUNNING);
   if (options_.deadline_ms > 0) shard.set_deadline_height(options_.deadline_ms / kSimBlockMs);
@@ -663,9 +663,8 @@ absl::StatusOr<pb::Shard> RoundSim::ChainShard(uint64_t id) const {
 
 absl::StatusOr<pb::SettlementSignature> RoundSim::SignSettlement(Host& h,
                                                                  const pb::Settlement& draft) {
-  TS_ASSIGN_OR_RETURN(pb::Settlement mine,
-                      sidecar::DraftFromRecords(h.run_host, kShard, spec_.spec,
-                                                draft.rounds_completed()));
+  TS_ASSIGN_OR_RETURN(pb::Settlement mine, sidecar::DraftFromRecords(h.run_host, kShard, spec_.spec,
+                                                                     draft.rounds_completed()));
   const std::string bytes = DeterministicBytes(draft);
   if (DeterministicBytes(mine) != bytes) {
     return absl::FailedPreconditionError("sim: the draft is not what this host's records imply");
@@ -705,8 +704,8 @@ absl::StatusOr<std::string> RoundSim::Submit(const pb::Settlement& s,
   result_.rounds_settled = s.rounds_completed();
   result_.refund = std::stoull(s.refund());
   if (s.rounds_planned() != rounds_ || s.rounds_completed() > rounds_) {
-    Violation(absl::StrCat("the settlement says ", s.rounds_completed(), " of ",
-                           s.rounds_planned(), " rounds; the run has ", rounds_));
+    Violation(absl::StrCat("the settlement says ", s.rounds_completed(), " of ", s.rounds_planned(),
+                           " rounds; the run has ", rounds_));
   }
   // A partial settlement pays at most its part of the escrow.
   if (kEscrow - result_.refund > protocol::PayableOf(kEscrow, s.rounds_completed(), rounds_)) {

@@ -43,8 +43,8 @@ TEST(RoundSim, ARunThatReachesItsDeadlineSettlesTheRoundsItCertified) {
                        Case{1, true, 120'000}, Case{3, true, 120'000}}) {
     SimResult r = RunRoundSim(
         {.seed = c.seed, .faults = c.faults, .rounds = 50, .deadline_ms = c.deadline_ms});
-    ASSERT_TRUE(r.ok) << r.violation << "\n  replay: build/tests/sim/ts_round_sim --from "
-                      << c.seed << " --seeds 1 --rounds 50 --deadline-ms " << c.deadline_ms
+    ASSERT_TRUE(r.ok) << r.violation << "\n  replay: build/tests/sim/ts_round_sim --from " << c.seed
+                      << " --seeds 1 --rounds 50 --deadline-ms " << c.deadline_ms
                       << (c.faults ? "" : " --no-faults") << " --verbose";
     EXPECT_GE(r.rounds_settled, 1u) << "seed " << c.seed;
     EXPECT_LT(r.rounds_settled, 50u) << "seed " << c.seed;
