@@ -55,15 +55,16 @@ constexpr uint64_t PayableOf(uint64_t escrow, uint64_t rounds_completed, uint64_
 }
 static_assert(PayableOf(1000, 3, 3) == 1000 && PayableOf(1000, 1, 3) == 333);
 
-// What a settlement pays a host for (docs/verification.md "Pay"): its work units (the tokens
-// behind its contributions, or the rounds it signed in a run without commitments), and whether
-// it forfeits its pay (it has a mark).
+// What a settlement pays a host for (docs/verification.md "Pay"): its work units, and whether
+// it forfeits its pay (it has a mark). A settlement counts every host's work in tokens (those
+// behind its contributions that the checks could reach) when any host has tokens, else in the
+// rounds each signed (a run without commitments): one unit for all, never a mix.
 struct HostWork {
   uint64_t units = 0;
   bool forfeit = false;
 };
-constexpr uint64_t WorkUnits(uint64_t tokens, uint64_t rounds_contributed) {
-  return tokens > 0 ? tokens : rounds_contributed;
+constexpr uint64_t WorkUnits(uint64_t tokens, uint64_t rounds_contributed, bool by_tokens) {
+  return by_tokens ? tokens : rounds_contributed;
 }
 
 // The amount a host is paid under a reward policy, the same on the chain and in every member's

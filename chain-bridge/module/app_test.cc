@@ -735,6 +735,13 @@ TEST_F(SettlementRefusals, PayoutRules) {
   ExpectRefused(creator_, {SettleMsg(creator_, marked, AllThree(marked))}, kInvalidArgument,
                 "settlement.payouts[2].amount: 128571 does not follow from its stats (tokens 1000, "
                 "rounds 10, marks 1, rejected 0) under the reward policy: want 0");
+  // Work is counted in one unit for all: beside hosts with tokens, a host without (its work all
+  // in rounds no check could reach) has none, whatever rounds it signed.
+  pb::Settlement no_tokens = s_;
+  no_tokens.mutable_payouts(2)->set_tokens(0);
+  ExpectRefused(creator_, {SettleMsg(creator_, no_tokens, AllThree(no_tokens))}, kInvalidArgument,
+                "settlement.payouts[0].amount: 385714 does not follow from its stats (tokens "
+                "3000, rounds 10, marks 0, rejected 0) under the reward policy: want 450000");
   pb::Settlement share = s_;
   share.mutable_payouts(0)->set_amount("450001");  // max_host_share_bps 5000 of 900000
   share.set_refund("0");

@@ -1,5 +1,7 @@
 #include "chain-bridge/module/validation.h"
 
+#include <algorithm>
+
 #include "chain-bridge/module/str_cat.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
@@ -197,8 +199,10 @@ std::vector<uint64_t> PayoutsFromStats(
   std::vector<protocol::HostWork> works;
   unsigned __int128 all_units = 0;
   uint64_t workers = 0;
+  const bool by_tokens =
+      std::any_of(payouts.begin(), payouts.end(), [](const auto& p) { return p.tokens() > 0; });
   for (const pb::HostPayout& p : payouts) {
-    works.push_back({.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed()),
+    works.push_back({.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed(), by_tokens),
                      .forfeit = p.marks() > 0 || p.rejected() > 0});
     all_units += works.back().units;
     workers += works.back().units > 0 ? 1 : 0;

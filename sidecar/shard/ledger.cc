@@ -338,12 +338,13 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
       p.set_rounds_contributed(p.rounds_contributed() + 1);
     }
   }
+  const uint64_t paid_rounds = PaidRounds(verification.replay_rate_bps(), certificates.size());
   for (const pb::RoundCertificate& c : certificates) {
     for (const pb::Contribution& k : c.result().contributions()) {
       auto it = stats.find(k.host());
       if (it == stats.end()) continue;  // a contribution paid only with the host's signature
       pb::HostPayout& p = it->second;
-      p.set_tokens(p.tokens() + k.tokens());
+      if (c.result().round() <= paid_rounds) p.set_tokens(p.tokens() + k.tokens());
       const VerdictTally::Judgement j = tally.JudgementOf(c.result().round(), k.host());
       if (j == VerdictTally::Judgement::kConfirmed) p.set_rejected(p.rejected() + 1);
       if (tally.Verified(c.result().round(), k.host())) p.set_verified(p.verified() + 1);

@@ -100,7 +100,8 @@ uint64_t TotalWeight(const ShardView& shard);
 // the rounds_planned the run spec asks for (c < rounds_planned: the run reached its deadline
 // first and settles what it certified): final_checkpoint_root and evaluation from the last
 // certificate; per host that signed a round its stats — rounds_contributed (certificates it
-// signed), tokens (behind its contributions), verified and rejected rounds and marks (the
+// signed), tokens (behind its contributions in the rounds the checks reach, verdicts.h
+// PaidRounds), verified and rejected rounds and marks (the
 // verdicts' tally, verdicts.h) — and its payout, protocol::PayoutOf its work under the reward
 // policy (a marked host forfeits) out of protocol::PayableOf the escrow; sorted by host; the rest
 // refunded. INVALID_ARGUMENT when the certificates are not rounds 1..c in order with

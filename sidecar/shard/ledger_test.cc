@@ -294,6 +294,33 @@ TEST(Ledger, SettlementPaysByContributionWithTheCapAndRefundsTheRest) {
   EXPECT_FALSE(DraftSettlement(kChain, f.view, 1000, policy, none, {}, 2).ok());
 }
 
+TEST(Ledger, WithReplaysTheLastTwoRoundsPayNobody) {
+  Fixture f;
+  f.with_contributions = true;
+  std::vector<pb::RoundCertificate> certs;
+  for (uint64_t r = 1; r <= 4; ++r) certs.push_back(f.Certify(r, {0, 1, 2, 3}));
+  // Host 3 claims ten times the tokens in the last two rounds, where no check can reach.
+  for (size_t r : {2, 3}) certs[r].mutable_result()->mutable_contributions(3)->set_tokens(10240);
+  pb::RewardPolicy policy;
+  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+  policy.set_max_host_share_bps(10000);
+  pb::VerificationSpec replays;
+  replays.set_replay_rate_bps(800);
+  auto s = DraftSettlement(kChain, f.view, 1000, policy, replays, certs, 4);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const pb::HostPayout& p : s->payouts()) {
+    EXPECT_EQ(p.tokens(), 2048u) << p.host();
+    EXPECT_EQ(p.rounds_contributed(), 4u);
+    EXPECT_EQ(p.amount(), "250");  // the whole escrow, shared by rounds 1 and 2's work
+  }
+  // Without replays nothing is checked and every round is paid: host 3's claim too.
+  auto trusting = DraftSettlement(kChain, f.view, 1000, policy, pb::VerificationSpec(), certs, 4);
+  ASSERT_TRUE(trusting.ok());
+  for (const pb::HostPayout& p : trusting->payouts()) {
+    EXPECT_EQ(p.tokens(), p.host() == f.hosts[3].address ? 22528u : 4096u);
+  }
+}
+
 TEST(Ledger, APartialSettlementPaysForTheRoundsCertifiedAndRefundsTheRest) {
   Fixture f;
   std::vector<pb::RoundCertificate> certs = {f.Certify(1, {0, 1, 2}), f.Certify(2, {0, 1, 2, 3}),

@@ -40,6 +40,18 @@ inline constexpr uint64_t kVerdictRounds = 4;
 inline constexpr int kVerdictsPerAnnounceMax = 16;
 inline constexpr int kVerdictsPerPlanMax = 64;
 
+// The rounds of a run of `rounds` whose failures its certificates can still confirm, and so the
+// rounds a settlement pays tokens for (docs/verification.md "Pay"): a round's drawn verdict
+// rides in the next round's certificate and the others' replays of a failure it found in the
+// one after, so with replays the last two rounds' checks never land — they pay nobody, and what
+// the escrow holds is shared by the rounds before. All rounds without replays, or of a run of
+// at most two rounds (too short to check anything: pay for it trusts the members).
+constexpr uint64_t PaidRounds(uint32_t replay_rate_bps, uint64_t rounds) {
+  constexpr uint64_t kUnconfirmableTail = 2;
+  return replay_rate_bps > 0 && rounds > kUnconfirmableTail ? rounds - kUnconfirmableTail : rounds;
+}
+static_assert(PaidRounds(800, 10) == 8 && PaidRounds(0, 10) == 10 && PaidRounds(800, 2) == 2);
+
 // Signs `verdict` (statement kind "verdict") as `key`, which must be its validator's.
 absl::StatusOr<::gonka::trainshard::v1::SignedVerdict> SignVerdict(
     const common::PrivateKey& key, std::string_view chain_id,

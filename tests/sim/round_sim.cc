@@ -136,6 +136,16 @@ class RoundSim {
   }
   // Whether the attacker's tampered Δ or evaluation is in a round one of `certs` certifies.
   bool Attacked(const std::vector<pb::RoundCertificate>& certs);
+  // Whether an attacker on its Δ must go unpaid for its tampered rounds whichever they are:
+  // every round replayed and no fault to delay a verdict. Those before the last two are
+  // confirmed and forfeit its pay; the last two pay nobody (verdicts.h PaidRounds).
+  bool UnpaidWhenAttacking() const {
+    return OwnWorkAttack() && attack_ != Attack::kLyingEvaluator && !options_.faults &&
+           spec_.spec.verification().replay_rate_bps() == 10000;
+  }
+  // Whether the attacker contributed a round it did not tamper with among those the settlement
+  // pays for (it may be paid for that one).
+  bool HonestPaidRound(const std::vector<pb::RoundCertificate>& certs);
   void Teardown();
   // Each host's state, certified round and last status lines.
   std::string DescribeHosts();
@@ -588,6 +598,21 @@ bool RoundSim::Attacked(const std::vector<pb::RoundCertificate>& certs) {
   return false;
 }
 
+bool RoundSim::HonestPaidRound(const std::vector<pb::RoundCertificate>& certs) {
+  const std::string& address = hosts_[attacker_]->address;
+  const SimHostState& state = net_.hosts().at(address);
+  const uint64_t paid =
+      sidecar::PaidRounds(spec_.spec.verification().replay_rate_bps(), result_.rounds_settled);
+  for (const pb::RoundCertificate& c : certs) {
+    const uint64_t round = c.result().round();
+    if (round > paid || state.attacked_rounds.contains(round)) continue;
+    for (const pb::Contribution& k : c.result().contributions()) {
+      if (k.host() == address) return true;
+    }
+  }
+  return false;
+}
+
 bool RoundSim::CheckMarks() {
   for (auto& hp : hosts_) {
     if (hp->run->Status().state() != "done") continue;
@@ -612,6 +637,11 @@ bool RoundSim::CheckMarks() {
                                     "certified round's Δ and has ",
                                     result_.attacker_marks, " marks and was paid ",
                                     result_.attacker_paid));
+    }
+    if (result_.attacker_paid > 0 && UnpaidWhenAttacking() && !HonestPaidRound(*certs)) {
+      return Violation(absl::StrCat("the attacker (", AttackName(attack_), ") was paid ",
+                                    result_.attacker_paid,
+                                    " with no untampered round among those a settlement pays"));
     }
     return true;
   }
