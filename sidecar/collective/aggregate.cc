@@ -4,6 +4,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,20 @@ void Mean(std::span<const std::span<const float>> xs, std::span<float> out) {
     for (size_t j = 0; j < out.size(); ++j) o[j] += x[j];
   }
   for (float& v : out) v /= count;
+}
+
+// Weighted mean: per coordinate, the contributions times their share of the weight, summed in
+// contribution order.
+void WeightedMean(std::span<const std::span<const float>> xs, std::span<const double> weights,
+                  std::span<float> out) {
+  const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const auto share = static_cast<float>(weights[i] / total);
+    const float* __restrict x = xs[i].data();
+    float* __restrict o = out.data();
+    for (size_t j = 0; j < out.size(); ++j) o[j] += share * x[j];
+  }
 }
 
 // Trimmed mean: the kept values summed in ascending order, then divided by their count.
@@ -188,6 +204,18 @@ absl::Status Aggregate(const AggregateSpec& spec,
           absl::StrCat("aggregate: clip_tau ", spec.clip_tau, " is negative or not finite"));
     }
   }
+  if (!spec.weights.empty()) {
+    if (spec.weights.size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("aggregate: ", spec.weights.size(), " weights for ", n, " contributions"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!(spec.weights[i] > 0) || !std::isfinite(spec.weights[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("aggregate: weight ", i, " is ", spec.weights[i], ", not positive"));
+      }
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     const std::span<const float> x = contributions[i];
     for (size_t j = 0; j < x.size(); ++j) {
@@ -199,7 +227,12 @@ absl::Status Aggregate(const AggregateSpec& spec,
   }
   switch (spec.kind) {
     case Aggregator::kMean:
-      Mean(contributions, out);
+      if (std::adjacent_find(spec.weights.begin(), spec.weights.end(), std::not_equal_to<>()) ==
+          spec.weights.end()) {
+        Mean(contributions, out);  // no weights, or all equal: the plain mean, bit for bit
+      } else {
+        WeightedMean(contributions, spec.weights, out);
+      }
       break;
     case Aggregator::kMedian:
       Median(contributions, out);

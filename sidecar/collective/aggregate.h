@@ -30,6 +30,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -55,6 +56,10 @@ struct AggregateSpec {
   // kCenteredClip: radius; 0 = automatic (see file comment).
   float clip_tau = 0;
   uint32_t clip_iterations = 3;
+  // kMean: each contribution's weight (the tokens behind it), in contribution order; empty or
+  // all equal: the plain mean. The robust aggregators count each contribution once whatever
+  // its weight: a weight there would let one heavy contribution outvote the others.
+  std::vector<double> weights = {};
 };
 
 // The trim actually used for n contributions: spec.trim if non-zero, else max(1, (n − 1) / 3)
@@ -65,7 +70,8 @@ uint32_t EffectiveTrim(const AggregateSpec& spec, size_t n);
 // them.
 // INVALID_ARGUMENT: no contributions, a contribution of another length (naming its index and
 // length), trim too large for n (naming both), clip_iterations > 100, negative or non-finite
-// clip_tau, or a non-finite value in a contribution (naming contribution and index).
+// clip_tau, weights not one positive finite value per contribution, or a non-finite value in a
+// contribution (naming contribution and index).
 absl::Status Aggregate(const AggregateSpec& spec,
                        std::span<const std::span<const float>> contributions, std::span<float> out);
 

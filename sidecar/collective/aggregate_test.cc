@@ -126,6 +126,20 @@ TEST(Aggregate, SmallExactCases) {
   for (Aggregator a : kAll) EXPECT_EQ(RunOk(SpecOf(a), {{3, -4}}), (Vec{3, -4}));
 }
 
+TEST(Aggregate, TheMeanWeighsEachContributionByItsTokens) {
+  const std::vector<Vec> xs = {{1, 8}, {4, -8}};
+  AggregateSpec weighted = SpecOf(Aggregator::kMean);
+  weighted.weights = {3, 1};  // three times the tokens behind the first
+  EXPECT_EQ(RunOk(weighted, xs), (Vec{1.75f, 4}));
+  // Equal weights are the plain mean, bit for bit.
+  weighted.weights = {5, 5};
+  EXPECT_EQ(RunOk(weighted, xs), RunOk(SpecOf(Aggregator::kMean), xs));
+  // The robust aggregators count each contribution once.
+  AggregateSpec median = SpecOf(Aggregator::kMedian);
+  median.weights = {100, 1, 1};
+  EXPECT_EQ(RunOk(median, {{1}, {2}, {3}}), (Vec{2}));
+}
+
 TEST(Aggregate, ErrorsNameTheField) {
   auto expect_error = [](const AggregateSpec& spec, const std::vector<Vec>& xs, size_t dim,
                          const std::string& text) {
@@ -155,6 +169,13 @@ TEST(Aggregate, ErrorsNameTheField) {
       expect_error(SpecOf(a), {{1, 2, 3}, {4, 5, 6}, {7, bad, 9}}, 3,
                    "contribution 2 element 1 is not finite");
     }
+  }
+  AggregateSpec weights = SpecOf(Aggregator::kMean);
+  weights.weights = {1};
+  expect_error(weights, {{1}, {2}}, 1, "1 weights for 2 contributions");
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    weights.weights = {1, bad};
+    expect_error(weights, {{1}, {2}}, 1, "weight 1 is");
   }
   AggregateSpec unknown;
   unknown.kind = static_cast<Aggregator>(9);

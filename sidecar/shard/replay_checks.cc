@@ -159,8 +159,9 @@ absl::StatusOr<std::string> ReplayChecks::Replay(const pb::RoundResult& result, 
         absl::StrCat("the round's base checkpoint ", base, " is not held here"));
   }
   // Replays run only without overlap, where a round's data seed is drawn from its base.
+  TS_ASSIGN_OR_RETURN(ShardView view, run_.View());
   pb::InnerStepsRequest request =
-      InnerStepsRequestOf(run_.spec, run_.data.shard_files(), result.round(),
+      InnerStepsRequestOf(run_.spec, view, run_.data.shard_files(), result.round(),
                           DataSeedOf(run_.spec.spec.seed(), result.round(), result.base_root()),
                           c.host(), result.base_root());
   request.set_delta_file(kReplayDeltaFile);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -63,12 +64,26 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
   op.reduce = ReduceOp::kMean;
   op.deadline_ms = r.deadline;
   OpStats stats;
+  TS_ASSIGN_OR_RETURN(ShardView view, run_.View());
+  // A mean weights each Δ by the tokens behind it (docs/training.md "Work by weight").
+  std::vector<double> tokens;
+  for (const pb::RoundMember& m : plan.members()) {
+    tokens.push_back(static_cast<double>(MemberTokensOf(run_.spec, view, m.address())));
+  }
   if (run_.spec.commitments) {
-    TS_ASSIGN_OR_RETURN(ShardView view, run_.View());
-    const AggregateSpec aggregate =
+    AggregateSpec aggregate =
         RoundAggregate(run_.spec, view.members.size(), static_cast<size_t>(plan.members_size()));
+    aggregate.weights = std::move(tokens);
     TS_ASSIGN_OR_RETURN(stats, r.collective->RobustAllReduce(op, aggregate, delta, &r.commitments));
   } else {
+    // The ring averages: this host's Δ enters it scaled by n × its tokens / all tokens, so the
+    // mean is the token-weighted one (exactly the plain mean when the batches are equal).
+    const double all = std::accumulate(tokens.begin(), tokens.end(), 0.0);
+    const double mine = static_cast<double>(MemberTokensOf(run_.spec, view, run_.host.address));
+    const auto scale = static_cast<float>(static_cast<double>(tokens.size()) * mine / all);
+    if (scale != 1.0f) {
+      for (float& v : delta) v *= scale;
+    }
     TS_ASSIGN_OR_RETURN(stats, r.collective->AllReduce(op, delta));
   }
   r.bytes += stats.wire_bytes_sent;
@@ -93,7 +108,7 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   result.set_new_root(new_root);
   for (const auto& m : plan.members()) result.add_members(m.address());
   result.set_run_spec_hash(run_.spec.hash);
-  AddContributions(r, &result);
+  TS_RETURN_IF_ERROR(AddContributions(r, &result));
   *result.mutable_verdicts() = plan.verdicts();
   const bool evaluate =
       round % run_.spec.spec.eval_every() == 0 || round == run_.spec.spec.rounds();
@@ -139,20 +154,19 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   return absl::OkStatus();
 }
 
-void RoundExchange::AddContributions(const Reduced& r, pb::RoundResult* result) const {
-  if (r.commitments.empty()) return;
-  const pb::RunSpec& spec = run_.spec.spec;
-  const uint64_t tokens =
-      uint64_t{spec.inner_steps()} * spec.batch_size() * spec.model().config().context();
+absl::Status RoundExchange::AddContributions(const Reduced& r, pb::RoundResult* result) const {
+  if (r.commitments.empty()) return absl::OkStatus();
+  TS_ASSIGN_OR_RETURN(ShardView view, run_.View());
   for (size_t i = 0; i < r.commitments.size(); ++i) {
     pb::Contribution* c = result->add_contributions();
     c->set_host(r.plan.members(static_cast<int>(i)).address());
     c->set_delta_commitment(r.commitments[i]);
     c->set_assignment(
         AssignmentIdOf(run_.spec.hash, r.plan.data_seed(), r.plan.round(), c->host()));
-    c->set_tokens(tokens);
+    c->set_tokens(MemberTokensOf(run_.spec, view, c->host()));
     c->set_worker_threads(r.plan.members(static_cast<int>(i)).worker_threads());
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> RoundExchange::OuterStep(Reduced& r) {

@@ -60,7 +60,8 @@ class RoundExchange {
 
  private:
   // With commitments: each member's commitment, assignment and tokens into `result`.
-  void AddContributions(const Reduced& r, ::gonka::trainshard::v1::RoundResult* result) const;
+  absl::Status AddContributions(const Reduced& r,
+                                ::gonka::trainshard::v1::RoundResult* result) const;
   // The outer step with the aggregate; the new root.
   absl::StatusOr<std::string> OuterStep(Reduced& r);
   // This member's vote on `result`, with its evaluation when `evaluate`.

@@ -14,6 +14,7 @@ namespace ts::sidecar {
 namespace {
 
 namespace pb = ::gonka::trainshard::v1;
+constexpr uint32_t kBatchMax = 4096;  // sequences per inner step
 
 absl::Status Invalid(absl::string_view field, const auto& value, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("run spec: ", field, ": ", value, " ", why));
@@ -110,7 +111,7 @@ absl::Status ValidateRunSpec(const pb::RunSpec& spec) {
   TS_RETURN_IF_ERROR(ValidateData(spec.data(), c));
   TS_RETURN_IF_ERROR(CheckRange("rounds", spec.rounds(), 1, 100000));
   TS_RETURN_IF_ERROR(CheckRange("inner_steps", spec.inner_steps(), 1, 100000));
-  TS_RETURN_IF_ERROR(CheckRange("batch_size", spec.batch_size(), 1, 4096));
+  TS_RETURN_IF_ERROR(CheckRange("batch_size", spec.batch_size(), 1, kBatchMax));
   if (auto training = worker::TrainingFromSpec(spec.training(), spec.batch_size(),
                                                uint64_t{spec.rounds()} * spec.inner_steps());
       !training.ok()) {
@@ -211,9 +212,32 @@ AggregateSpec RoundAggregate(const ParsedRunSpec& spec, size_t shard_members, si
   return AggregateSpec{.kind = Aggregator::kTrimmedMean, .trim = static_cast<uint32_t>(trim)};
 }
 
+uint32_t MemberBatchOf(const ParsedRunSpec& spec, const ShardView& shard, std::string_view host) {
+  const uint32_t batch = spec.spec.batch_size();
+  const ShardMember* member = shard.Find(host);
+  unsigned __int128 total = 0;
+  for (const ShardMember& m : shard.members) total += m.weight;
+  if (member == nullptr || total == 0) return batch;
+  const uint32_t micro = std::max<uint32_t>(1, spec.spec.training().micro_batch());
+  // In micro-batches, to the nearest: batch × N × weight / W. Every factor is bounded (batch
+  // 4096, N and weights the chain's), so 128 bits hold the product.
+  const unsigned __int128 scaled =
+      static_cast<unsigned __int128>(batch) * shard.members.size() * member->weight;
+  const unsigned __int128 unit = total * micro;
+  const uint64_t micros = static_cast<uint64_t>((2 * scaled + unit) / (2 * unit));
+  const uint64_t most = kBatchMax / micro;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(micros, 1, most) * micro);
+}
+
+uint64_t MemberTokensOf(const ParsedRunSpec& spec, const ShardView& shard, std::string_view host) {
+  return uint64_t{spec.spec.inner_steps()} * MemberBatchOf(spec, shard, host) *
+         spec.spec.model().config().context();
+}
+
 pb::InnerStepsRequest InnerStepsRequestOf(
-    const ParsedRunSpec& parsed, const google::protobuf::RepeatedPtrField<std::string>& shard_files,
-    uint64_t round, std::string_view data_seed, std::string_view host, std::string_view base_root) {
+    const ParsedRunSpec& parsed, const ShardView& shard,
+    const google::protobuf::RepeatedPtrField<std::string>& shard_files, uint64_t round,
+    std::string_view data_seed, std::string_view host, std::string_view base_root) {
   const pb::RunSpec& spec = parsed.spec;
   pb::InnerStepsRequest request;
   *request.mutable_shard_files() = shard_files;
@@ -221,7 +245,7 @@ pb::InnerStepsRequest InnerStepsRequestOf(
   request.set_round(round);
   request.set_host(std::string(host));
   request.set_steps(spec.inner_steps());
-  request.set_batch_size(spec.batch_size());
+  request.set_batch_size(MemberBatchOf(parsed, shard, host));
   *request.mutable_adamw() = spec.inner();
   request.set_base_root(std::string(base_root));
   request.set_reset_optimizer(parsed.commitments);

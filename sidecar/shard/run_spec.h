@@ -18,6 +18,7 @@
 #include "gonka/trainshard/v1/training.pb.h"
 #include "sidecar/collective/aggregate.h"
 #include "sidecar/collective/codec.h"
+#include "sidecar/peer/shard_directory.h"
 
 namespace ts::sidecar {
 
@@ -57,15 +58,27 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document);
 // below any host's, so only a wedged worker runs into it. At most 30 days.
 int64_t InnerStepsTimeoutMs(const ::gonka::trainshard::v1::RunSpec& spec);
 
-// The worker request for the inner steps of `round` that the spec asks of member `host`, from
-// the checkpoint at `base_root` on the run's `shard_files` with the round's `data_seed`. The
-// same function builds a member's own request and the one a validator replays
-// (docs/verification.md), so the two cannot drift apart. With commitments the inner optimizer
-// starts every round fresh: the Δ is then a function of the base, the assignment and the spec
-// alone, and anyone can reproduce it. The caller names the Δ file.
+// Member `host`'s batch (sequences per inner step): its share of the round's batches follows
+// its frozen weight, as the network's Proof of Compute intends — the spec's batch_size × N ×
+// weight / W for a shard of N members of total weight W, so a host of the mean weight trains the
+// spec's batch and one of ten times the weight ten times as many sequences in the same steps
+// (docs/training.md "Work by weight"); rounded to a multiple of the micro-batch, at least one,
+// at most 4096. The spec's batch for a host `shard` does not name.
+uint32_t MemberBatchOf(const ParsedRunSpec& spec, const ShardView& shard, std::string_view host);
+// The tokens behind member `host`'s Δ of a round: inner steps × its batch × context.
+uint64_t MemberTokensOf(const ParsedRunSpec& spec, const ShardView& shard, std::string_view host);
+
+// The worker request for the inner steps of `round` that the spec asks of member `host` of
+// `shard` (its batch: MemberBatchOf), from the checkpoint at `base_root` on the run's
+// `shard_files` with the round's `data_seed`. The same function builds a member's own request
+// and the one a validator replays (docs/verification.md), so the two cannot drift apart. With
+// commitments the inner optimizer starts every round fresh: the Δ is then a function of the
+// base, the assignment and the spec alone, and anyone can reproduce it. The caller names the Δ
+// file.
 ::gonka::trainshard::v1::InnerStepsRequest InnerStepsRequestOf(
-    const ParsedRunSpec& spec, const google::protobuf::RepeatedPtrField<std::string>& shard_files,
-    uint64_t round, std::string_view data_seed, std::string_view host, std::string_view base_root);
+    const ParsedRunSpec& spec, const ShardView& shard,
+    const google::protobuf::RepeatedPtrField<std::string>& shard_files, uint64_t round,
+    std::string_view data_seed, std::string_view host, std::string_view base_root);
 
 // The collective operation ids of a round: its Δ exchange and its evaluations' gather. The Δ's
 // op id is part of every commitment a member signs.

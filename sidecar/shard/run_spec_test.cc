@@ -88,13 +88,21 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
   EXPECT_THAT(unknown.status().message(), HasSubstr("replay"));
 }
 
+// A shard of `members` (address, frozen weight).
+ShardView ViewOf(std::vector<std::pair<std::string, uint64_t>> members) {
+  ShardView view;
+  for (const auto& [address, weight] : members) view.members.push_back({address, "", weight});
+  return view;
+}
+
 TEST(RunSpec, TheInnerStepsRequestIsTheSameForTheMemberAndItsValidator) {
   auto parsed = ParseRunSpec(kSpec);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   google::protobuf::RepeatedPtrField<std::string> files;
   files.Add("data/a.tsds");
   files.Add("data/b.tsds");
-  pb::InnerStepsRequest r = InnerStepsRequestOf(*parsed, files, 3, "seed", "host-a", "base");
+  const ShardView shard = ViewOf({{"host-a", 10}, {"host-b", 10}});
+  pb::InnerStepsRequest r = InnerStepsRequestOf(*parsed, shard, files, 3, "seed", "host-a", "base");
   EXPECT_EQ(r.shard_files_size(), 2);
   EXPECT_EQ(r.round(), 3u);
   EXPECT_EQ(r.host(), "host-a");
@@ -110,7 +118,31 @@ TEST(RunSpec, TheInnerStepsRequestIsTheSameForTheMemberAndItsValidator) {
       kSpec, {{R"("seed": "5")", R"("seed": "5", "verification": {"commitments": true})"}}));
   ASSERT_TRUE(committed.ok()) << committed.status();
   EXPECT_TRUE(
-      InnerStepsRequestOf(*committed, files, 3, "seed", "host-a", "base").reset_optimizer());
+      InnerStepsRequestOf(*committed, shard, files, 3, "seed", "host-a", "base").reset_optimizer());
+}
+
+TEST(RunSpec, AMembersBatchFollowsItsWeight) {
+  auto parsed = ParseRunSpec(kSpec);  // batch 8, no micro-batches
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  // Of the mean weight: the spec's batch; ten times another's weight, ten times its batch.
+  const ShardView shard = ViewOf({{"a", 10}, {"b", 100}, {"c", 10}});
+  EXPECT_EQ(MemberBatchOf(*parsed, shard, "a"), 2u);   // 8 × 3 × 10 / 120
+  EXPECT_EQ(MemberBatchOf(*parsed, shard, "b"), 20u);  // 8 × 3 × 100 / 120
+  EXPECT_EQ(MemberTokensOf(*parsed, shard, "b"), 10u * MemberTokensOf(*parsed, shard, "a"));
+  EXPECT_EQ(MemberBatchOf(*parsed, ViewOf({{"a", 7}, {"b", 7}}), "a"), 8u);
+  EXPECT_EQ(MemberBatchOf(*parsed, shard, "stranger"), 8u);
+  // At least one sequence; at most 4096.
+  EXPECT_EQ(MemberBatchOf(*parsed, ViewOf({{"a", 1}, {"b", 1'000'000}}), "a"), 1u);
+  auto big =
+      ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("batchSize": 8)", R"("batchSize": 4096)"}}));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(MemberBatchOf(*big, ViewOf({{"a", 1}, {"b", 3}}), "b"), 4096u);
+  // In whole micro-batches: 8 × 2 × 3 / 4 = 12 sequences, three micro-batches of 4.
+  auto micro = ParseRunSpec(absl::StrReplaceAll(
+      kSpec, {{R"("seed": "5")", R"("seed": "5", "training": {"microBatch": 4})"}}));
+  ASSERT_TRUE(micro.ok()) << micro.status();
+  EXPECT_EQ(MemberBatchOf(*micro, ViewOf({{"a", 1}, {"b", 3}}), "b"), 12u);
+  EXPECT_EQ(MemberBatchOf(*micro, ViewOf({{"a", 1}, {"b", 3}}), "a"), 4u);
 }
 
 TEST(RunSpec, ALlamaPresetWithTrainingAtSize) {

@@ -86,8 +86,9 @@ struct ShardRun::Impl {
       ctx.status.set_state("training");
       ctx.status.set_current_round(round);
     }
+    TS_ASSIGN_OR_RETURN(ShardView view, ctx.View());
     pb::InnerStepsRequest request =
-        InnerStepsRequestOf(ctx.spec, ctx.data.shard_files(), round,
+        InnerStepsRequestOf(ctx.spec, view, ctx.data.shard_files(), round,
                             DataSeedOf(spec.seed(), round, data_root), ctx.host.address, base);
     request.set_delta_file(DeltaName(round));
     request.set_rebase_delta_file(rebase_on);
