@@ -15,9 +15,7 @@
 #include <string>
 #include <thread>
 
-#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -114,19 +112,12 @@ int Main(int argc, char** argv) {
   // Signals are taken by sigwait on this thread; every thread started later inherits the mask.
   const sigset_t signals = common::BlockStopSignals();
 
-  // A socket left by a worker that was killed would make the bind fail.
-  ::unlink(socket_path.c_str());
   WorkerService service({.work_dir = work_dir,
                          .num_threads = threads,
                          .file_bytes_max = file_bytes_max,
                          .memory_bytes_max = memory_bytes_max,
                          .device = *info});
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(kWorkerMessageBytesMax);
-  builder.SetMaxSendMessageSize(kWorkerMessageBytesMax);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeWorker(socket_path, &service);
   if (server == nullptr) {
     return Fail(kExitFailure, absl::StrCat("socket: cannot serve on unix:", socket_path));
   }

@@ -1,11 +1,13 @@
 #include "sidecar/shard/replay_checks.h"
 
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "sidecar/shard/ledger.h"
 #include "sidecar/shard/run_spec.h"
@@ -17,22 +19,6 @@ namespace {
 
 namespace pb = ::gonka::trainshard::v1;
 constexpr char kReplayDeltaFile[] = "replay.bin";
-
-// Adds the worker's time since `started` to the run's replay_seconds when it goes out of scope
-// (after the re-evaluation too).
-class CountSeconds {
- public:
-  CountSeconds(RunContext* run, int64_t started) : run_(*run), started_(started) {}
-  ~CountSeconds() {
-    const double seconds = (run_.host.clock->MonotonicMs() - started_) / 1000.0;
-    absl::MutexLock lock(&run_.mu);
-    run_.status.set_replay_seconds(run_.status.replay_seconds() + seconds);
-  }
-
- private:
-  RunContext& run_;
-  int64_t started_;
-};
 
 }  // namespace
 
@@ -61,9 +47,8 @@ void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
   retries_.clear();
   for (const auto& [round, index] : retries) {
     if (round + kVerdictRounds <= result.round()) continue;
-    auto certs = run_.LoadCertificates(round, 1);
-    if (!certs.ok() || certs->empty() || certs->front().result().round() != round) continue;
-    retry_later(round, index, Check(certs->front(), index, "drawn, tried again"));
+    std::optional<pb::RoundCertificate> stored = StoredCertificate(round);
+    if (stored) retry_later(round, index, Check(*stored, index, "drawn, tried again"));
   }
   for (const VerdictTally::Draw& draw : draws) {
     if (draw.validator != run_.host.address) continue;
@@ -73,14 +58,13 @@ void ReplayChecks::Run(const pb::RoundCertificate& certificate) {
   for (const auto& [round, member] : unanswered) {
     // Past the window, no plan carries a verdict about the round any more.
     if (round + kVerdictRounds <= result.round()) continue;
-    auto certs = run_.LoadCertificates(round, 1);
-    if (!certs.ok() || certs->empty() || certs->front().result().round() != round) continue;
-    const pb::RoundResult& accused = certs->front().result();
+    std::optional<pb::RoundCertificate> stored = StoredCertificate(round);
+    if (!stored) continue;
+    const pb::RoundResult& accused = stored->result();
     for (int i = 0; i < accused.contributions_size(); ++i) {
       if (accused.contributions(i).host() == member) {
         // Not run: still unanswered after the next certificate, so asked again then.
-        Check(certs->front(), static_cast<size_t>(i), "asked by a verdict of failure")
-            .IgnoreError();
+        Check(*stored, static_cast<size_t>(i), "asked by a verdict of failure").IgnoreError();
       }
     }
   }
@@ -93,8 +77,13 @@ absl::Status ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t
   const std::string what =
       absl::StrCat("replay of ", Short(c.host()), "'s round ", result.round(), " (", why, ")");
   const int64_t started = run_.host.clock->MonotonicMs();
+  // The worker's time, the re-evaluation's included, goes into the run's replay_seconds.
+  absl::Cleanup counted = [this, started] {
+    const double seconds = (run_.host.clock->MonotonicMs() - started) / 1000.0;
+    absl::MutexLock lock(&run_.mu);
+    run_.status.set_replay_seconds(run_.status.replay_seconds() + seconds);
+  };
   absl::StatusOr<std::string> replayed = Replay(result, member);
-  CountSeconds counted(&run_, started);
   if (!replayed.ok()) {
     run_.Transition(absl::StrCat(what, " not run: ", replayed.status().message()));
     return replayed.status();
@@ -140,6 +129,14 @@ absl::Status ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t
   }
   run_.Transition(absl::StrCat(what, outcome));
   return absl::OkStatus();
+}
+
+std::optional<pb::RoundCertificate> ReplayChecks::StoredCertificate(uint64_t round) const {
+  auto certs = run_.LoadCertificates(round, 1);
+  if (!certs.ok() || certs->empty() || certs->front().result().round() != round) {
+    return std::nullopt;
+  }
+  return std::move(certs->front());
 }
 
 absl::StatusOr<int64_t> ReplayChecks::Reevaluate(uint64_t round, uint32_t threads) {

@@ -16,6 +16,7 @@
 #define TS_SIDECAR_SHARD_REPLAY_CHECKS_H_
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,8 @@ class ReplayChecks {
   std::vector<std::pair<uint64_t, size_t>> retries_;
   // The round's checkpoint evaluated as its members do, with `threads`: the loss in micro-nats.
   absl::StatusOr<int64_t> Reevaluate(uint64_t round, uint32_t threads);
+  // This host's stored certificate of `round`, if it holds one.
+  std::optional<::gonka::trainshard::v1::RoundCertificate> StoredCertificate(uint64_t round) const;
 
   RunContext& run_;
 };

@@ -266,15 +266,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<WorkerProcess>> honest = WorkerProcess::Start(options);
   if (!honest.ok()) return Fail(honest.status().ToString());
 
-  ::unlink(socket_path.c_str());
   ByzantineWorker service(&(*honest)->client(), options.work_dir,
                           attack_file != nullptr ? attack_file : "");
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(kWorkerMessageBytesMax);
-  builder.SetMaxSendMessageSize(kWorkerMessageBytesMax);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeWorker(socket_path, &service);
   if (server == nullptr) return Fail(absl::StrCat("cannot serve on unix:", socket_path));
   int sig = 0;
   while (sig != SIGTERM && sig != SIGINT) sig = sigwaitinfo(&signals, nullptr);

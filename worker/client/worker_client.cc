@@ -15,6 +15,8 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +47,16 @@ absl::StatusOr<Response> Invoke(const std::string& target, std::string_view meth
 }
 
 }  // namespace
+
+std::unique_ptr<grpc::Server> ServeWorker(const std::string& socket_path, grpc::Service* service) {
+  ::unlink(socket_path.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(kWorkerMessageBytesMax);
+  builder.SetMaxSendMessageSize(kWorkerMessageBytesMax);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
 
 WorkerClient::WorkerClient(std::string socket_path, WorkerClientOptions options)
     : target_(absl::StrCat("unix:", socket_path)), options_(options) {

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/server.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gonka/trainshard/v1/worker.grpc.pb.h"
@@ -28,6 +30,11 @@ namespace pb = ::gonka::trainshard::v1;
 // The largest message either side accepts. Tensors travel as files, so messages stay small: the
 // largest are loss curves and samples.
 inline constexpr int kWorkerMessageBytesMax = 4 << 20;
+
+// Serves `service` (a Worker service, or one standing in for it) on the Unix socket
+// `socket_path`, replacing a socket a killed worker left there, with the worker protocol's
+// message caps; null when the socket cannot be bound. The caller owns both.
+std::unique_ptr<grpc::Server> ServeWorker(const std::string& socket_path, grpc::Service* service);
 
 struct WorkerClientOptions {
   int64_t call_timeout_ms = 30'000;    // Status, LoadCheckpoint, InitModel, Sample
