@@ -87,13 +87,14 @@ bool RunContext::ShardClosed() {
 void RunContext::WatchDeadline() {
   const int64_t now = host.clock->MonotonicMs();
   ChainPace& pace = chain_pace;
-  if (!host.chain_height || (pace.read_ms >= 0 && now - pace.read_ms < kChainReadIntervalMs)) {
+  if (!host.chain_height || (pace.tried_ms >= 0 && now - pace.tried_ms < kChainReadIntervalMs)) {
     return;
   }
   {
     absl::MutexLock lock(&mu);
     if (end_round <= certified_round) return;
   }
+  pace.tried_ms = now;  // a chain that does not answer is asked again a second later
   absl::StatusOr<int64_t> height = host.chain_height();
   if (!height.ok()) return;
   if (pace.deadline_height == 0) {

@@ -94,6 +94,7 @@ struct RunContext {
     int64_t first_ms = 0;
     int64_t height = 0;
     int64_t read_ms = -1;
+    int64_t tried_ms = -1;        // the last attempt to read the chain, answered or not
     int64_t status_read_ms = -1;  // ShardClosed's last read, and what it found
     bool closed = false;
   } chain_pace;
