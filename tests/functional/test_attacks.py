@@ -7,7 +7,9 @@ trains the same run spec in one shard per attack, the first with every host hone
 aggregation (the trimmed mean at the Byzantine bound), commitments, and every member-round
 replayed. For each attack: every attacker is marked and paid nothing, no honest host is marked
 and each is paid at least what the honest run paid it, the honest hosts end on one root, and the
-final eval loss is within 5 % of the honest run's.
+final eval loss is at most 5 % above the honest run's (the attack does not hurt the model; a
+run may end lower than the honest one by more than that when a host of the honest run missed
+a round on a loaded machine, which moves the loss by a few per cent either way).
 
 TS_ATTACKS names the attacks (comma-separated, or "all"); without it, the CI's three: a Δ
 attack (sign_flip), a lying evaluator and a lying validator. scripts/attack_suite.sh runs them all in both shapes
@@ -27,7 +29,7 @@ from test_training import open_shard, wait_settled  # noqa: E402
 ALL_ATTACKS = ("free_rider", "copier", "lazy", "noise", "scale100", "sign_flip", "alie", "stale",
                "wrong_data", "lying_evaluator", "lying_validator")
 CI_ATTACKS = ("sign_flip", "lying_evaluator", "lying_validator")
-# The final eval loss may be this much above (or below) the honest run's, relatively.
+# The final eval loss may be this much above the honest run's, relatively.
 LOSS_TOLERANCE = 0.05
 WEIGHT = 60
 ESCROW = 300000  # harness.Network.write_spec's default
@@ -167,7 +169,7 @@ class AttackTest(unittest.TestCase):
             self.assertGreaterEqual(outcome["paid"][h.name], full,
                                     f"{attack}: honest {h.name} paid less than in full")
         base = honest["final_eval_loss"]
-        self.assertLessEqual(abs(outcome["final_eval_loss"] - base), LOSS_TOLERANCE * base,
+        self.assertLessEqual(outcome["final_eval_loss"] - base, LOSS_TOLERANCE * base,
                              f"{attack}: final eval loss {outcome['final_eval_loss']:.4f} vs "
                              f"{base:.4f} in the honest run")
 
