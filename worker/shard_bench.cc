@@ -57,6 +57,8 @@ struct Args {
   bool verify = false;
 };
 
+// Held-out windows a member scores its steps on (sidecar/shard/run_spec.h kDefaultScoreWindows).
+constexpr uint32_t kScoreWindows = 8;
 // The default replay rate (sidecar/shard/run_spec.h kDefaultReplayRateBps: 800 bps).
 constexpr double kDefaultReplayRate = 0.08;
 
@@ -106,6 +108,13 @@ pb::InnerStepsRequest InnerRequest(const Args& a, const std::string& root, uint6
   r.set_total_steps(uint64_t{a.rounds} * a.steps);
   r.set_delta_file("delta.bin");
   r.set_base_root(root);
+  if (a.verify) {
+    // A verified shard's members score their steps (docs/verification.md "Scoring"): 8
+    // held-out windows that move with the round.
+    r.set_score_file(kEvalFile);
+    r.set_score_windows(kScoreWindows);
+    r.set_score_first_window(round * kScoreWindows);
+  }
   return r;
 }
 
@@ -155,18 +164,25 @@ struct VerifyCost {
   bool reproduced = false;
 };
 
+// The replay's score is the member's, to the bit.
+bool SameScore(const pb::InnerStepsResponse& a, const pb::InnerStepsResponse& b) {
+  return a.score_base_loss() == b.score_base_loss() && a.score_loss() == b.score_loss() &&
+         a.assigned_loss() == b.assigned_loss();
+}
+
 absl::StatusOr<VerifyCost> VerifyRound(const Args& a,
                                        std::vector<std::unique_ptr<WorkerProcess>>& w,
                                        const std::vector<std::string>& dirs,
                                        const std::string& base_root, uint32_t round,
-                                       pb::EvaluateRequest eval) {
+                                       pb::EvaluateRequest eval,
+                                       const pb::InnerStepsResponse& member) {
   VerifyCost cost;
   pb::InnerStepsRequest replay = InnerRequest(a, base_root, round, 0);
   replay.set_delta_file("replay.bin");
   replay.set_replay_checkpoint_file(absl::StrCat("ckpt-", round - 1, ".tsck"));
   replay.set_replay_threads(static_cast<uint32_t>(a.threads));
   auto t0 = Clock::now();
-  TS_RETURN_IF_ERROR(w[1]->client().InnerSteps(replay).status());
+  TS_ASSIGN_OR_RETURN(pb::InnerStepsResponse replayed_steps, w[1]->client().InnerSteps(replay));
   cost.replay_s = Since(t0);
   TS_ASSIGN_OR_RETURN(pb::EvaluateResponse own, w[0]->client().Evaluate(eval));
   eval.set_checkpoint_file(absl::StrCat("ckpt-", round, ".tsck"));
@@ -180,7 +196,8 @@ absl::StatusOr<VerifyCost> VerifyRound(const Args& a,
                       ReadWorkFile(dirs[1], "replay", "replay.bin", kDeltaBytesMax));
   TS_ASSIGN_OR_RETURN(std::string committed,
                       ReadWorkFile(dirs[0], "delta", "delta.bin", kDeltaBytesMax));
-  cost.reproduced = replayed == committed && again.mean_loss() == own.mean_loss();
+  cost.reproduced = replayed == committed && again.mean_loss() == own.mean_loss() &&
+                    SameScore(replayed_steps, member);
   return cost;
 }
 
@@ -250,6 +267,7 @@ absl::Status Run(const Args& a) {
 
   bool one_root = true, verified = true;
   double inner_total = 0, outer_total = 0, check_total = 0, member_inner_total = 0;
+  double score_total = 0;
   nlohmann::json rounds = nlohmann::json::array();
   const auto t_all = Clock::now();
   for (uint32_t round = 1; round <= a.rounds; ++round) {
@@ -299,15 +317,18 @@ absl::Status Run(const Args& a) {
     one_root = one_root && agree;
     const double outer_s = Since(t_outer), round_s = Since(t_round);
     if (a.verify) {
-      TS_ASSIGN_OR_RETURN(VerifyCost cost, VerifyRound(a, workers, dirs, root, round, eval));
+      TS_ASSIGN_OR_RETURN(VerifyCost cost,
+                          VerifyRound(a, workers, dirs, root, round, eval, *results[0]));
       const double member_inner = results[0]->seconds();
       verified = verified && cost.reproduced;
       check_total += cost.replay_s + cost.reevaluate_s;
       member_inner_total += member_inner;
+      score_total += results[0]->score_seconds();
       std::printf(
           "round %u: replay %.2f s + re-evaluation %.2f s against the member's inner steps "
-          "%.2f s, %s\n",
-          round, cost.replay_s, cost.reevaluate_s, member_inner,
+          "%.2f s (its score %.2f s: held-out %.4f -> %.4f), %s\n",
+          round, cost.replay_s, cost.reevaluate_s, member_inner, results[0]->score_seconds(),
+          results[0]->score_base_loss(), results[0]->score_loss(),
           cost.reproduced ? "reproduced" : "NOT REPRODUCED");
     }
     inner_total += inner_s;
@@ -362,6 +383,12 @@ absl::Status Run(const Args& a) {
         "at the default rate (%.0f %%) %.1f %% more compute (target <= 10 %%); every replay %s\n",
         check_total, member_inner_total, check_total / member_inner_total, 100 * kDefaultReplayRate,
         100 * overhead, verified ? "reproduced" : "DID NOT REPRODUCE");
+    std::printf(
+        "scoring: %.2f s against the member's inner steps %.1f s: %.1f %% more compute "
+        "(every member, every round)\n",
+        score_total, member_inner_total, 100 * score_total / member_inner_total);
+    j["score_s"] = score_total;
+    j["scoring_overhead"] = score_total / member_inner_total;
     j["check_s"] = check_total;
     j["member_inner_s"] = member_inner_total;
     j["verification_overhead"] = overhead;

@@ -620,10 +620,13 @@ absl::StatusOr<double> Trainer::EvaluateLoaded(const DataShard& eval, const Eval
     m.model->eval();
     // Windows of context + 1 tokens starting every `context` tokens; the last may be shorter.
     const uint64_t n = eval.tokens.size(), step = m.config.context;
+    std::vector<uint64_t> all;
+    for (uint64_t s = 0; s + 1 < n; s += step) all.push_back(s);
+    const uint64_t count =
+        options.windows_max == 0 ? all.size() : std::min<uint64_t>(options.windows_max, all.size());
     std::vector<uint64_t> starts;
-    for (uint64_t s = 0; s + 1 < n; s += step) {
-      if (options.windows_max != 0 && starts.size() >= options.windows_max) break;
-      starts.push_back(s);
+    for (uint64_t i = 0; i < count; ++i) {
+      starts.push_back(all[(options.first_window % all.size() + i) % all.size()]);
     }
     auto width_at = [&](uint64_t s) { return std::min<uint64_t>(step + 1, n - s); };
     double nll_sum = 0;
@@ -643,6 +646,17 @@ absl::StatusOr<double> Trainer::EvaluateLoaded(const DataShard& eval, const Eval
       predicted += count;
     }
     return nll_sum / static_cast<double>(predicted);
+  });
+}
+
+absl::StatusOr<double> Trainer::BatchLossLoaded(const TokenBatch& batch) {
+  Impl& m = *impl_;
+  return Guard("batch loss", [&]() -> absl::StatusOr<double> {
+    TS_ASSIGN_OR_RETURN(torch::Tensor tokens, m.Tokens(batch));
+    torch::set_num_threads(m.runtime.num_threads);
+    torch::NoGradGuard no_grad;
+    m.model->eval();
+    return m.Loss(tokens).item<double>();
   });
 }
 

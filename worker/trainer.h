@@ -98,6 +98,8 @@ struct InnerResult {
 struct EvalOptions {
   uint32_t batch_size = 16;  // windows per forward pass
   uint64_t windows_max = 0;  // 0: every window of the eval set
+  // The window to start from (modulo the set's windows); the windows wrap around to the first.
+  uint64_t first_window = 0;
 };
 
 struct SampleOptions {
@@ -155,6 +157,9 @@ class Trainer {
   absl::Status WriteParams(ValueWriter& out);
   // Evaluate and Sample on the loaded parameters.
   absl::StatusOr<double> EvaluateLoaded(const DataShard& eval, const EvalOptions& options = {});
+  // The mean loss of `batch` on the loaded parameters, without a gradient (as a step computes
+  // it before its update, in one pass). INVALID_ARGUMENT as InnerSteps for a bad batch.
+  absl::StatusOr<double> BatchLossLoaded(const TokenBatch& batch);
   absl::StatusOr<std::vector<uint32_t>> SampleLoaded(std::span<const uint32_t> prompt,
                                                      uint32_t count, uint64_t seed,
                                                      const SampleOptions& options = {});

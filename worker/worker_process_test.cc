@@ -364,8 +364,14 @@ TEST_F(WorkerProcessTest, AReplayReproducesAMembersDeltaAndLeavesTheWorkerAsItWa
   ASSERT_TRUE(outer.ok()) << outer.status();
   pb::InnerStepsRequest second = InnerRequest(outer->root(), 2, "d2.bin");
   second.set_reset_optimizer(true);
+  second.set_score_file(kEvalFile);  // the steps' score (docs/verification.md "Scoring")
+  second.set_score_windows(8);
+  second.set_score_first_window(1000003);  // modulo the set's windows
   auto own = member->client().InnerSteps(second);
   ASSERT_TRUE(own.ok()) << own.status();
+  // The steps help: lower loss on the held-out windows and on the first step's batch.
+  EXPECT_LT(own->score_loss(), own->score_base_loss());
+  EXPECT_LT(own->assigned_loss(), own->losses(0));
 
   // The validator and its twin train a round of their own (moments now held), then the
   // validator replays the member's round 2 from the member's base.
@@ -386,6 +392,10 @@ TEST_F(WorkerProcessTest, AReplayReproducesAMembersDeltaAndLeavesTheWorkerAsItWa
   ASSERT_TRUE(replayed.ok()) << replayed.status();
   EXPECT_EQ(replayed->delta_sha256(), own->delta_sha256());
   EXPECT_EQ(Read(works[1], "replayed.bin"), Read(works[0], "d2.bin"));
+  // The score too, to the bit.
+  EXPECT_EQ(replayed->score_base_loss(), own->score_base_loss());
+  EXPECT_EQ(replayed->score_loss(), own->score_loss());
+  EXPECT_EQ(replayed->assigned_loss(), own->assigned_loss());
 
   // The validator's own state is untouched: its next round equals its twin's, which never
   // replayed anything.
@@ -411,6 +421,15 @@ TEST_F(WorkerProcessTest, AReplayReproducesAMembersDeltaAndLeavesTheWorkerAsItWa
   refused = validator->client().InnerSteps(rebased);
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("cannot be combined with replay_checkpoint_file"));
+  pb::InnerStepsRequest unscored = replay;
+  unscored.set_score_windows(0);
+  refused = validator->client().InnerSteps(unscored);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("score_windows: 0 is outside 1..1024"));
+  unscored.set_score_windows(4);
+  unscored.set_score_file("d2.bin");
+  refused = validator->client().InnerSteps(unscored);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("score_file: \"d2.bin\""));
   pb::InnerStepsRequest greedy = replay;
   greedy.set_replay_threads(5000);
   refused = validator->client().InnerSteps(greedy);

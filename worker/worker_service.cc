@@ -434,6 +434,9 @@ absl::Status WorkerService::DoLoadCheckpoint(const pb::LoadCheckpointRequest& re
 namespace {
 
 constexpr uint32_t kReplayThreadsMax = 1024;
+// A score's held-out windows at most, and per forward pass.
+constexpr uint32_t kScoreWindowsMax = 1024;
+constexpr uint32_t kScoreBatch = 16;
 
 // The fields of an InnerSteps request that need no state to check.
 absl::Status CheckInnerStepsFields(const pb::InnerStepsRequest& request) {
@@ -605,6 +608,17 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
     TS_RETURN_IF_ERROR(OpenDelta("rebase_delta_file", request.rebase_delta_file()).status());
   }
   TS_ASSIGN_OR_RETURN(std::vector<TokenBatch> batches, AssignedBatches(request, config, response));
+  std::optional<DataShard> score_set;
+  if (!request.score_file().empty()) {
+    if (request.score_windows() < 1 || request.score_windows() > kScoreWindowsMax) {
+      return Invalid("score_windows", request.score_windows(),
+                     absl::StrCat("is outside 1..", kScoreWindowsMax));
+    }
+    TS_ASSIGN_OR_RETURN(score_set, ReadHeldOut("score_file", request.score_file(), config.vocab));
+  }
+  const EvalOptions score_options{.batch_size = kScoreBatch,
+                                  .windows_max = request.score_windows(),
+                                  .first_window = request.score_first_window()};
 
   const uint32_t rows = inner.micro_batch == 0 ? request.batch_size()
                                                : std::min(inner.micro_batch, request.batch_size());
@@ -621,10 +635,28 @@ absl::Status WorkerService::DoInnerSteps(const pb::InnerStepsRequest& request,
     TS_RETURN_IF_ERROR(trainer->Load(*base.reader));
     TS_RETURN_IF_ERROR(CheckReplayRoot(request, base));
   }
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  double score_seconds = 0;
+  if (score_set) {
+    const auto t = std::chrono::steady_clock::now();
+    TS_ASSIGN_OR_RETURN(const double loss, trainer->EvaluateLoaded(*score_set, score_options));
+    response->set_score_base_loss(loss);
+    score_seconds += since(t);
+  }
   const auto start = std::chrono::steady_clock::now();
   TS_ASSIGN_OR_RETURN(std::vector<float> losses, trainer->Steps(batches, inner));
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = since(start);
+  if (score_set) {
+    const auto t = std::chrono::steady_clock::now();
+    TS_ASSIGN_OR_RETURN(const double loss, trainer->EvaluateLoaded(*score_set, score_options));
+    response->set_score_loss(loss);
+    TS_ASSIGN_OR_RETURN(const double assigned, trainer->BatchLossLoaded(batches.front()));
+    response->set_assigned_loss(assigned);
+    score_seconds += since(t);
+    response->set_score_seconds(score_seconds);
+  }
 
   // Δ = base − θ, streamed from the base file and the model's tensors to the Δ file.
   const uint64_t count = ParameterCount(config);
@@ -739,22 +771,9 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
   struct {
     ModelConfig config;
   } checkpoint{reader->header().config};
-  TS_ASSIGN_OR_RETURN(
-      std::string bytes,
-      ReadWorkFile(options_.work_dir, "eval_file", request.eval_file(), options_.file_bytes_max));
-  auto eval = DecodeDataShard(bytes);
-  if (!eval.ok()) {
-    return Prefixed(absl::StrCat("eval_file: ", Quoted(request.eval_file()), ": "), eval.status());
-  }
-  if (eval->vocab != checkpoint.config.vocab) {
-    return Invalid(
-        "eval_file", Quoted(request.eval_file()),
-        absl::StrCat("has vocab ", eval->vocab, ", the model's is ", checkpoint.config.vocab));
-  }
-  if (eval->tokens.size() < 2) {
-    return Invalid("eval_file", Quoted(request.eval_file()),
-                   absl::StrCat("holds ", eval->tokens.size(), " tokens, fewer than 2"));
-  }
+  std::string eval_id;
+  TS_ASSIGN_OR_RETURN(const DataShard eval, ReadHeldOut("eval_file", request.eval_file(),
+                                                        checkpoint.config.vocab, &eval_id));
   // Keeps the training trainer (and its AdamW state) when the config matches.
   std::unique_ptr<Trainer> other;
   TS_ASSIGN_OR_RETURN(Trainer * trainer, AnyTrainerFor(checkpoint.config, &other,
@@ -764,10 +783,10 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
     TS_ASSIGN_OR_RETURN(root, reader->Finish());
   }
   TS_ASSIGN_OR_RETURN(double loss,
-                      trainer->EvaluateLoaded(*eval, {.batch_size = request.batch_size(),
-                                                      .windows_max = request.windows_max()}));
+                      trainer->EvaluateLoaded(eval, {.batch_size = request.batch_size(),
+                                                     .windows_max = request.windows_max()}));
   // The predicted tokens of the windows Trainer::Evaluate uses (trainer.h).
-  const uint64_t n = eval->tokens.size(), step = checkpoint.config.context;
+  const uint64_t n = eval.tokens.size(), step = checkpoint.config.context;
   uint64_t tokens = 0, windows = 0;
   for (uint64_t s = 0; s + 1 < n; s += step) {
     if (request.windows_max() != 0 && windows >= request.windows_max()) break;
@@ -777,8 +796,30 @@ absl::Status WorkerService::DoEvaluate(const pb::EvaluateRequest& request,
   response->set_mean_loss(loss);
   response->set_tokens(tokens);
   response->set_root(root);
-  response->set_eval_id(DataShardId(bytes));
+  response->set_eval_id(eval_id);
   return absl::OkStatus();
+}
+
+absl::StatusOr<DataShard> WorkerService::ReadHeldOut(std::string_view field,
+                                                     const std::string& name, uint32_t vocab,
+                                                     std::string* id) {
+  TS_RETURN_IF_ERROR(ValidateWorkFileName(field, name));
+  TS_ASSIGN_OR_RETURN(std::string bytes,
+                      ReadWorkFile(options_.work_dir, field, name, options_.file_bytes_max));
+  absl::StatusOr<DataShard> set = DecodeDataShard(bytes);
+  if (!set.ok()) {
+    return Prefixed(absl::StrCat(common::AsAbsl(field), ": ", Quoted(name), ": "), set.status());
+  }
+  if (set->vocab != vocab) {
+    return Invalid(common::AsAbsl(field), Quoted(name),
+                   absl::StrCat("has vocab ", set->vocab, ", the model's is ", vocab));
+  }
+  if (set->tokens.size() < 2) {
+    return Invalid(common::AsAbsl(field), Quoted(name),
+                   absl::StrCat("holds ", set->tokens.size(), " tokens, fewer than 2"));
+  }
+  if (id != nullptr) *id = DataShardId(bytes);
+  return set;
 }
 
 absl::Status WorkerService::DoPrepareData(const pb::PrepareDataRequest& request,

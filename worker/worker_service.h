@@ -113,6 +113,10 @@ class WorkerService final : public pb::Worker::Service {
     int64_t mtime_ns = 0;
   };
 
+  // A held-out set (data shard format) from the work dir file `name`, named `field` in errors:
+  // decoded and checked against the model's vocab; its DataShardId into *id when given.
+  absl::StatusOr<DataShard> ReadHeldOut(std::string_view field, const std::string& name,
+                                        uint32_t vocab, std::string* id = nullptr);
   // The config an InnerSteps request trains: the current checkpoint's (base_root must be its
   // root), or a replay's checkpoint file's (docs/verification.md).
   absl::StatusOr<ModelConfig> InnerStepsConfig(const pb::InnerStepsRequest& request)

@@ -172,6 +172,15 @@ TEST_F(SettlementRefusals, PayoutRules) {
   ExpectRefused(creator_, {SettleMsg(creator_, no_tokens, AllThree(no_tokens))}, kInvalidArgument,
                 "settlement.payouts[0].amount: 385714 does not follow from its stats (tokens "
                 "3000, rounds 10, marks 0, rejected 0) under the reward policy: want 450000");
+  // Every contribution left out for its score (docs/verification.md "Scoring"): no tokens, yet
+  // nobody is paid by its rounds instead.
+  pb::Settlement unhelpful = s_;
+  for (int i = 0; i < unhelpful.payouts_size(); ++i) {
+    unhelpful.mutable_payouts(i)->set_tokens(0);
+    unhelpful.mutable_payouts(i)->set_unhelpful(10);
+  }
+  ExpectRefused(creator_, {SettleMsg(creator_, unhelpful, AllThree(unhelpful))}, kInvalidArgument,
+                "settlement.payouts[0].amount: 385714 does not follow");
   pb::Settlement share = s_;
   share.mutable_payouts(0)->set_amount("450001");  // max_host_share_bps 5000 of 900000
   share.set_refund("0");

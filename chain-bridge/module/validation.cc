@@ -199,8 +199,11 @@ std::vector<uint64_t> PayoutsFromStats(
   std::vector<protocol::HostWork> works;
   unsigned __int128 all_units = 0;
   uint64_t workers = 0;
-  const bool by_tokens =
-      std::any_of(payouts.begin(), payouts.end(), [](const auto& p) { return p.tokens() > 0; });
+  // Tokens when the run had contributions: some host has tokens, or its contributions were
+  // left out for their scores (then none may be paid by its rounds instead).
+  const bool by_tokens = std::any_of(payouts.begin(), payouts.end(), [](const auto& p) {
+    return p.tokens() > 0 || p.unhelpful() > 0;
+  });
   for (const pb::HostPayout& p : payouts) {
     works.push_back({.units = protocol::WorkUnits(p.tokens(), p.rounds_contributed(), by_tokens),
                      .forfeit = p.marks() > 0 || p.rejected() > 0});

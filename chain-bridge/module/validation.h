@@ -53,9 +53,9 @@ absl::StatusOr<uint64_t> ParseCoins(
 absl::Status ValidateEndpoint(std::string_view field, std::string_view endpoint);
 
 // The amount each payout's stats imply under `policy` (common/protocol.h PayoutOf; work units
-// are the payouts' tokens, or their rounds when none has tokens; a mark or a rejected round
-// forfeits): what the
-// chain holds a settlement's amounts to and what every draft pays (docs/verification.md "Pay").
+// are the payouts' tokens, or their rounds when none has tokens nor an unhelpful contribution;
+// a mark or a rejected round forfeits): what the chain holds a settlement's amounts to and what
+// every draft pays (docs/verification.md "Pay").
 std::vector<uint64_t> PayoutsFromStats(
     uint64_t escrow, const gonka::trainshard::v1::RewardPolicy& policy,
     const google::protobuf::RepeatedPtrField<gonka::trainshard::v1::HostPayout>& payouts);

@@ -171,6 +171,44 @@ uint32_t EffectiveTrim(const AggregateSpec& spec, size_t n) {
   return std::max<uint32_t>(1, static_cast<uint32_t>((n - 1) / 3));
 }
 
+namespace {
+
+// Aggregate of the contributions spec.left_out keeps, with their weights (a mean's) and a trim
+// they allow.
+absl::Status AggregateKept(const AggregateSpec& spec,
+                           std::span<const std::span<const float>> contributions,
+                           std::span<float> out) {
+  const size_t n = contributions.size();
+  if (spec.left_out.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("aggregate: ", spec.left_out.size(),
+                                                   " left_out flags for ", n, " contributions"));
+  }
+  AggregateSpec kept_spec = spec;
+  kept_spec.left_out.clear();
+  kept_spec.weights.clear();
+  std::vector<std::span<const float>> kept;
+  for (size_t i = 0; i < n; ++i) {
+    if (spec.left_out[i]) continue;
+    kept.push_back(contributions[i]);
+    if (spec.kind == Aggregator::kMean && spec.weights.size() == n) {
+      kept_spec.weights.push_back(spec.weights[i]);
+    }
+  }
+  if (kept.empty()) return absl::InvalidArgumentError("aggregate: every contribution left out");
+  if (!spec.weights.empty() && spec.weights.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("aggregate: ", spec.weights.size(), " weights for ", n, " contributions"));
+  }
+  if (kept_spec.kind == Aggregator::kTrimmedMean) {
+    kept_spec.trim =
+        std::min<uint32_t>(EffectiveTrim(spec, n), static_cast<uint32_t>((kept.size() - 1) / 2));
+    if (kept_spec.trim == 0) kept_spec.kind = Aggregator::kMean;
+  }
+  return Aggregate(kept_spec, kept, out);
+}
+
+}  // namespace
+
 absl::Status Aggregate(const AggregateSpec& spec,
                        std::span<const std::span<const float>> contributions,
                        std::span<float> out) {
@@ -180,6 +218,7 @@ absl::Status Aggregate(const AggregateSpec& spec,
         absl::StrCat("aggregate: kind ", static_cast<int>(spec.kind), " is unknown"));
   }
   if (n == 0) return absl::InvalidArgumentError("aggregate: no contributions");
+  if (!spec.left_out.empty()) return AggregateKept(spec, contributions, out);
   for (size_t i = 0; i < n; ++i) {
     if (contributions[i].size() != out.size()) {
       return absl::InvalidArgumentError(absl::StrCat("aggregate: contribution ", i, " has ",

@@ -60,6 +60,10 @@ struct AggregateSpec {
   // all equal: the plain mean. The robust aggregators count each contribution once whatever
   // its weight: a weight there would let one heavy contribution outvote the others.
   std::vector<double> weights = {};
+  // Contributions gathered and held to their commitments but left out of the aggregate (a
+  // loss-delta score under the spec's rule: docs/verification.md "Scoring"), in contribution
+  // order; empty: none. At least one must stay; a trim is then taken at most ⌊(kept − 1)/2⌋.
+  std::vector<bool> left_out = {};
 };
 
 // The trim actually used for n contributions: spec.trim if non-zero, else max(1, (n − 1) / 3)
@@ -70,8 +74,9 @@ uint32_t EffectiveTrim(const AggregateSpec& spec, size_t n);
 // them.
 // INVALID_ARGUMENT: no contributions, a contribution of another length (naming its index and
 // length), trim too large for n (naming both), clip_iterations > 100, negative or non-finite
-// clip_tau, weights not one positive finite value per contribution, or a non-finite value in a
-// contribution (naming contribution and index).
+// clip_tau, weights not one positive finite value per contribution, left_out not one flag per
+// contribution or leaving out all, or a non-finite value in a contribution (naming contribution
+// and index).
 absl::Status Aggregate(const AggregateSpec& spec,
                        std::span<const std::span<const float>> contributions, std::span<float> out);
 

@@ -140,6 +140,35 @@ TEST(Aggregate, TheMeanWeighsEachContributionByItsTokens) {
   EXPECT_EQ(RunOk(median, {{1}, {2}, {3}}), (Vec{2}));
 }
 
+TEST(Aggregate, ContributionsLeftOutAreNotAggregated) {
+  const std::vector<Vec> xs = {{1, 10}, {2, 40}, {3, 20}, {100, 30}};
+  AggregateSpec mean = SpecOf(Aggregator::kMean);
+  mean.weights = {1, 1, 2, 4};
+  mean.left_out = {false, true, false, true};
+  const Vec weighted = RunOk(mean, xs);  // the first and third, weighted 1:2
+  ASSERT_EQ(weighted.size(), 2u);
+  EXPECT_FLOAT_EQ(weighted[0], 7.0f / 3);
+  EXPECT_FLOAT_EQ(weighted[1], 50.0f / 3);
+  // A trim of 1 of 4 with two left: too large for two, so their plain mean.
+  AggregateSpec trimmed = SpecOf(Aggregator::kTrimmedMean);
+  trimmed.trim = 1;
+  trimmed.left_out = {false, false, true, false};
+  EXPECT_EQ(RunOk(trimmed, xs), (Vec{2, 30}));  // the middle one of 1, 2, 100 and of 10, 40, 30
+  trimmed.left_out = {true, false, false, true};
+  EXPECT_EQ(RunOk(trimmed, xs), (Vec{2.5f, 30}));
+  // Nothing left out: as without the flags.
+  trimmed.left_out = {false, false, false, false};
+  EXPECT_EQ(RunOk(trimmed, xs), RunOk(SpecOf(Aggregator::kTrimmedMean), xs));
+  std::vector<float> out(2);
+  std::vector<std::span<const float>> spans(xs.begin(), xs.end());
+  trimmed.left_out = {true, true, true, true};
+  EXPECT_THAT(std::string(Aggregate(trimmed, spans, out).message()),
+              HasSubstr("every contribution left out"));
+  trimmed.left_out = {true};
+  EXPECT_THAT(std::string(Aggregate(trimmed, spans, out).message()),
+              HasSubstr("1 left_out flags for 4 contributions"));
+}
+
 TEST(Aggregate, ErrorsNameTheField) {
   auto expect_error = [](const AggregateSpec& spec, const std::vector<Vec>& xs, size_t dim,
                          const std::string& text) {

@@ -94,6 +94,12 @@ TEST_F(RunCheckTest, TheRequiredDeviceMustBeTheWorkers) {
   EXPECT_EQ(RunSpecSkipReason(SpecWith(with_device("cuda")), limits_), "");
   EXPECT_THAT(RunSpecSkipReason(SpecWith(with_device("cpu")), limits_),
               HasSubstr("requirements.device \"cpu\" is not where this host's workers train"));
+  // A spec that replays (the default aggregation's default) and names no device is a CPU run:
+  // replays reproduce steps bit for bit only within one determinism class.
+  const std::string replaying = absl::StrReplaceAll(kSpec, {{R"("aggregation": "mean", )", ""}});
+  ASSERT_NE(replaying, kSpec);
+  EXPECT_THAT(RunSpecSkipReason(SpecWith(replaying), limits_),
+              HasSubstr("requirements.device \"cpu\" is not where this host's workers train"));
   // A device no host has is refused by the document's own check.
   EXPECT_THAT(RunSpecSkipReason(SpecWith(with_device("tpu")), limits_),
               HasSubstr("requirements.device: \"tpu\" is not one of any, cpu, cuda"));

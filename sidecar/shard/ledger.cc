@@ -14,6 +14,7 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "proto/deterministic.h"
+#include "sidecar/shard/scoring.h"
 #include "sidecar/shard/verdicts.h"
 
 namespace ts::sidecar {
@@ -340,11 +341,21 @@ absl::StatusOr<pb::Settlement> DraftSettlement(std::string_view chain_id, const 
   }
   const uint64_t paid_rounds = PaidRounds(verification.replay_rate_bps(), certificates.size());
   for (const pb::RoundCertificate& c : certificates) {
-    for (const pb::Contribution& k : c.result().contributions()) {
+    // A contribution the spec's scoring rule left out is not paid (scoring.h).
+    std::vector<StepScore> scores;
+    for (const pb::Contribution& k : c.result().contributions()) scores.push_back(StepScoreOf(k));
+    const std::vector<bool> left_out = LeftOut(verification, scores);
+    for (int i = 0; i < c.result().contributions_size(); ++i) {
+      const pb::Contribution& k = c.result().contributions(i);
       auto it = stats.find(k.host());
       if (it == stats.end()) continue;  // a contribution paid only with the host's signature
       pb::HostPayout& p = it->second;
-      if (c.result().round() <= paid_rounds) p.set_tokens(p.tokens() + k.tokens());
+      const bool helped = left_out.empty() || !left_out[static_cast<size_t>(i)];
+      if (!helped) p.set_unhelpful(p.unhelpful() + 1);
+      if (c.result().round() <= paid_rounds && helped) {
+        p.set_tokens(p.tokens() + k.tokens());
+        p.set_score(p.score() + k.score_micro());
+      }
       const VerdictTally::Judgement j = tally.JudgementOf(c.result().round(), k.host());
       if (j == VerdictTally::Judgement::kConfirmed) p.set_rejected(p.rejected() + 1);
       if (tally.Verified(c.result().round(), k.host())) p.set_verified(p.verified() + 1);

@@ -321,6 +321,55 @@ TEST(Ledger, WithReplaysTheLastTwoRoundsPayNobody) {
   }
 }
 
+TEST(Ledger, AContributionTheScoringRuleLeftOutIsNotPaid) {
+  Fixture f;
+  f.with_contributions = true;
+  std::vector<pb::RoundCertificate> certs;
+  for (uint64_t r = 1; r <= 4; ++r) {
+    certs.push_back(f.Certify(r, {0, 1, 2, 3}));
+    for (pb::Contribution& c : *certs.back().mutable_result()->mutable_contributions()) {
+      c.set_score_micro(100000);
+      c.set_assigned_score_micro(900000);
+    }
+  }
+  // Host 2's round 1 raised the held-out loss while the others' lowered it.
+  certs[0].mutable_result()->mutable_contributions(2)->set_score_micro(-5);
+  pb::RewardPolicy policy;
+  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+  policy.set_max_host_share_bps(10000);
+  pb::VerificationSpec drop;
+  drop.set_scoring("drop");
+  drop.set_score_margin_micro(50000);
+  auto s = DraftSettlement(kChain, f.view, 1500, policy, drop, certs, 4);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const pb::HostPayout& p : s->payouts()) {
+    const bool left_out = p.host() == f.hosts[2].address;
+    EXPECT_EQ(p.tokens(), left_out ? 3072u : 4096u) << p.host();
+    EXPECT_EQ(p.unhelpful(), left_out ? 1u : 0u);
+    EXPECT_EQ(p.score(), left_out ? 300000 : 400000);
+    EXPECT_EQ(p.amount(), left_out ? "300" : "400");  // 1500 × its tokens / 15,360
+  }
+  // A wider margin keeps it: paid like the others, its low score settled.
+  drop.set_score_margin_micro(200000);
+  auto wide = DraftSettlement(kChain, f.view, 1600, policy, drop, certs, 4);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  for (const pb::HostPayout& p : wide->payouts()) {
+    EXPECT_EQ(p.tokens(), 4096u);
+    EXPECT_EQ(p.unhelpful(), 0u);
+    EXPECT_EQ(p.score(), p.host() == f.hosts[2].address ? 299995 : 400000);
+    EXPECT_EQ(p.amount(), "400");
+  }
+  // "record" settles the scores and pays every contribution.
+  pb::VerificationSpec record;
+  record.set_scoring("record");
+  auto recorded = DraftSettlement(kChain, f.view, 1600, policy, record, certs, 4);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  for (const pb::HostPayout& p : recorded->payouts()) {
+    EXPECT_EQ(p.unhelpful(), 0u);
+    EXPECT_EQ(p.amount(), "400");
+  }
+}
+
 TEST(Ledger, APartialSettlementPaysForTheRoundsCertifiedAndRefundsTheRest) {
   Fixture f;
   std::vector<pb::RoundCertificate> certs = {f.Certify(1, {0, 1, 2}), f.Certify(2, {0, 1, 2, 3}),

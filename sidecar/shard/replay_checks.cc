@@ -83,7 +83,7 @@ absl::Status ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t
     absl::MutexLock lock(&run_.mu);
     run_.status.set_replay_seconds(run_.status.replay_seconds() + seconds);
   };
-  absl::StatusOr<std::string> replayed = Replay(result, member);
+  absl::StatusOr<Replayed> replayed = Replay(result, member);
   if (!replayed.ok()) {
     run_.Transition(absl::StrCat(what, " not run: ", replayed.status().message()));
     return replayed.status();
@@ -101,23 +101,32 @@ absl::Status ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t
     v.set_evaluation_loss_micro(e.result().loss_micro());
     v.set_reevaluation_loss_micro(*again);
   }
-  const bool same_delta = *replayed == c.delta_commitment();
+  const bool same_delta = replayed->commitment == c.delta_commitment();
   const bool same_evaluation = v.evaluation_loss_micro() == v.reevaluation_loss_micro();
+  const bool scored = Scores(run_.spec);
+  if (scored) {
+    v.set_scored(true);
+    v.set_score_micro(c.score_micro());
+    v.set_assigned_score_micro(c.assigned_score_micro());
+    v.set_rescore_micro(replayed->score.held_out_micro);
+    v.set_reassigned_score_micro(replayed->score.assigned_micro);
+  }
+  const bool same_score = !scored || replayed->score == StepScoreOf(c);
   v.set_shard_id(run_.shard_id);
   v.set_round(result.round());
   v.set_member(c.host());
   v.set_validator(run_.host.address);
   v.set_committed(c.delta_commitment());
-  v.set_replayed(*replayed);
+  v.set_replayed(replayed->commitment);
   v.set_assignment(c.assignment());
   v.set_worker_threads(c.worker_threads());
-  v.set_reproduced(same_delta && same_evaluation);
+  v.set_reproduced(same_delta && same_evaluation && same_score);
   absl::StatusOr<pb::SignedVerdict> signed_verdict =
       SignVerdict(*run_.host.key, run_.host.chain_id, std::move(v));
   {
     absl::MutexLock lock(&run_.mu);
     run_.status.set_replays(run_.status.replays() + 1);
-    if (same_delta && same_evaluation)
+    if (same_delta && same_evaluation && same_score)
       run_.status.set_replays_passed(run_.status.replays_passed() + 1);
     if (signed_verdict.ok()) run_.pending_verdicts.push_back(*std::move(signed_verdict));
   }
@@ -126,6 +135,10 @@ absl::Status ReplayChecks::Check(const pb::RoundCertificate& certificate, size_t
     outcome = ": FAILED, the replayed Δ does not match the commitment it signed";
   } else if (!same_evaluation) {
     outcome = ": FAILED, its evaluation of the round does not match the re-evaluation";
+  } else if (!same_score) {
+    outcome = absl::StrCat(": FAILED, its score claim ", c.score_micro(), "/",
+                           c.assigned_score_micro(), " does not match the replay's ",
+                           replayed->score.held_out_micro, "/", replayed->score.assigned_micro);
   }
   run_.Transition(absl::StrCat(what, outcome));
   return absl::OkStatus();
@@ -147,7 +160,8 @@ absl::StatusOr<int64_t> ReplayChecks::Reevaluate(uint64_t round, uint32_t thread
   return LossMicroOf(ev.mean_loss());
 }
 
-absl::StatusOr<std::string> ReplayChecks::Replay(const pb::RoundResult& result, size_t member) {
+absl::StatusOr<ReplayChecks::Replayed> ReplayChecks::Replay(const pb::RoundResult& result,
+                                                            size_t member) {
   const pb::Contribution& c = result.contributions(static_cast<int>(member));
   const std::string base = CheckpointName(result.round() - 1);
   std::error_code ec;
@@ -164,13 +178,17 @@ absl::StatusOr<std::string> ReplayChecks::Replay(const pb::RoundResult& result, 
   request.set_delta_file(kReplayDeltaFile);
   request.set_replay_checkpoint_file(base);
   request.set_replay_threads(c.worker_threads());
-  TS_RETURN_IF_ERROR(
-      run_.worker->InnerSteps(request, InnerStepsTimeoutMs(run_.spec.spec)).status());
+  AddScoreRequest(run_.spec, run_.data.eval_file(), &request);
+  TS_ASSIGN_OR_RETURN(pb::InnerStepsResponse done,
+                      run_.worker->InnerSteps(request, InnerStepsTimeoutMs(run_.spec.spec)));
   std::vector<float> delta(run_.parameters);
   TS_RETURN_IF_ERROR(worker::ReadWorkFileInto(
       run_.work_dir, "replay", kReplayDeltaFile,
       std::span<char>(reinterpret_cast<char*>(delta.data()), 4 * delta.size())));
-  return DeltaCommitmentOf(run_.spec, member, delta);
+  Replayed out;
+  TS_ASSIGN_OR_RETURN(out.commitment, DeltaCommitmentOf(run_.spec, member, delta));
+  if (Scores(run_.spec)) out.score = StepScoreOf(done);
+  return out;
 }
 
 }  // namespace ts::sidecar

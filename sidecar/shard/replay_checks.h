@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "gonka/trainshard/v1/training.pb.h"
 #include "sidecar/shard/run_context.h"
+#include "sidecar/shard/scoring.h"
 
 namespace ts::sidecar {
 
@@ -34,11 +35,15 @@ class ReplayChecks {
   // The replays owed once `certificate` (just stored) is certified.
   void Run(const ::gonka::trainshard::v1::RoundCertificate& certificate);
 
-  // One replay of contribution `member` of `result`: the commitment of the Δ it computed.
-  // FAILED_PRECONDITION when this host no longer holds the round's base checkpoint; the worker's
-  // error when the replay could not run.
-  absl::StatusOr<std::string> Replay(const ::gonka::trainshard::v1::RoundResult& result,
-                                     size_t member);
+  // What a replay computed: the commitment of its Δ and, where the run scores, its score.
+  struct Replayed {
+    std::string commitment;
+    StepScore score;
+  };
+  // One replay of contribution `member` of `result`. FAILED_PRECONDITION when this host no
+  // longer holds the round's base checkpoint; the worker's error when the replay could not run.
+  absl::StatusOr<Replayed> Replay(const ::gonka::trainshard::v1::RoundResult& result,
+                                  size_t member);
 
  private:
   // Replays contribution `member` of the certified round — and re-evaluates the member's

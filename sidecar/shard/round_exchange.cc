@@ -47,10 +47,12 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Connect(const pb::RoundPla
   return r;
 }
 
-absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan& plan) {
+absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan& plan,
+                                                             const StepScore& own_score) {
   TS_ASSIGN_OR_RETURN(Reduced r, Connect(plan));
   const uint64_t round = plan.round();
   AbortOnStop guard(&run_, r.mesh.get());
+  if (run_.spec.commitments && Scores(run_.spec)) TS_RETURN_IF_ERROR(GatherScores(r, own_score));
 
   // Read straight into the buffer the collective reduces in place: one copy of the Δ here.
   std::vector<float>& delta = r.aggregate;
@@ -74,6 +76,7 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
     AggregateSpec aggregate =
         RoundAggregate(run_.spec, view.members.size(), static_cast<size_t>(plan.members_size()));
     aggregate.weights = std::move(tokens);
+    aggregate.left_out = LeftOut(run_.spec.spec.verification(), r.scores);
     TS_ASSIGN_OR_RETURN(stats, r.collective->RobustAllReduce(op, aggregate, delta, &r.commitments));
   } else {
     // The ring averages: this host's Δ enters it scaled by n × its tokens / all tokens, so the
@@ -89,6 +92,29 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
   r.bytes += stats.wire_bytes_sent;
   r.reduced = run_.host.clock->MonotonicMs();
   return r;
+}
+
+absl::Status RoundExchange::GatherScores(Reduced& r, const StepScore& own_score) {
+  OpOptions op;
+  op.op_id = kScoreOpId;
+  op.codec = run_.spec.codec;
+  op.reduce = ReduceOp::kMean;
+  op.deadline_ms = r.deadline;
+  const std::string mine = EncodeScoreClaim(own_score);
+  std::string gathered(kScoreClaimBytes * r.group.members.size(), '\0');
+  TS_ASSIGN_OR_RETURN(OpStats stats, r.collective->AllGather(op, mine, gathered));
+  r.bytes += stats.wire_bytes_sent;
+  for (size_t i = 0; i < r.group.members.size(); ++i) {
+    const std::string& member = r.group.members[i].address;
+    absl::StatusOr<StepScore> claim = DecodeScoreClaim(
+        std::string_view(gathered).substr(i * kScoreClaimBytes, kScoreClaimBytes), member);
+    // Every member gathered the same claims and fails the attempt alike, naming the sender.
+    if (!claim.ok()) {
+      return PeerFailure(claim.status().code(), member, std::string(claim.status().message()));
+    }
+    r.scores.push_back(*claim);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inner_seconds) {
@@ -124,14 +150,24 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
                    (certified - r.reduced) / 1000.0);
   std::vector<std::string> short_members;
   for (const auto& m : result.members()) short_members.push_back(Short(m));
-  run_.Transition(absl::StrCat("round ", round, " certified (attempt ", plan.attempt(), ", ",
-                               cert.signatures_size(), " signatures, weight ", cert.signed_weight(),
-                               "/", cert.total_weight(), "): root ", Hex8(result.new_root()),
-                               ", train loss ", cert.train_loss(),
-                               evaluate ? absl::StrCat(", eval loss ", cert.eval_loss_micro() / 1e6,
-                                                       " (median of ", evaluations, ")")
-                                        : std::string(),
-                               "; members ", absl::StrJoin(short_members, ", ")));
+  // Where the run scores, each member's held-out score (milli-nats), "left out" where the
+  // spec's rule left its contribution out.
+  std::vector<std::string> scores;
+  const std::vector<bool> left_out = LeftOut(run_.spec.spec.verification(), r.scores);
+  for (size_t i = 0; i < r.scores.size(); ++i) {
+    scores.push_back(absl::StrCat(r.scores[i].held_out_micro / 1000,
+                                  !left_out.empty() && left_out[i] ? " (left out)" : ""));
+  }
+  run_.Transition(absl::StrCat(
+      "round ", round, " certified (attempt ", plan.attempt(), ", ", cert.signatures_size(),
+      " signatures, weight ", cert.signed_weight(), "/", cert.total_weight(), "): root ",
+      Hex8(result.new_root()), ", train loss ", cert.train_loss(),
+      evaluate ? absl::StrCat(", eval loss ", cert.eval_loss_micro() / 1e6, " (median of ",
+                              evaluations, ")")
+               : std::string(),
+      "; members ", absl::StrJoin(short_members, ", "),
+      scores.empty() ? std::string()
+                     : absl::StrCat("; held-out scores (mnat) ", absl::StrJoin(scores, ", "))));
 
   PublishCheckpoint(run_, round, r.collective.get(), r.group, r.self, deadline);
   {
@@ -165,6 +201,10 @@ absl::Status RoundExchange::AddContributions(const Reduced& r, pb::RoundResult* 
         AssignmentIdOf(run_.spec.hash, r.plan.data_seed(), r.plan.round(), c->host()));
     c->set_tokens(MemberTokensOf(run_.spec, view, c->host()));
     c->set_worker_threads(r.plan.members(static_cast<int>(i)).worker_threads());
+    if (i < r.scores.size()) {
+      c->set_score_micro(r.scores[i].held_out_micro);
+      c->set_assigned_score_micro(r.scores[i].assigned_micro);
+    }
   }
   return absl::OkStatus();
 }

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "sidecar/collective/collective.h"
 #include "sidecar/shard/run_context.h"
+#include "sidecar/shard/scoring.h"
 #include "sidecar/shard/settlement_exchange.h"
 
 namespace ts::sidecar {
@@ -47,19 +48,25 @@ class RoundExchange {
     std::vector<float> aggregate;
     // With commitments (run_spec.h): the members' Δ commitments, in plan order.
     std::vector<std::string> commitments;
+    // Where the run scores (scoring.h): the members' claims, in plan order.
+    std::vector<StepScore> scores;
     uint64_t bytes = 0;
     int64_t reduced = 0;  // when the aggregate was complete
   };
 
   // The mesh of the plan's members (Reduced without the aggregate).
   absl::StatusOr<Reduced> Connect(const ::gonka::trainshard::v1::RoundPlan& plan);
-  // Connect, then the allreduce of this host's Δ.
-  absl::StatusOr<Reduced> Reduce(const ::gonka::trainshard::v1::RoundPlan& plan);
+  // Connect, then the allreduce of this host's Δ; where the run scores, the members' score
+  // claims (`own_score` this host's) are gathered first, before any Δ is revealed.
+  absl::StatusOr<Reduced> Reduce(const ::gonka::trainshard::v1::RoundPlan& plan,
+                                 const StepScore& own_score = {});
   // `own_train_loss` and `inner_seconds` are this host's of the round's inner steps.
   absl::Status Finish(Reduced& r, float own_train_loss, double inner_seconds);
 
  private:
-  // With commitments: each member's commitment, assignment and tokens into `result`.
+  // The members' score claims into r.scores (kScoreOpId's gather).
+  absl::Status GatherScores(Reduced& r, const StepScore& own_score);
+  // With commitments: each member's commitment, assignment, tokens and score into `result`.
   absl::Status AddContributions(const Reduced& r,
                                 ::gonka::trainshard::v1::RoundResult* result) const;
   // The outer step with the aggregate; the new root.

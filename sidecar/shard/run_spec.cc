@@ -85,16 +85,36 @@ absl::Status ValidateVerification(const pb::RunSpec& spec) {
                                 v.replay_rate_bps(), 10000));
   TS_RETURN_IF_ERROR(
       CheckRange("verification.exclude_after_marks", v.exclude_after_marks(), 1, 1000));
-  if (v.replay_rate_bps() == 0) return absl::OkStatus();
-  if (!v.commitments() && spec.aggregation() == "mean") {  // every other gathers
+  // Replays and scores are compared with what a member committed to, before any Δ was seen.
+  const bool commits = v.commitments() || spec.aggregation() != "mean";  // every other gathers
+  if (v.replay_rate_bps() > 0 && !commits) {
     return Invalid("verification.replay_rate_bps", v.replay_rate_bps(),
                    "needs verification.commitments (or a robust aggregation): a replay is "
                    "compared with the member's commitment");
   }
-  if (spec.overlap()) {
+  if (v.replay_rate_bps() > 0 && spec.requirements().device() != "cpu") {
+    return Invalid(
+        "verification.replay_rate_bps", v.replay_rate_bps(),
+        absl::StrCat("needs requirements.device \"cpu\", not \"", spec.requirements().device(),
+                     "\": a replay reproduces a member's steps bit for bit only within "
+                     "one determinism class (no GPU tolerance is calibrated yet)"));
+  }
+  if (v.replay_rate_bps() > 0 && spec.overlap()) {
     return Invalid("verification.replay_rate_bps", v.replay_rate_bps(),
                    "cannot be used with overlap (a member's steps then start from its own Δ in "
                    "flight)");
+  }
+  TS_RETURN_IF_ERROR(CheckRange("verification.score_windows", v.score_windows(), 1, 1024));
+  TS_RETURN_IF_ERROR(CheckRange("verification.score_margin_micro", v.score_margin_micro(), 1,
+                                static_cast<uint64_t>(kScoreMicroLimit)));
+  if (v.scoring() != "off" && v.scoring() != "drop" && v.scoring() != "record") {
+    return Invalid("verification.scoring", absl::StrCat("\"", v.scoring(), "\""),
+                   "is not drop, record or off");
+  }
+  if (v.scoring() != "off" && (spec.overlap() || !commits)) {
+    return Invalid("verification.scoring", absl::StrCat("\"", v.scoring(), "\""),
+                   "needs commitments and no overlap (a score travels with the commitment, and a "
+                   "replay checks it)");
   }
   return absl::OkStatus();
 }
@@ -192,13 +212,32 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   pb::VerificationSpec& v = *spec.mutable_verification();
   if (v.marked_replay_rate_bps() == 0) v.set_marked_replay_rate_bps(10000);
   if (v.exclude_after_marks() == 0) v.set_exclude_after_marks(2);
+  // Replays reproduce a member's steps bit for bit only within one determinism class, which
+  // the CPU is (docs/verification.md "Replay"; no GPU tolerance is calibrated yet): a run that
+  // replays, by default or as its section says, and names no device trains on CPUs.
+  const bool default_replays = !verification_given && spec.aggregation() != "mean" &&
+                               !spec.overlap() && spec.requirements().device().empty();
+  if (spec.requirements().device().empty() && (default_replays || v.replay_rate_bps() > 0)) {
+    spec.mutable_requirements()->set_device("cpu");
+  }
+  if (v.score_windows() == 0) v.set_score_windows(kDefaultScoreWindows);
+  if (v.score_margin_micro() == 0) v.set_score_margin_micro(kDefaultScoreMarginMicro);
+  if (v.scoring().empty()) {
+    // Where the run replays (as ParseRunSpec's default below, or as the section says).
+    const bool commits = v.commitments() || spec.aggregation() != "mean";
+    const bool replays = verification_given
+                             ? v.replay_rate_bps() > 0
+                             : commits && !spec.overlap() && spec.requirements().device() == "cpu";
+    v.set_scoring(replays ? "drop" : "off");
+  }
   TS_RETURN_IF_ERROR(ValidateRunSpec(spec));
   out.hash = common::Sha256(document);
   out.codec.kind = *ParseCompression(spec.codec());
   out.aggregate = *AggregateSpecOf(spec.aggregation());
   out.aggregate_auto = spec.aggregation() == "auto";
   out.commitments = spec.verification().commitments() || out.aggregate.kind != Aggregator::kMean;
-  if (!verification_given && out.commitments && !spec.overlap()) {
+  if (!verification_given && out.commitments && !spec.overlap() &&
+      spec.requirements().device() == "cpu") {
     v.set_replay_rate_bps(kDefaultReplayRateBps);
   }
   return out;

@@ -31,6 +31,13 @@ inline constexpr uint32_t kDefaultExchangeTimeoutMs = 60000;
 // without overlap): 8 % of the member-rounds, under 10 % more compute with the re-evaluations
 // (docs/benchmarks.md "Verification").
 inline constexpr uint32_t kDefaultReplayRateBps = 800;
+// Held-out windows a member scores its steps on (docs/verification.md "Scoring").
+inline constexpr uint32_t kDefaultScoreWindows = 8;
+// How far below the round's median held-out score a contribution may fall and stay in (0.1
+// nats; docs/verification.md "Scoring").
+inline constexpr uint64_t kDefaultScoreMarginMicro = 100'000;
+// A score, and the spec's margin, at most this far from 0 (nats × 1e6).
+inline constexpr int64_t kScoreMicroLimit = int64_t{1} << 40;
 
 struct ParsedRunSpec {
   ::gonka::trainshard::v1::RunSpec spec;  // with defaults applied

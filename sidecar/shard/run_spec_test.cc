@@ -82,6 +82,29 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
   EXPECT_THAT(
       ParseRunSpec(absl::StrReplaceAll(kSpec, {{R"("mean")", R"("krum")"}})).status().message(),
       HasSubstr("aggregation: \"krum\" is not one of auto, mean"));
+  // Replays need one determinism class: a run that replays and names no device trains on
+  // CPUs; one that names another device does not replay by default.
+  EXPECT_EQ(unnamed->spec.requirements().device(), "cpu");
+  EXPECT_EQ(ParseRunSpec(kSpec)->spec.requirements().device(), "");  // the mean: no replays
+  auto gpus = ParseRunSpec(absl::StrReplaceAll(
+      kSpec, {{R"("aggregation": "mean", )", ""},
+              {R"("seed": "5")", R"("seed": "5", "requirements": {"device": "cuda"})"}}));
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  EXPECT_TRUE(gpus->commitments);
+  EXPECT_EQ(gpus->spec.verification().replay_rate_bps(), 0u);
+  EXPECT_EQ(gpus->spec.verification().scoring(), "off");
+  // Scoring (docs/verification.md "Scoring"): "drop" where the run replays, else "off"; a
+  // section says its own.
+  EXPECT_EQ(unnamed->spec.verification().scoring(), "drop");
+  EXPECT_EQ(unnamed->spec.verification().score_windows(), kDefaultScoreWindows);
+  EXPECT_EQ(unnamed->spec.verification().score_margin_micro(), kDefaultScoreMarginMicro);
+  EXPECT_EQ(ParseRunSpec(kSpec)->spec.verification().scoring(), "off");
+  EXPECT_EQ(asked->spec.verification().scoring(), "off");  // commitments without replays
+  auto recorded = ParseRunSpec(absl::StrReplaceAll(
+      kSpec, {{R"("seed": "5")",
+               R"("seed": "5", "verification": {"commitments": true, "scoring": "record"})"}}));
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(recorded->spec.verification().scoring(), "record");
   // Unknown fields of the section are refused like any other.
   auto unknown = ParseRunSpec(absl::StrReplaceAll(
       kSpec, {{R"("seed": "5")", R"("seed": "5", "verification": {"replay": 1})"}}));
@@ -218,6 +241,23 @@ TEST(RunSpec, BadDocumentsNameTheFieldAndValue) {
       {R"("seed": "5")",
        R"("seed": "5", "overlap": true, "verification": {"commitments": true, "replayRateBps": 1})",
        "verification.replay_rate_bps: 1 cannot be used with overlap"},
+      {R"("seed": "5")",
+       R"("seed": "5", "requirements": {"device": "any"}, "verification": {"commitments": true, "replayRateBps": 100})",
+       "verification.replay_rate_bps: 100 needs requirements.device \"cpu\", not \"any\""},
+      {R"("seed": "5")",
+       R"("seed": "5", "verification": {"commitments": true, "scoring": "vibes"})",
+       "verification.scoring: \"vibes\" is not drop, record or off"},
+      {R"("seed": "5")", R"("seed": "5", "verification": {"scoring": "record"})",
+       "verification.scoring: \"record\" needs commitments and no overlap"},
+      {R"("seed": "5")",
+       R"("seed": "5", "overlap": true, "verification": {"commitments": true, "scoring": "drop"})",
+       "verification.scoring: \"drop\" needs commitments and no overlap"},
+      {R"("seed": "5")",
+       R"("seed": "5", "verification": {"commitments": true, "scoreWindows": 1025})",
+       "verification.score_windows: 1025 is outside 1..1024"},
+      {R"("seed": "5")",
+       R"("seed": "5", "verification": {"commitments": true, "scoreMarginMicro": "1099511627777"})",
+       "verification.score_margin_micro: 1099511627777 is outside 1..1099511627776"},
   };
   for (const Case& c : cases) {
     std::string doc = absl::StrReplaceAll(kSpec, {{c.from, c.to}});

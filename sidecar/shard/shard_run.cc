@@ -57,6 +57,7 @@ struct ShardRun::Impl {
   };
   std::map<uint64_t, DeltaInfo> deltas;
   float last_train_loss = 0;
+  StepScore last_score;  // of delta_round's steps, where the run scores (scoring.h)
 
   // Whether this host holds its Δ of `round`, computed on the root the round now builds on: a
   // Δ computed before this host's records of an earlier round were superseded is stale.
@@ -92,6 +93,7 @@ struct ShardRun::Impl {
                             DataSeedOf(spec.seed(), round, data_root), ctx.host.address, base);
     request.set_delta_file(DeltaName(round));
     request.set_rebase_delta_file(rebase_on);
+    AddScoreRequest(ctx.spec, ctx.data.eval_file(), &request);
     if (spec.overlap()) {
       deltas.erase(round);  // rewritten now, over round - 2's
       deltas.erase(round - 2);
@@ -101,6 +103,7 @@ struct ShardRun::Impl {
     delta_round = round;
     delta_data_root = data_root;
     last_train_loss = done.losses().empty() ? 0 : done.losses(done.losses_size() - 1);
+    last_score = StepScoreOf(done);
     ctx.round_inner_seconds = done.seconds();
     if (spec.overlap()) deltas[round] = {last_train_loss, ctx.round_inner_seconds, data_root};
     absl::MutexLock lock(&ctx.mu);
@@ -195,7 +198,7 @@ struct ShardRun::Impl {
   // One attempt of `plan` with this host's Δ; false when the run must end.
   bool Attempt(const pb::RoundPlan& plan, float train_loss, double inner_seconds,
                uint32_t* min_attempt) {
-    absl::StatusOr<RoundExchange::Reduced> reduced = exchange.Reduce(plan);
+    absl::StatusOr<RoundExchange::Reduced> reduced = exchange.Reduce(plan, last_score);
     absl::Status done = reduced.status();
     if (reduced.ok()) done = exchange.Finish(*reduced, train_loss, inner_seconds);
     if (done.ok()) return true;

@@ -44,11 +44,17 @@ absl::Status CheckVerdict(std::string_view chain_id, const pb::SignedVerdict& si
   if (!v.evaluated() && (v.evaluation_loss_micro() != 0 || v.reevaluation_loss_micro() != 0)) {
     return invalid("carries evaluation losses without evaluated");
   }
+  if (!v.scored() && (v.score_micro() != 0 || v.assigned_score_micro() != 0 ||
+                      v.rescore_micro() != 0 || v.reassigned_score_micro() != 0)) {
+    return invalid("carries scores without scored");
+  }
   const bool same_evaluation = v.evaluation_loss_micro() == v.reevaluation_loss_micro();
-  if (v.reproduced() != (v.replayed() == v.committed() && same_evaluation)) {
+  const bool same_score = v.score_micro() == v.rescore_micro() &&
+                          v.assigned_score_micro() == v.reassigned_score_micro();
+  if (v.reproduced() != (v.replayed() == v.committed() && same_evaluation && same_score)) {
     return invalid(
-        "reproduced does not say whether the replayed commitment is the committed one and the "
-        "re-evaluation the evaluation");
+        "reproduced does not say whether the replayed commitment is the committed one, the "
+        "re-evaluation the evaluation and the replay's score the claimed one");
   }
   auto signer = common::RecoverStatementSigner(protocol::kSignVerdict, chain_id, v.shard_id(),
                                                DeterministicBytes(v), signed_verdict.signature());

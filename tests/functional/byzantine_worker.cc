@@ -18,6 +18,8 @@
 //                hides this round's others; honest in the first round)
 //   stale        its own honest Δ of the previous round (honest in the first)
 //   wrong_data   the Δ of steps on another round's batches
+// or commits its honest Δ with a false claim:
+//   lying_scorer its steps' held-out score claimed 1 nat better than the worker computed
 // and as an evaluator or a validator:
 //   lying_evaluator  its own evaluations answer 1 nat less than the worker computed
 //   lying_validator  every replay of another member's steps comes out a little off
@@ -53,8 +55,9 @@ namespace ts::worker {
 namespace {
 
 constexpr std::string_view kAttacks[] = {
-    "none",      "free_rider", "copier", "lazy",       "noise",           "scale100",
-    "sign_flip", "alie",       "stale",  "wrong_data", "lying_evaluator", "lying_validator"};
+    "none",        "free_rider", "copier", "lazy",       "noise",           "scale100",
+    "sign_flip",   "alie",       "stale",  "wrong_data", "lying_evaluator", "lying_validator",
+    "lying_scorer"};
 
 bool KnownAttack(std::string_view a) {
   for (std::string_view k : kAttacks) {
@@ -150,6 +153,10 @@ class ByzantineWorker final : public pb::Worker::Service {
     }
     grpc::Status status = Pass(honest_->InnerSteps(sent), response);
     if (!status.ok()) return status;
+    if (!replay && attack == "lying_scorer") {
+      response->set_score_loss(std::max(0.01, response->score_loss() - 1.0));
+      return status;
+    }
     if (replay && attack != "lying_validator") return status;
     const std::string path = Path(request->delta_file());
     absl::StatusOr<std::vector<float>> delta = ReadValues(path);

@@ -166,14 +166,17 @@ def main():
               f"{float(final['inner_seconds']):.1f} s in inner steps")
         payouts = {p["host"]: int(p["amount"]) for p in record["settlement"]["payouts"]}
         contributed = {p["host"]: p["rounds_contributed"] for p in record["settlement"]["payouts"]}
+        # The loss-delta score of the work each host is paid for (docs/verification.md).
+        scored = {p["host"]: int(p.get("score", 0)) / 1e6 for p in record["settlement"]["payouts"]}
         before = {a: net.balance(a) - payouts.get(a, 0) for a in payouts}
         ok_loss = curve and curve[-1][2] is not None and curve[0][2] is not None and \
             curve[-1][2] < curve[0][2]
         print("\nPayouts")
-        print(f"  {'host':<48} {'rounds':>6} {'paid':>10} {'balance':>14}")
+        print(f"  {'host':<48} {'rounds':>6} {'score':>7} {'paid':>10} {'balance':>14}")
         for a, amt in payouts.items():
             bal = net.balance(a)
-            print(f"  {a:<48} {contributed[a]:>6} {bal - before[a]:>10} {bal:>14}")
+            print(f"  {a:<48} {contributed[a]:>6} {scored[a]:>7.3f} {bal - before[a]:>10} "
+                  f"{bal:>14}")
         print(f"  refund to creator: {record['settlement']['refund']}")
         now = int(net.cli("chain", "status")["total_supply"])
         print(f"  total supply: {now} (unchanged: {now == supply})")

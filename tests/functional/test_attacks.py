@@ -11,8 +11,8 @@ final eval loss is at most 5 % above the honest run's (the attack does not hurt 
 run may end lower than the honest one by more than that when a host of the honest run missed
 a round on a loaded machine, which moves the loss by a few per cent either way).
 
-TS_ATTACKS names the attacks (comma-separated, or "all"); without it, the CI's three: a Δ
-attack (sign_flip), a lying evaluator and a lying validator. scripts/attack_suite.sh runs them all in both shapes
+TS_ATTACKS names the attacks (comma-separated, or "all"); without it, the CI's four: a Δ
+attack (sign_flip), a lying evaluator, a lying validator and a lying scorer. scripts/attack_suite.sh runs them all in both shapes
 and prints the table in docs/benchmarks.md.
 """
 
@@ -27,8 +27,8 @@ import harness  # noqa: E402
 from test_training import open_shard, wait_settled  # noqa: E402
 
 ALL_ATTACKS = ("free_rider", "copier", "lazy", "noise", "scale100", "sign_flip", "alie", "stale",
-               "wrong_data", "lying_evaluator", "lying_validator")
-CI_ATTACKS = ("sign_flip", "lying_evaluator", "lying_validator")
+               "wrong_data", "lying_evaluator", "lying_validator", "lying_scorer")
+CI_ATTACKS = ("sign_flip", "lying_evaluator", "lying_validator", "lying_scorer")
 # The final eval loss may be this much above the honest run's, relatively.
 LOSS_TOLERANCE = 0.05
 WEIGHT = 60

@@ -810,8 +810,9 @@ SimResult RoundSim::Run() {
 
 namespace {
 constexpr const char* kAttackNames[kAttackKinds] = {
-    "none",      "free_rider", "copier", "lazy",       "noise",           "scale100",
-    "sign_flip", "alie",       "stale",  "wrong_data", "lying_validator", "lying_evaluator"};
+    "none",        "free_rider", "copier", "lazy",       "noise",           "scale100",
+    "sign_flip",   "alie",       "stale",  "wrong_data", "lying_validator", "lying_evaluator",
+    "lying_scorer"};
 }  // namespace
 
 const char* AttackName(Attack a) { return kAttackNames[static_cast<int>(a)]; }

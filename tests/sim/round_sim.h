@@ -47,10 +47,11 @@ enum class Attack : uint8_t {
   kWrongData,
   kLyingValidator,
   kLyingEvaluator,
+  kLyingScorer,  // its honest Δ with a held-out score claimed better than its steps' own
 };
-inline constexpr int kAttackKinds = 12;
+inline constexpr int kAttackKinds = 13;
 // "none", "free_rider", "copier", "lazy", "noise", "scale100", "sign_flip", "alie", "stale",
-// "wrong_data", "lying_validator", "lying_evaluator": the attack suite's names.
+// "wrong_data", "lying_validator", "lying_evaluator", "lying_scorer": the attack suite's names.
 const char* AttackName(Attack a);
 std::optional<Attack> ParseAttack(std::string_view name);
 

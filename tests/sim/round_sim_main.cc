@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   uint64_t failed = 0, events = 0;
   uint64_t caught = 0, marked = 0;  // seeds whose attacker was paid nothing, was marked
+  // Seeds in which a host's records were superseded by a later attempt's certificate (a rare
+  // path, which round_sim_test pins with such a seed), and the first of them.
+  uint64_t superseded = 0, first_superseded = 0;
   for (uint64_t seed = from; seed < from + seeds; ++seed) {
     ts::sim::SimResult r = ts::sim::RunRoundSim({.seed = seed,
                                                  .faults = !no_faults,
@@ -63,6 +66,10 @@ int main(int argc, char** argv) {
       marked += r.attacker_marks > 0 ? 1 : 0;
     }
     events += r.events;
+    if (r.superseded > 0) {
+      if (superseded == 0) first_superseded = seed;
+      ++superseded;
+    }
     if (verbose || !r.ok) {
       std::printf(
           "seed %llu: %s; %zu hosts, %llu of %u rounds settled, %llu events, %.1f s simulated; "
@@ -85,6 +92,11 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(seeds), static_cast<unsigned long long>(from),
               static_cast<unsigned long long>(failed), static_cast<unsigned long long>(events),
               wall);
+  if (superseded > 0) {
+    std::printf("ts_round_sim: records superseded in %llu seeds (the first: %llu)\n",
+                static_cast<unsigned long long>(superseded),
+                static_cast<unsigned long long>(first_superseded));
+  }
   if (attacking) {
     std::printf(
         "ts_round_sim: attacker (%s) marked in %llu and paid nothing in %llu of %llu seeds\n",

@@ -59,15 +59,21 @@ float Loss(const Params& p) {
   return l / static_cast<float>(p.size());
 }
 
+// The model after H steps of plain SGD towards the target from `base`.
+Params SgdSteps(const Params& base, uint32_t steps) {
+  Params p = base;
+  for (uint32_t s = 0; s < std::min<uint32_t>(steps, 50); ++s) {
+    for (size_t i = 0; i < kParams; ++i) p[i] -= 0.05F * (p[i] - Target(i));
+  }
+  return p;
+}
+
 // H inner steps as a pure function of the base, the round's data seed and the host: plain SGD
 // towards the target, plus the host's own noise.
 Params DeltaOf(const Params& base, const std::string& seed, const std::string& host,
                uint32_t steps) {
-  Params p = base;
+  const Params p = SgdSteps(base, steps);
   const std::string noise = common::Sha256(absl::StrCat(seed, "/", host));
-  for (uint32_t s = 0; s < std::min<uint32_t>(steps, 50); ++s) {
-    for (size_t i = 0; i < kParams; ++i) p[i] -= 0.05F * (p[i] - Target(i));
-  }
   Params delta(kParams);
   for (size_t i = 0; i < kParams; ++i) {
     const float jitter = (static_cast<unsigned char>(noise[i]) - 128) / 12800.0F;
@@ -121,6 +127,7 @@ Params Tampered(SimHostState& me, const Params& base, const std::string& seed,
     case Attack::kNone:
     case Attack::kLyingValidator:
     case Attack::kLyingEvaluator:
+    case Attack::kLyingScorer:
       break;
   }
   return honest;
@@ -168,6 +175,24 @@ class SimWorker final : public sidecar::RunWorker {
     root_ = request.expected_root();
     return pb::LoadCheckpointResponse();
   }
+  // What the steps from `base` report: the first step's loss and, where the run scores
+  // (sidecar/shard/scoring.h), the held-out loss before and after — here the distance to the
+  // target of the steps' model before the host's noise, which honest steps always lower.
+  // A lying scorer claims half the held-out loss after them.
+  static pb::InnerStepsResponse StepsResponse(const Params& base,
+                                              const pb::InnerStepsRequest& request,
+                                              bool lie = false) {
+    pb::InnerStepsResponse done;
+    done.add_losses(Loss(base));
+    done.set_seconds(kInnerStepsMs / 1000.0);
+    if (request.score_windows() > 0) {
+      const float after = Loss(SgdSteps(base, request.steps()));
+      done.set_score_base_loss(Loss(base));
+      done.set_score_loss(lie ? after / 2 : after);
+      done.set_assigned_loss(after);
+    }
+    return done;
+  }
   absl::StatusOr<pb::InnerStepsResponse> InnerSteps(const pb::InnerStepsRequest& request,
                                                     int64_t) override {
     SimHostState* me = net_.Host(self_);
@@ -183,7 +208,7 @@ class SimWorker final : public sidecar::RunWorker {
       Params delta = DeltaOf(base, request.data_seed(), request.host(), request.steps());
       if (me->attack == Attack::kLyingValidator) delta[0] += 1.0f;
       TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
-      return pb::InnerStepsResponse();
+      return StepsResponse(base, request);
     }
     if (request.base_root() != root_) {
       return absl::FailedPreconditionError(
@@ -192,14 +217,12 @@ class SimWorker final : public sidecar::RunWorker {
     const Params honest = DeltaOf(params_, request.data_seed(), self_, request.steps());
     const Params delta =
         Tampered(*me, params_, request.data_seed(), self_, request.steps(), honest);
-    if (delta != honest) me->attacked_rounds.insert(request.round());
+    const bool lie = me->attack == Attack::kLyingScorer && request.score_windows() > 0;
+    if (delta != honest || lie) me->attacked_rounds.insert(request.round());
     me->own = honest;
     TS_RETURN_IF_ERROR(WriteFile(Path(request.delta_file()), Bytes(delta)));
     me->deltas[request.base_root() + request.data_seed()] = Bytes(delta);
-    pb::InnerStepsResponse done;
-    done.add_losses(Loss(params_));
-    done.set_seconds(kInnerStepsMs / 1000.0);
-    return done;
+    return StepsResponse(params_, request, lie);
   }
   absl::StatusOr<pb::OuterStepResponse> OuterStep(const pb::OuterStepRequest& request) override {
     TS_RETURN_IF_ERROR(Call(kModelCallMs));
