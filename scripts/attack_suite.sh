@@ -31,7 +31,7 @@ for shape in 4 7; do
   echo "== every attack in real shards, shape $shape (the whole output: $log)"
   (cd tests/functional && TS_BUILD_DIR="$PWD/../../build" TS_ATTACKS=all TS_ATTACK_SHAPE=$shape \
      /usr/bin/python3 test_attacks.py >>"$log" 2>&1) || status=1
-  grep -E '^ATTACK ' "$log" | tail -n 12
+  grep -E '^ATTACK ' "$log" | tail -n 13
 done
 [ $status = 0 ] || grep -E -B2 -A12 '^(FAIL|ERROR):' "$log"
 exit $status

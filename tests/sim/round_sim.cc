@@ -41,7 +41,7 @@ constexpr int kCheckStatusEvery = 16;
 // Every fourth seed (1, 5, 9, ...) runs with commitments and replays at half the rounds
 // (docs/verification.md), so the commit-before-reveal exchange and the validators meet the same
 // faults as the ring.
-std::string SpecOf(uint32_t rounds, uint32_t replay_rate_bps) {
+std::string SpecOf(uint32_t rounds, uint32_t replay_rate_bps, const std::string& scoring) {
   return absl::StrCat(
       R"({
   "version": 1,
@@ -57,8 +57,9 @@ std::string SpecOf(uint32_t rounds, uint32_t replay_rate_bps) {
   "codec": "int8", "aggregation": "mean", "evalEvery": 2, "evalBatchSize": 16, "seed": "5",
   "joinWindowMs": 2000, "plannerTimeoutMs": 3000, "exchangeTimeoutMs": 10000)",
       replay_rate_bps > 0
-          ? absl::StrCat(R"(, "verification": {"commitments": true, "replayRateBps": )",
-                         replay_rate_bps, "}")
+          ? absl::StrCat(
+                R"(, "verification": {"commitments": true, "replayRateBps": )", replay_rate_bps,
+                scoring.empty() ? "" : absl::StrCat(R"(, "scoring": ")", scoring, "\""), "}")
           : "",
       "}");
 }
@@ -268,7 +269,7 @@ absl::Status RoundSim::Setup() {
     if (options_.replay_rate_bps == 0) rate = 10000;
   }
   result_.attack = attack_;
-  TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_, rate)));
+  TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_, rate, options_.scoring)));
   view_.shard_id = kShard;
   view_.status = pb::SHARD_STATUS_RUNNING;
   for (size_t i = 0; i < n; ++i) {

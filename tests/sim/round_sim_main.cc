@@ -22,9 +22,8 @@ int main(int argc, char** argv) {
   int attacker = 0;
   app.add_option("--attack", attack_name,
                  "every seed with host --attacker attacking so (free_rider, copier, lazy, noise, "
-                 "scale100, sign_flip, alie, stale, wrong_data, lying_validator, lying_evaluator; "
-                 "none: drawn on "
-                 "every fourth seed)");
+                 "scale100, sign_flip, alie, stale, wrong_data, lying_validator, lying_evaluator, "
+                 "lying_scorer; none: drawn on every fourth seed)");
   app.add_option("--attacker", attacker, "the attacker's index with --attack")
       ->check(CLI::Range(0, 4));
   size_t hosts = 5;

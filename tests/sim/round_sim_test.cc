@@ -95,8 +95,10 @@ TEST(RoundSim, AnAbandonedAttemptsCertificateIsSuperseded) {
 // Δ of the next round again on the root the others certified — a commitment to a Δ computed on
 // its own abandoned root would not bind what the round's base and assignment give, and a
 // replay would accuse an honest member (CheckEnd: no replay fails on an honest member).
+// Without scores: their gather before the exchange moves this seed's timing off the fork (none
+// of 2,000 seeds at 50 % replays with scores forked), and the fork is about the Δ, not scores.
 TEST(RoundSim, ADeltaOnASupersededRootIsComputedAgain) {
-  SimResult r = RunRoundSim({.seed = 2228, .replay_rate_bps = 5000});
+  SimResult r = RunRoundSim({.seed = 2228, .replay_rate_bps = 5000, .scoring = "off"});
   ASSERT_TRUE(r.ok) << r.violation;
   EXPECT_GT(r.superseded, 0);
 }
