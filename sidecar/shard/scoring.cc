@@ -11,15 +11,12 @@ namespace {
 
 namespace pb = ::gonka::trainshard::v1;
 
-// The fall from `before` to `after` in micro-nats; a loss that is not finite, or a fall beyond
-// the cap, counts as the cap's rise or fall.
+// The fall from `before` to `after` in micro-nats, within ±kScoreMicroMax; a loss that is not
+// finite or beyond any model's (a diverged one's) counts as the largest rise.
 int64_t FallMicro(double before, double after) {
-  const double fall = (before - after) * 1e6;
-  if (!std::isfinite(fall)) return -kScoreMicroMax;
-  if (std::fabs(fall) >= static_cast<double>(kScoreMicroMax)) {
-    return fall > 0 ? kScoreMicroMax : -kScoreMicroMax;
-  }
-  return LossMicroOf(before) - LossMicroOf(after);
+  constexpr double kLossMax = 1e9;  // nats: 1e15 micro-nats, far inside int64
+  if (!(std::fabs(before) < kLossMax && std::fabs(after) < kLossMax)) return -kScoreMicroMax;
+  return std::clamp(LossMicroOf(before) - LossMicroOf(after), -kScoreMicroMax, kScoreMicroMax);
 }
 
 void PutBigEndian(int64_t v, std::string* out) {

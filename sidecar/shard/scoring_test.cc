@@ -37,10 +37,14 @@ TEST(Scoring, AStepsScoreIsTheLossFallInMicroNats) {
   EXPECT_EQ(StepScoreOf(done), (StepScore{.held_out_micro = 500000, .assigned_micro = 250000}));
   done.set_score_loss(2.6);  // the held-out loss rose
   EXPECT_EQ(StepScoreOf(done).held_out_micro, -100000);
-  // A loss that is not finite counts as the largest rise.
+  // A loss that is not finite, or beyond any model's, counts as the largest rise; a fall beyond
+  // the cap as the cap.
   done.set_score_loss(std::numeric_limits<double>::quiet_NaN());
   EXPECT_EQ(StepScoreOf(done).held_out_micro, -kScoreMicroMax);
-  done.set_score_loss(-1e30);
+  done.set_score_loss(1e30);
+  EXPECT_EQ(StepScoreOf(done).held_out_micro, -kScoreMicroMax);
+  done.set_score_base_loss(3e6);
+  done.set_score_loss(1.0);
   EXPECT_EQ(StepScoreOf(done).held_out_micro, kScoreMicroMax);
 }
 
