@@ -228,7 +228,7 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
     const bool replays = verification_given
                              ? v.replay_rate_bps() > 0
                              : commits && !spec.overlap() && spec.requirements().device() == "cpu";
-    v.set_scoring(replays ? "drop" : "off");
+    v.set_scoring(replays ? "record" : "off");
   }
   TS_RETURN_IF_ERROR(ValidateRunSpec(spec));
   out.hash = common::Sha256(document);

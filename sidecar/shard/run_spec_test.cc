@@ -93,9 +93,9 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
   EXPECT_TRUE(gpus->commitments);
   EXPECT_EQ(gpus->spec.verification().replay_rate_bps(), 0u);
   EXPECT_EQ(gpus->spec.verification().scoring(), "off");
-  // Scoring (docs/verification.md "Scoring"): "drop" where the run replays, else "off"; a
+  // Scoring (docs/verification.md "Scoring"): "record" where the run replays, else "off"; a
   // section says its own.
-  EXPECT_EQ(unnamed->spec.verification().scoring(), "drop");
+  EXPECT_EQ(unnamed->spec.verification().scoring(), "record");
   EXPECT_EQ(unnamed->spec.verification().score_windows(), kDefaultScoreWindows);
   EXPECT_EQ(unnamed->spec.verification().score_margin_micro(), kDefaultScoreMarginMicro);
   EXPECT_EQ(ParseRunSpec(kSpec)->spec.verification().scoring(), "off");

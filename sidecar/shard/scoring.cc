@@ -84,8 +84,9 @@ std::vector<bool> LeftOut(const pb::VerificationSpec& verification,
   for (const StepScore& s : scores) held_out.push_back(s.held_out_micro);
   std::sort(held_out.begin(), held_out.end());
   // Scores are within ±2^40 and the margin within 2^40 (run_spec.cc): no overflow.
-  const int64_t floor =
-      held_out[(held_out.size() - 1) / 2] - static_cast<int64_t>(verification.score_margin_micro());
+  const int64_t median = held_out[(held_out.size() - 1) / 2];
+  const int64_t floor = median - static_cast<int64_t>(verification.score_margin_micro()) -
+                        (median < 0 ? -median : median) / 2;
   std::vector<bool> out;
   bool any = false;
   for (const StepScore& s : scores) {

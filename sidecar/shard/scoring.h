@@ -53,10 +53,11 @@ std::string EncodeScoreClaim(const StepScore& score);
 absl::StatusOr<StepScore> DecodeScoreClaim(std::string_view block, std::string_view who);
 
 // Per contribution of a round, whether the spec's rule leaves it out of the aggregate and the
-// pay: under "drop", those whose held-out score is more than score_margin_micro below the
+// pay: under "drop", those whose held-out score is below m − score_margin_micro − |m| / 2, m the
 // round's lower median score (an honest score where fewer than half the members lie, so no
-// coalition the shard tolerates can push honest contributions out by claiming high). Never the
-// median one itself. Empty when none is left out.
+// coalition the shard tolerates can push honest contributions out by claiming high); the half
+// of |m| scales the line with the round's improvement, which the honest scores' spread follows.
+// Never the median one itself. Empty when none is left out.
 std::vector<bool> LeftOut(const ::gonka::trainshard::v1::VerificationSpec& verification,
                           const std::vector<StepScore>& scores);
 

@@ -64,11 +64,14 @@ TEST(Scoring, AClaimTravelsAsSixteenBytesAndBadOnesAreNamed) {
 
 TEST(Scoring, TheDropRuleLeavesOutWhatFellFarBelowTheRoundsMedian) {
   const pb::VerificationSpec drop = SpecScoring("drop", 100).spec.verification();
-  // The lower median of 500, 420, 390 and -50 is 390: -50 is far below it.
+  // The lower median of 500, 420, 390 and -50 is 390, the line 390 - 100 - 195 = 95: -50 is
+  // below it.
   EXPECT_EQ(LeftOut(drop, Claims({500, -50, 420, 390})),
             (std::vector<bool>{false, true, false, false}));
-  // Within the margin, or all low together (a round whose outer momentum overshot): kept.
+  // Above the line, or all low together (a round whose outer momentum overshot): kept.
   EXPECT_TRUE(LeftOut(drop, Claims({500, 401, 420})).empty());
+  EXPECT_TRUE(LeftOut(drop, Claims({500, 111, 420})).empty());  // the line is 110
+  EXPECT_EQ(LeftOut(drop, Claims({500, 109, 420})), (std::vector<bool>{false, true, false}));
   EXPECT_TRUE(LeftOut(drop, Claims({-29, -60, -82})).empty());
   // One member, or two: the median one is never left out.
   EXPECT_TRUE(LeftOut(drop, Claims({-5000})).empty());

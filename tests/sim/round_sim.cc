@@ -269,7 +269,11 @@ absl::Status RoundSim::Setup() {
     if (options_.replay_rate_bps == 0) rate = 10000;
   }
   result_.attack = attack_;
-  TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_, rate, options_.scoring)));
+  // The rule "drop" where the run scores: the simulation's honest scores are alike, so only
+  // a lie moves them (SimOptions.scoring says otherwise).
+  TS_ASSIGN_OR_RETURN(
+      spec_, sidecar::ParseRunSpec(
+                 SpecOf(rounds_, rate, options_.scoring.empty() ? "drop" : options_.scoring)));
   view_.shard_id = kShard;
   view_.status = pb::SHARD_STATUS_RUNNING;
   for (size_t i = 0; i < n; ++i) {
