@@ -166,8 +166,11 @@ def main():
               f"{float(final['inner_seconds']):.1f} s in inner steps")
         payouts = {p["host"]: int(p["amount"]) for p in record["settlement"]["payouts"]}
         contributed = {p["host"]: p["rounds_contributed"] for p in record["settlement"]["payouts"]}
-        # The loss-delta score of the work each host is paid for (docs/verification.md).
-        scored = {p["host"]: int(p.get("score", 0)) / 1e6 for p in record["settlement"]["payouts"]}
+        # The loss-delta score of the work each host is paid for, where the run scores
+        # (docs/verification.md "Scoring"; this run, the ring mean without replays, does not).
+        all_scores = {p["host"]: int(p.get("score", 0)) for p in record["settlement"]["payouts"]}
+        scored = {a: f"{v / 1e6:.3f}" if any(all_scores.values()) else "-"
+                  for a, v in all_scores.items()}
         before = {a: net.balance(a) - payouts.get(a, 0) for a in payouts}
         ok_loss = curve and curve[-1][2] is not None and curve[0][2] is not None and \
             curve[-1][2] < curve[0][2]
@@ -175,7 +178,7 @@ def main():
         print(f"  {'host':<48} {'rounds':>6} {'score':>7} {'paid':>10} {'balance':>14}")
         for a, amt in payouts.items():
             bal = net.balance(a)
-            print(f"  {a:<48} {contributed[a]:>6} {scored[a]:>7.3f} {bal - before[a]:>10} "
+            print(f"  {a:<48} {contributed[a]:>6} {scored[a]:>7} {bal - before[a]:>10} "
                   f"{bal:>14}")
         print(f"  refund to creator: {record['settlement']['refund']}")
         now = int(net.cli("chain", "status")["total_supply"])
