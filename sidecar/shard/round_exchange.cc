@@ -76,7 +76,8 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Reduce(const pb::RoundPlan
     AggregateSpec aggregate =
         RoundAggregate(run_.spec, view.members.size(), static_cast<size_t>(plan.members_size()));
     aggregate.weights = std::move(tokens);
-    aggregate.left_out = LeftOut(run_.spec.spec.verification(), r.scores);
+    r.left_out = LeftOut(run_.spec.spec.verification(), r.scores);
+    aggregate.left_out = r.left_out;
     TS_ASSIGN_OR_RETURN(stats, r.collective->RobustAllReduce(op, aggregate, delta, &r.commitments));
   } else {
     // The ring averages: this host's Δ enters it scaled by n × its tokens / all tokens, so the
@@ -153,10 +154,9 @@ absl::Status RoundExchange::Finish(Reduced& r, float own_train_loss, double inne
   // Where the run scores, each member's held-out score (milli-nats), "left out" where the
   // spec's rule left its contribution out.
   std::vector<std::string> scores;
-  const std::vector<bool> left_out = LeftOut(run_.spec.spec.verification(), r.scores);
   for (size_t i = 0; i < r.scores.size(); ++i) {
     scores.push_back(absl::StrCat(r.scores[i].held_out_micro / 1000,
-                                  !left_out.empty() && left_out[i] ? " (left out)" : ""));
+                                  !r.left_out.empty() && r.left_out[i] ? " (left out)" : ""));
   }
   run_.Transition(absl::StrCat(
       "round ", round, " certified (attempt ", plan.attempt(), ", ", cert.signatures_size(),

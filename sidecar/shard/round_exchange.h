@@ -48,8 +48,10 @@ class RoundExchange {
     std::vector<float> aggregate;
     // With commitments (run_spec.h): the members' Δ commitments, in plan order.
     std::vector<std::string> commitments;
-    // Where the run scores (scoring.h): the members' claims, in plan order.
+    // Where the run scores (scoring.h): the members' claims, in plan order, and which of them
+    // the spec's rule left out of the aggregate (empty: none).
     std::vector<StepScore> scores;
+    std::vector<bool> left_out;
     uint64_t bytes = 0;
     int64_t reduced = 0;  // when the aggregate was complete
   };

@@ -78,6 +78,12 @@ absl::StatusOr<AggregateSpec> AggregateSpecOf(std::string_view name) {
   return AggregateSpec{.kind = kind};
 }
 
+// Whether a run commits before it reveals: asked for, or implied by an aggregation that gathers
+// (every one but the ring mean).
+bool Commits(const pb::RunSpec& spec) {
+  return spec.verification().commitments() || spec.aggregation() != "mean";
+}
+
 absl::Status ValidateVerification(const pb::RunSpec& spec) {
   const pb::VerificationSpec& v = spec.verification();
   TS_RETURN_IF_ERROR(CheckRange("verification.replay_rate_bps", v.replay_rate_bps(), 0, 10000));
@@ -86,7 +92,7 @@ absl::Status ValidateVerification(const pb::RunSpec& spec) {
   TS_RETURN_IF_ERROR(
       CheckRange("verification.exclude_after_marks", v.exclude_after_marks(), 1, 1000));
   // Replays and scores are compared with what a member committed to, before any Δ was seen.
-  const bool commits = v.commitments() || spec.aggregation() != "mean";  // every other gathers
+  const bool commits = Commits(spec);
   if (v.replay_rate_bps() > 0 && !commits) {
     return Invalid("verification.replay_rate_bps", v.replay_rate_bps(),
                    "needs verification.commitments (or a robust aggregation): a replay is "
@@ -212,34 +218,26 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   pb::VerificationSpec& v = *spec.mutable_verification();
   if (v.marked_replay_rate_bps() == 0) v.set_marked_replay_rate_bps(10000);
   if (v.exclude_after_marks() == 0) v.set_exclude_after_marks(2);
-  // Replays reproduce a member's steps bit for bit only within one determinism class, which
-  // the CPU is (docs/verification.md "Replay"; no GPU tolerance is calibrated yet): a run that
-  // replays, by default or as its section says, and names no device trains on CPUs.
-  const bool default_replays = !verification_given && spec.aggregation() != "mean" &&
-                               !spec.overlap() && spec.requirements().device().empty();
-  if (spec.requirements().device().empty() && (default_replays || v.replay_rate_bps() > 0)) {
-    spec.mutable_requirements()->set_device("cpu");
+  // Without a verification section a run that commits (and has no overlap) replays at the
+  // default rate. Replays reproduce a member's steps bit for bit only within one determinism
+  // class, which the CPU is (docs/verification.md "Replay"; no GPU tolerance is calibrated
+  // yet): a run that replays, by default or as its section says, and names no device trains on
+  // CPUs, and one that names another device does not replay by default.
+  const std::string& device = spec.requirements().device();
+  if (!verification_given && Commits(spec) && !spec.overlap() &&
+      (device.empty() || device == "cpu")) {
+    v.set_replay_rate_bps(kDefaultReplayRateBps);
   }
+  if (device.empty() && v.replay_rate_bps() > 0) spec.mutable_requirements()->set_device("cpu");
   if (v.score_windows() == 0) v.set_score_windows(kDefaultScoreWindows);
   if (v.score_margin_micro() == 0) v.set_score_margin_micro(kDefaultScoreMarginMicro);
-  if (v.scoring().empty()) {
-    // Where the run replays (as ParseRunSpec's default below, or as the section says).
-    const bool commits = v.commitments() || spec.aggregation() != "mean";
-    const bool replays = verification_given
-                             ? v.replay_rate_bps() > 0
-                             : commits && !spec.overlap() && spec.requirements().device() == "cpu";
-    v.set_scoring(replays ? "record" : "off");
-  }
+  if (v.scoring().empty()) v.set_scoring(v.replay_rate_bps() > 0 ? "record" : "off");
   TS_RETURN_IF_ERROR(ValidateRunSpec(spec));
   out.hash = common::Sha256(document);
   out.codec.kind = *ParseCompression(spec.codec());
   out.aggregate = *AggregateSpecOf(spec.aggregation());
   out.aggregate_auto = spec.aggregation() == "auto";
-  out.commitments = spec.verification().commitments() || out.aggregate.kind != Aggregator::kMean;
-  if (!verification_given && out.commitments && !spec.overlap() &&
-      spec.requirements().device() == "cpu") {
-    v.set_replay_rate_bps(kDefaultReplayRateBps);
-  }
+  out.commitments = Commits(spec);
   return out;
 }
 
