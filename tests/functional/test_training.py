@@ -592,8 +592,19 @@ class ElasticTest(unittest.TestCase):
         planner_host.process.kill(signal.SIGKILL)
         survivors = [h for h in net.hosts if h is not planner_host]
         wait_round(net, survivors, sid, min(r1 + 2, rounds), timeout_s=180)
-        t = "\n".join(net.train_status(observer, sid)["transitions"])
-        self.assertRegex(t, r"(does not answer|failed)")
+        # The survivors noticed the planner gone (its plan failed, or it did not answer when
+        # asked for one), unless the round's plan was made and certified at its first attempt
+        # without it: a planner busy past the join window is left out of its own plan, and then
+        # nobody needs it again before the next round's planner in order.
+        t = "\n".join("\n".join(net.train_status(h, sid)["transitions"]) for h in survivors)
+        after = [x for x in net.train_status(observer, sid)["rounds"] if int(x["round"]) > r1 - 1]
+        for x in after:
+            if int(x["round"]) > r1:
+                self.assertNotIn(planner, x["members"], f"round {x['round']} after the kill")
+        planned_without = any(int(x["round"]) == r1 and int(x.get("attempt", 0)) == 0 and
+                              planner not in x["members"] for x in after)
+        if not planned_without:
+            self.assertRegex(t, r"(does not answer|failed)")
         planner_host.start()
         wait_settled(net, sid, timeout_s=400)
 
