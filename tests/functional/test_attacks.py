@@ -95,9 +95,11 @@ class AttackTest(unittest.TestCase):
         with open(self.attack_file, "w") as f:
             f.write(attack + "\n")
 
-    def run_attack(self, attack, run_spec):
-        """One shard with the attackers doing `attack`: its outcome as a dict."""
+    def run_attack(self, attack, run_spec, honest=None):
+        """One shard with the attackers doing `attack`: its outcome as a dict, its roots and
+        losses read from the `honest` hosts (the hosts that are not attackers by default)."""
         net = self.net
+        honest = honest or self.honest
         self.set_attack(attack)
         n = len(net.hosts)
         started = time.monotonic()
@@ -106,11 +108,11 @@ class AttackTest(unittest.TestCase):
             net.start_run(h, sid, run_spec)
         wait_settled(net, sid, timeout_s=600)
         harness.wait_for(lambda: all(net.train_status(h, sid, check=False).get("state") == "done"
-                                     for h in self.honest), 120, "every honest run done")
-        statuses = {h.name: net.train_status(h, sid) for h in self.honest}
+                                     for h in honest), 120, "every honest run done")
+        statuses = {h.name: net.train_status(h, sid) for h in honest}
         settlement = net.cli("shard", "settlement", "--id", sid)["settlement"]
         payouts = {p["host"]: p for p in settlement["payouts"]}
-        last = statuses[self.honest[0].name]["rounds"][-1]
+        last = statuses[honest[0].name]["rounds"][-1]
         return {
             "attack": attack,
             "shard": sid,
@@ -127,7 +129,7 @@ class AttackTest(unittest.TestCase):
                        for h in net.hosts},
             # The rounds each host was a member of among those a settlement pays for: with
             # replays, all but the last two (docs/verification.md "Pay").
-            "paid_rounds": {h.name: sum(1 for r in statuses[self.honest[0].name]["rounds"]
+            "paid_rounds": {h.name: sum(1 for r in statuses[honest[0].name]["rounds"]
                                         if int(r["round"]) <= PAID_ROUNDS
                                         and h.address in r["members"])
                             for h in net.hosts},
@@ -153,6 +155,31 @@ class AttackTest(unittest.TestCase):
             self.report(outcome, honest)
             with self.subTest(attack=attack):
                 self.check(outcome, honest)
+
+    def test_honest_runs_mark_no_one(self):
+        """No false positives: every host honest (the proxies pass everything through), seeded
+        runs of other data orders and initial models, hosts on one and two worker threads
+        replaying each other's steps: nobody is marked or rejected, every host is paid and the
+        hosts end on one root. TS_HONEST_SEEDS runs (2 here; scripts/honest_soak.sh runs 20)."""
+        net = self.net
+        seeds = int(os.environ.get("TS_HONEST_SEEDS", "2"))
+        if seeds < 1:
+            raise ValueError(f"TS_HONEST_SEEDS: {seeds} is not a positive count")
+        for i in range(seeds):
+            model = {"kind": "gpt", "seed": str(1000 + i),
+                     "config": {"layers": 2, "dModel": 64, "heads": 4, "context": 32,
+                                "vocab": 384, "mlpRatio": 4}}
+            run_spec = net.write_run_spec(f"honest-{i}", **dict(RUN, seed=str(5000 + i),
+                                                                model=model))
+            outcome = self.run_attack("none", run_spec, honest=net.hosts)
+            outcome["seed"] = 5000 + i
+            self.report(outcome)
+            with self.subTest(seed=5000 + i):
+                self.assertEqual(len(outcome["roots"]), 1, outcome)
+                self.assertFalse(any(outcome["marks"].values()), outcome)
+                self.assertFalse(any(outcome["rejected"].values()), outcome)
+                for h in net.hosts:
+                    self.assertGreater(outcome["paid"][h.name], 0, f"{h.name}: {outcome}")
 
     def check(self, outcome, honest):
         attack = outcome["attack"]
