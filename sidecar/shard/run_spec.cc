@@ -217,7 +217,7 @@ absl::StatusOr<ParsedRunSpec> ParseRunSpec(std::string_view document) {
   const bool verification_given = spec.has_verification();
   pb::VerificationSpec& v = *spec.mutable_verification();
   if (v.marked_replay_rate_bps() == 0) v.set_marked_replay_rate_bps(10000);
-  if (v.exclude_after_marks() == 0) v.set_exclude_after_marks(2);
+  if (v.exclude_after_marks() == 0) v.set_exclude_after_marks(kDefaultExcludeAfterMarks);
   // Without a verification section a run that commits (and has no overlap) replays at the
   // default rate. Replays reproduce a member's steps bit for bit only within one determinism
   // class, which the CPU is (docs/verification.md "Replay"; no GPU tolerance is calibrated

@@ -31,6 +31,13 @@ inline constexpr uint32_t kDefaultExchangeTimeoutMs = 60000;
 // without overlap): 8 % of the member-rounds, under 10 % more compute with the re-evaluations
 // (docs/benchmarks.md "Verification").
 inline constexpr uint32_t kDefaultReplayRateBps = 800;
+// Marks after which a host is left out of later plans. One: replays run in one determinism
+// class, where a replay reproduces honest steps to the bit, so a failure confirmed by more than
+// 2/3 of the weight, or a verdict they rejected, is proof rather than noise; waiting for a second
+// lets a cheater's Δs into one more round (docs/benchmarks.md "Verification": a stale Δ from
+// 2 of 7 hosts cost 6 % of the final loss at two marks, nothing measurable at one). A tolerance
+// class (GPU, not calibrated yet) would need more.
+inline constexpr uint32_t kDefaultExcludeAfterMarks = 1;
 // Held-out windows a member scores its steps on (docs/verification.md "Scoring").
 inline constexpr uint32_t kDefaultScoreWindows = 8;
 // How far below the round's median held-out score a contribution may fall and stay in (0.1

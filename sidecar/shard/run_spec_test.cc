@@ -97,6 +97,7 @@ TEST(RunSpec, CommitmentsWhenAskedForOrWhenTheAggregatorGathersAnyway) {
   // section says its own.
   EXPECT_EQ(unnamed->spec.verification().scoring(), "record");
   EXPECT_EQ(unnamed->spec.verification().score_windows(), kDefaultScoreWindows);
+  EXPECT_EQ(unnamed->spec.verification().exclude_after_marks(), kDefaultExcludeAfterMarks);
   EXPECT_EQ(unnamed->spec.verification().score_margin_micro(), kDefaultScoreMarginMicro);
   EXPECT_EQ(ParseRunSpec(kSpec)->spec.verification().scoring(), "off");
   EXPECT_EQ(asked->spec.verification().scoring(), "off");  // commitments without replays

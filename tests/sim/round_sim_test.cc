@@ -117,9 +117,10 @@ TEST(RoundSim, AFreeRiderFailsItsReplaysAndNoHonestMemberDoes) {
 }
 
 // Over enough rounds the others confirm the free rider's failures, it is marked, and at the
-// spec's limit (2 marks) left out of the plans while the others go on to settle; no honest host
-// is marked (CheckMarks), under faults too (docs/verification.md "Verdicts"). One host of four
-// (one of three would hold a third of the weight: the others could not certify without it).
+// spec's limit (one mark by default) left out of the plans while the others go on to settle; no
+// honest host is marked (CheckMarks), under faults too (docs/verification.md "Verdicts"). One
+// host of four (one of three would hold a third of the weight: the others could not certify
+// without it).
 TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
   for (uint64_t seed : {2, 3, 4}) {
     SimResult r = RunRoundSim({.seed = seed,
@@ -130,7 +131,7 @@ TEST(RoundSim, AFreeRidersConfirmedFailuresMarkAndExcludeIt) {
                                .rounds = 8,
                                .replay_rate_bps = 10000});
     ASSERT_TRUE(r.ok) << r.violation;
-    EXPECT_GE(r.attacker_marks, 2u) << "seed " << seed;  // and rounds in flight confirmed after
+    EXPECT_GE(r.attacker_marks, 1u) << "seed " << seed;  // and rounds in flight confirmed after
     EXPECT_TRUE(r.attacker_excluded) << "seed " << seed;
     // Its work is forfeit and refunded; the others are paid for theirs (3 of 4 hosts' tokens
     // until the exclusion, then all: more than 3/4 of the escrow, less than all of it).
@@ -164,7 +165,7 @@ TEST(RoundSim, ALyingValidatorIsOverruledMarkedAndExcluded) {
                                .rounds = 8,
                                .replay_rate_bps = 10000});
     ASSERT_TRUE(r.ok) << r.violation;
-    EXPECT_GE(r.attacker_marks, 2u) << "seed " << seed;
+    EXPECT_GE(r.attacker_marks, 1u) << "seed " << seed;
     EXPECT_TRUE(r.attacker_excluded) << "seed " << seed;
     EXPECT_EQ(r.attacker_paid, 0u) << "seed " << seed;
     EXPECT_GT(r.honest_paid, 0u) << "seed " << seed;
