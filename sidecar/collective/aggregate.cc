@@ -183,6 +183,10 @@ absl::Status AggregateKept(const AggregateSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat("aggregate: ", spec.left_out.size(),
                                                    " left_out flags for ", n, " contributions"));
   }
+  if (!spec.weights.empty() && spec.weights.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("aggregate: ", spec.weights.size(), " weights for ", n, " contributions"));
+  }
   AggregateSpec kept_spec = spec;
   kept_spec.left_out.clear();
   kept_spec.weights.clear();
@@ -190,15 +194,11 @@ absl::Status AggregateKept(const AggregateSpec& spec,
   for (size_t i = 0; i < n; ++i) {
     if (spec.left_out[i]) continue;
     kept.push_back(contributions[i]);
-    if (spec.kind == Aggregator::kMean && spec.weights.size() == n) {
+    if (spec.kind == Aggregator::kMean && !spec.weights.empty()) {
       kept_spec.weights.push_back(spec.weights[i]);
     }
   }
   if (kept.empty()) return absl::InvalidArgumentError("aggregate: every contribution left out");
-  if (!spec.weights.empty() && spec.weights.size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("aggregate: ", spec.weights.size(), " weights for ", n, " contributions"));
-  }
   if (kept_spec.kind == Aggregator::kTrimmedMean) {
     kept_spec.trim =
         std::min<uint32_t>(EffectiveTrim(spec, n), static_cast<uint32_t>((kept.size() - 1) / 2));
