@@ -54,34 +54,34 @@ class SettlementRefusals : public ChainTest {
             SignSettlement(hosts_[2], s)};
   }
 
+  // Settling s_ with `first` in host 1's place beside hosts 2 and 3's real signatures is
+  // refused with `code` and an error containing `fragment`.
+  void ExpectFirstSignatureRefused(const pb::SettlementSignature& first, uint32_t code,
+                                   const std::string& fragment) {
+    ExpectRefused(
+        creator_,
+        {SettleMsg(creator_, s_,
+                   {first, SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
+        code, fragment);
+  }
+
   pb::Settlement s_;
 };
 
 TEST_F(SettlementRefusals, ForgedSignature) {
   // An outsider's key signs, claiming to be host 1.
-  auto forged = SignSettlement(outsider_, s_, Addr(hosts_[0]));
-  ExpectRefused(creator_,
-                {SettleMsg(creator_, s_,
-                           {forged, SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
-                kUnauthenticated, "signature of " + Addr(hosts_[0]) + " does not verify");
+  ExpectFirstSignatureRefused(SignSettlement(outsider_, s_, Addr(hosts_[0])), kUnauthenticated,
+                              "signature of " + Addr(hosts_[0]) + " does not verify");
   // A corrupted byte in a real signature.
   auto corrupted = SignSettlement(hosts_[0], s_);
   std::string bytes = corrupted.signature();
   bytes[10] ^= 0x01;
   corrupted.set_signature(bytes);
-  ExpectRefused(
-      creator_,
-      {SettleMsg(creator_, s_,
-                 {corrupted, SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
-      kUnauthenticated, "does not verify");
+  ExpectFirstSignatureRefused(corrupted, kUnauthenticated, "does not verify");
   // A truncated signature.
   auto shortened = SignSettlement(hosts_[0], s_);
   shortened.set_signature(shortened.signature().substr(0, 64));
-  ExpectRefused(
-      creator_,
-      {SettleMsg(creator_, s_,
-                 {shortened, SignSettlement(hosts_[1], s_), SignSettlement(hosts_[2], s_)})},
-      kInvalidArgument, "64 bytes, want 65");
+  ExpectFirstSignatureRefused(shortened, kInvalidArgument, "64 bytes, want 65");
 }
 
 TEST_F(SettlementRefusals, SignerOutsideTheShard) {
