@@ -24,6 +24,14 @@ struct Host {
   std::string address = common::AddressFromPublicKey(key.public_key());
 };
 
+// The verified-work reward policy with a host's share capped at `max_host_share_bps`.
+pb::RewardPolicy VerifiedWork(uint32_t max_host_share_bps) {
+  pb::RewardPolicy policy;
+  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+  policy.set_max_host_share_bps(max_host_share_bps);
+  return policy;
+}
+
 struct Fixture {
   std::vector<Host> hosts = std::vector<Host>(4);
   ShardView view;
@@ -256,9 +264,7 @@ TEST(Ledger, SettlementPaysByContributionWithTheCapAndRefundsTheRest) {
   Fixture f;
   std::vector<pb::RoundCertificate> certs = {f.Certify(1, {0, 1, 2}), f.Certify(2, {0, 1, 2, 3}),
                                              f.Certify(3, {0, 1, 2, 3})};
-  pb::RewardPolicy policy;
-  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
-  policy.set_max_host_share_bps(5000);
+  const pb::RewardPolicy policy = VerifiedWork(5000);
   const pb::VerificationSpec none;
   auto s = DraftSettlement(kChain, f.view, 1100, policy, none, certs, 3);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -301,9 +307,7 @@ TEST(Ledger, WithReplaysTheLastTwoRoundsPayNobody) {
   for (uint64_t r = 1; r <= 4; ++r) certs.push_back(f.Certify(r, {0, 1, 2, 3}));
   // Host 3 claims ten times the tokens in the last two rounds, where no check can reach.
   for (size_t r : {2, 3}) certs[r].mutable_result()->mutable_contributions(3)->set_tokens(10240);
-  pb::RewardPolicy policy;
-  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
-  policy.set_max_host_share_bps(10000);
+  const pb::RewardPolicy policy = VerifiedWork(10000);
   pb::VerificationSpec replays;
   replays.set_replay_rate_bps(800);
   auto s = DraftSettlement(kChain, f.view, 1000, policy, replays, certs, 4);
@@ -334,9 +338,7 @@ TEST(Ledger, AContributionTheScoringRuleLeftOutIsNotPaid) {
   }
   // Host 2's round 1 raised the held-out loss while the others' lowered it.
   certs[0].mutable_result()->mutable_contributions(2)->set_score_micro(-5);
-  pb::RewardPolicy policy;
-  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
-  policy.set_max_host_share_bps(10000);
+  const pb::RewardPolicy policy = VerifiedWork(10000);
   pb::VerificationSpec drop;
   drop.set_scoring("drop");
   drop.set_score_margin_micro(50000);
@@ -374,9 +376,7 @@ TEST(Ledger, APartialSettlementPaysForTheRoundsCertifiedAndRefundsTheRest) {
   Fixture f;
   std::vector<pb::RoundCertificate> certs = {f.Certify(1, {0, 1, 2}), f.Certify(2, {0, 1, 2, 3}),
                                              f.Certify(3, {0, 1, 2, 3})};
-  pb::RewardPolicy policy;
-  policy.set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
-  policy.set_max_host_share_bps(5000);
+  const pb::RewardPolicy policy = VerifiedWork(5000);
   // Three rounds of the six planned: half the escrow is payable, shared as for a whole run.
   auto s = DraftSettlement(kChain, f.view, 2200, policy, pb::VerificationSpec(), certs, 6);
   ASSERT_TRUE(s.ok()) << s.status();
