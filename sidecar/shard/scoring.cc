@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "sidecar/shard/run_context.h"
@@ -85,8 +86,8 @@ std::vector<bool> LeftOut(const pb::VerificationSpec& verification,
   std::sort(held_out.begin(), held_out.end());
   // Scores are within ±2^40 and the margin within 2^40 (run_spec.cc): no overflow.
   const int64_t median = held_out[(held_out.size() - 1) / 2];
-  const int64_t floor = median - static_cast<int64_t>(verification.score_margin_micro()) -
-                        (median < 0 ? -median : median) / 2;
+  const int64_t floor =
+      median - static_cast<int64_t>(verification.score_margin_micro()) - std::abs(median) / 2;
   std::vector<bool> out;
   bool any = false;
   for (const StepScore& s : scores) {

@@ -597,7 +597,7 @@ class ElasticTest(unittest.TestCase):
         # without it (seen once in CI, with overlap): then no survivor needed it before the
         # next round's planner in order, and there was nothing to notice.
         t = "\n".join("\n".join(net.train_status(h, sid)["transitions"]) for h in survivors)
-        after = [x for x in net.train_status(observer, sid)["rounds"] if int(x["round"]) > r1 - 1]
+        after = [x for x in net.train_status(observer, sid)["rounds"] if int(x["round"]) >= r1]
         for x in after:
             if int(x["round"]) > r1:
                 self.assertNotIn(planner, x["members"], f"round {x['round']} after the kill")

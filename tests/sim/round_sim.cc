@@ -57,9 +57,8 @@ std::string SpecOf(uint32_t rounds, uint32_t replay_rate_bps, const std::string&
   "codec": "int8", "aggregation": "mean", "evalEvery": 2, "evalBatchSize": 16, "seed": "5",
   "joinWindowMs": 2000, "plannerTimeoutMs": 3000, "exchangeTimeoutMs": 10000)",
       replay_rate_bps > 0
-          ? absl::StrCat(
-                R"(, "verification": {"commitments": true, "replayRateBps": )", replay_rate_bps,
-                scoring.empty() ? "" : absl::StrCat(R"(, "scoring": ")", scoring, "\""), "}")
+          ? absl::StrCat(R"(, "verification": {"commitments": true, "replayRateBps": )",
+                         replay_rate_bps, R"(, "scoring": ")", scoring, "\"}")
           : "",
       "}");
 }
@@ -269,11 +268,7 @@ absl::Status RoundSim::Setup() {
     if (options_.replay_rate_bps == 0) rate = 10000;
   }
   result_.attack = attack_;
-  // The rule "drop" where the run scores: the simulation's honest scores are alike, so only
-  // a lie moves them (SimOptions.scoring says otherwise).
-  TS_ASSIGN_OR_RETURN(
-      spec_, sidecar::ParseRunSpec(
-                 SpecOf(rounds_, rate, options_.scoring.empty() ? "drop" : options_.scoring)));
+  TS_ASSIGN_OR_RETURN(spec_, sidecar::ParseRunSpec(SpecOf(rounds_, rate, options_.scoring)));
   view_.shard_id = kShard;
   view_.status = pb::SHARD_STATUS_RUNNING;
   for (size_t i = 0; i < n; ++i) {

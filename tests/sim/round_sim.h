@@ -74,8 +74,9 @@ struct SimOptions {
   size_t hosts = 0;
   uint32_t rounds = 0;           // 0: 3..5, drawn from the seed
   uint32_t replay_rate_bps = 0;  // 0: 5000 on every fourth seed (1, 5, 9, ...), else none
-  // With replays, the spec's verification.scoring ("drop", "record" or "off"); "": "drop".
-  std::string scoring = "";
+  // With replays, the spec's verification.scoring ("drop", "record" or "off"). "drop" by
+  // default: the simulation's honest scores are alike, so only a lie moves them.
+  std::string scoring = "drop";
   // The shard's deadline in simulated ms (the chain makes a block every kSimBlockMs), or 0 for
   // none. With one, the members settle the rounds they certified before it (partial
   // settlement): the shard must settle, on a root some host ends on, before it expires.
