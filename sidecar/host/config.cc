@@ -193,6 +193,8 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
       TS_ASSIGN_OR_RETURN(config.data_dir, GetString(key, node));
     } else if (key == "shard_endpoint") {
       TS_ASSIGN_OR_RETURN(config.shard_endpoint, GetString(key, node));
+    } else if (key == "stats_listen") {
+      TS_ASSIGN_OR_RETURN(config.stats_listen, GetString(key, node));
     } else if (key == "shard_listen") {
       TS_ASSIGN_OR_RETURN(config.shard_listen, GetString(key, node));
     } else if (key == "chunk_stream") {
@@ -274,6 +276,9 @@ absl::Status ValidateHostConfig(const HostConfig& config) {
   TS_RETURN_IF_ERROR(required("chain_endpoint", config.chain_endpoint));
   TS_RETURN_IF_ERROR(CheckHostPort("chain_endpoint", config.chain_endpoint, 1));
   if (!config.listen.empty()) TS_RETURN_IF_ERROR(CheckHostPort("listen", config.listen, 0));
+  if (!config.stats_listen.empty()) {
+    TS_RETURN_IF_ERROR(CheckHostPort("stats_listen", config.stats_listen, 0));
+  }
   TS_RETURN_IF_ERROR(required("key_file", config.key_file));
   TS_RETURN_IF_ERROR(required("data_dir", config.data_dir));
   TS_RETURN_IF_ERROR(required("shard_endpoint", config.shard_endpoint));

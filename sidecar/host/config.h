@@ -17,6 +17,7 @@
 namespace ts::sidecar {
 
 inline constexpr std::string_view kDefaultListen = "127.0.0.1:0";
+inline constexpr std::string_view kDefaultStatsListen = "127.0.0.1:0";
 inline constexpr int64_t kDefaultPollIntervalMs = 200;
 inline constexpr int64_t kMinPollIntervalMs = 10;
 inline constexpr int64_t kMaxPollIntervalMs = 60000;
@@ -43,6 +44,10 @@ struct HostConfig {
   std::string listen = std::string(kDefaultListen);
   std::string key_file;
   std::string data_dir;
+  // host:port of the read-only HTTP stats page, its JSON and /metrics (sidecar/host/
+  // stats_server.h; docs/stats.md); empty: not served. Port 0 picks a free port; the bound
+  // address is written to <data_dir>/stats.addr.
+  std::string stats_listen = std::string(kDefaultStatsListen);
   std::string shard_endpoint;  // host:port advertised in reservations
   // host:port the peer-facing shard services (ArtifactTransfer) bind. Empty: the default,
   // "0.0.0.0:<port of shard_endpoint>" (ShardListenAddress).

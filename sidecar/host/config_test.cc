@@ -41,6 +41,7 @@ TEST(ConfigTest, Defaults) {
   HostConfig c = MustParse(kMinimal);
   EXPECT_EQ(c.chain_endpoint, "127.0.0.1:9090");
   EXPECT_EQ(c.listen, "127.0.0.1:0");
+  EXPECT_EQ(c.stats_listen, "127.0.0.1:0");
   EXPECT_EQ(c.poll_interval_ms, 200);
   EXPECT_EQ(c.shard_idle_stop_ms, 60'000);
   EXPECT_TRUE(c.shard_binary.empty());
@@ -60,6 +61,7 @@ TEST(ConfigTest, Defaults) {
 TEST(ConfigTest, EveryKey) {
   HostConfig c = MustParse(std::string(kMinimal) + R"(
 listen = "0.0.0.0:9100"
+stats_listen = "0.0.0.0:9464"
 shard_listen = "10.0.0.1:7100"
 chunk_stream = false
 artifacts_dir = "/srv/artifacts"
@@ -77,6 +79,7 @@ max_shards = 7
 min_escrow_per_node = "123456789"
 )");
   EXPECT_EQ(c.listen, "0.0.0.0:9100");
+  EXPECT_EQ(c.stats_listen, "0.0.0.0:9464");
   EXPECT_EQ(c.shard_listen, "10.0.0.1:7100");
   EXPECT_FALSE(c.chunk_stream);
   EXPECT_EQ(ShardListenAddress(c), "10.0.0.1:7100");
@@ -122,6 +125,7 @@ TEST(ConfigTest, BadValuesNameTheKeyAndValue) {
   ExpectBad("[policy]\nspeed = 1\n", {"policy.speed", "unknown key"});
   ExpectBad("policy = 3\n", {"policy", "table"});
   ExpectBad("shard_listen = 7000\n", {"shard_listen", "string", "7000"});
+  ExpectBad("stats_listen = 9464\n", {"stats_listen", "string", "9464"});
   ExpectBad("chunk_stream = \"yes\"\n", {"chunk_stream", "boolean"});
   ExpectBad("artifacts_dir = [\"/a\"]\n", {"artifacts_dir", "string"});
 }
@@ -167,6 +171,16 @@ TEST(ConfigTest, ValidateRequiredAndAddresses) {
     EXPECT_NE(s.message().find("shard_listen: \"0.0.0.0\""), absl::string_view::npos)
         << s.message();
     bad.shard_listen = "127.0.0.1:0";  // any free port: allowed, the bound one is in shard.addr
+    EXPECT_TRUE(ValidateHostConfig(bad).ok());
+  }
+  {
+    HostConfig bad = c;
+    bad.stats_listen = "localhost";
+    auto s = ValidateHostConfig(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("stats_listen: \"localhost\""), absl::string_view::npos)
+        << s.message();
+    bad.stats_listen = "";  // not served
     EXPECT_TRUE(ValidateHostConfig(bad).ok());
   }
   {

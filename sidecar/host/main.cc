@@ -36,6 +36,8 @@
 #include "sidecar/host/run_starter.h"
 #include "sidecar/host/shard_processes.h"
 #include "sidecar/host/shard_server.h"
+#include "sidecar/host/stats_sampler.h"
+#include "sidecar/host/stats_server.h"
 #include "sidecar/peer/shard_directory.h"
 #include "worker/data_shard.h"
 
@@ -351,9 +353,38 @@ int Main(int argc, char** argv) {
   daemon.Start();
   if (!chain_id.empty()) runs.Activate(chain_id);
   starter.Start();
+
+  // The stats page and /metrics (docs/stats.md): a sampler reads the operator API and the
+  // chain once a second; the HTTP server hands out its last sample.
+  HostMetrics metrics;
+  std::unique_ptr<bridge::ChainClient> stats_chain =
+      bridge::NewGrpcChainClient(config.chain_endpoint);
+  StatsSamplerOptions sampler_options;
+  sampler_options.operator_target = server->address;
+  StatsSampler sampler(stats_chain.get(), &metrics, &common::SystemClock(), sampler_options);
+  std::unique_ptr<StatsServer> stats_server;
+  if (!config.stats_listen.empty()) {
+    sampler.Start();
+    StatsSources sources;
+    sources.overview_json = [&sampler] { return sampler.OverviewJson(); };
+    sources.metrics = &metrics;
+    auto started = StatsServer::Start(config.stats_listen, std::move(sources));
+    if (!started.ok()) {
+      LogError("cannot serve the stats page", started.status());
+      sampler.Stop();
+      runs.StopAll();
+      starter.Stop();
+      server->Shutdown(std::chrono::system_clock::now());
+      daemon.Stop();
+      return kExitFailure;
+    }
+    stats_server = *std::move(started);
+  }
+
   std::vector<std::pair<std::string, std::string>> addr_files = {
       {"operator.addr", server->address}, {"shard.addr", (*shard_server)->address()}};
   if (!server->query_address.empty()) addr_files.emplace_back("query.addr", server->query_address);
+  if (stats_server != nullptr) addr_files.emplace_back("stats.addr", stats_server->address());
   for (const auto& [name, bound] : addr_files) {
     if (absl::Status written = WriteFileAtomically(config.data_dir, name, bound + "\n");
         !written.ok()) {
@@ -368,6 +399,7 @@ int Main(int argc, char** argv) {
                {"address", address},
                {"operator", server->address},
                {"query", server->query_address},
+               {"stats", stats_server != nullptr ? stats_server->address() : ""},
                {"shard_listen", (*shard_server)->address()},
                {"chunk_stream_port", std::to_string((*shard_server)->chunk_stream_port())},
                {"artifacts_dir", artifacts_dir},
@@ -400,6 +432,8 @@ int Main(int argc, char** argv) {
   // thread then stops after its current command or step, each of which leaves the records
   // consistent, as a SIGKILL would.
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(1);
+  stats_server.reset();
+  sampler.Stop();
   runs.StopAll();
   starter.Stop();
   (*shard_server)->Shutdown(grace);

@@ -192,6 +192,7 @@ class Host:
         with open(self.config, "w") as f:
             f.write(f'chain_endpoint = "{self.net.chain}"\n'
                     f'listen = "{self.ip}:0"\n'
+                    f'stats_listen = "{self.ip}:0"\n'
                     f'key_file = "{self.key_file}"\n'
                     f'data_dir = "{self.data_dir}"\n'
                     f'shard_endpoint = "{self.shard_endpoint}"\n'
@@ -210,7 +211,7 @@ class Host:
     def start(self):
         self.write_config()
         addr_file = os.path.join(self.data_dir, "operator.addr")
-        for stale in (addr_file, self.shard_addr_file()):
+        for stale in (addr_file, self.shard_addr_file(), self.stats_addr_file()):
             if os.path.exists(stale):
                 os.unlink(stale)
         self.process = Process(self.name,
@@ -226,6 +227,15 @@ class Host:
 
     def shard_addr_file(self):
         return os.path.join(self.data_dir, "shard.addr")
+
+    def stats_addr_file(self):
+        return os.path.join(self.data_dir, "stats.addr")
+
+    def stats_url(self, timeout_s=30):
+        """http://host:port of the stats page, /metrics and /api/v1/overview."""
+        path = self.stats_addr_file()
+        addr = wait_for(lambda: self._addr(path), timeout_s, f"{self.name} to serve its stats")
+        return f"http://{addr}"
 
     def wait_shard_listen(self, timeout_s=30):
         """The bound peer-facing (shard_listen) address, once the daemon has written it."""
