@@ -36,6 +36,9 @@ def main():
         net.add_hosts()
         for h in net.hosts:
             say(f"{h.name} {h.address} sidecar on {h.operator}")
+        for h in net.hosts:
+            url = h.stats_url()
+            say(f"{h.name}'s live stats page: {url}/ (Prometheus metrics: {url}/metrics)")
         supply = int(net.cli("chain", "status")["total_supply"])
 
         run_spec = net.write_run_spec(
