@@ -530,6 +530,7 @@ absl::Status ChunkStreamServer::ServeRequest(int fd, const std::string& body,
     // The receiver hashes every chunk before storing it; as on GetChunks, serving skips a
     // second hash.
     TS_RETURN_IF_ERROR(SendFile(fd, file.get(), size, hash));
+    service->ChunkServed(request.auth().signer(), kServedOverChunkStream, size);
     *chunks_sent = static_cast<uint32_t>(i + 1);
     chunks_sent_.fetch_add(1);
   }

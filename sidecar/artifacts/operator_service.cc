@@ -146,10 +146,13 @@ using Operation = std::function<absl::StatusOr<pb::ArtifactProgress>(
 // Runs `operation` on its own thread while this (the handler's) thread streams its progress:
 // `first` at once, then the latest progress at most every kProgressIntervalMs and at least every
 // kProgressHeartbeatMs, then the final message (done = true). A failed write means the client is
-// gone: the operation sees `cancelled` and the call ends once it returns.
+// gone: the operation sees `cancelled` and the call ends once it returns. `observer` (may be
+// null) is told when the operation (`kind`) starts and ends, timed by `clock`.
 grpc::Status StreamOperation(grpc::ServerContext* context,
                              grpc::ServerWriter<pb::ArtifactProgress>* writer,
-                             const pb::ArtifactProgress& first, const Operation& operation) {
+                             const pb::ArtifactProgress& first, std::string_view kind,
+                             TransferObserver* observer, common::Clock* clock,
+                             const Operation& operation) {
   std::atomic<bool> client_gone{!writer->Write(first)};
   if (client_gone.load()) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
@@ -157,8 +160,15 @@ grpc::Status StreamOperation(grpc::ServerContext* context,
   ProgressRelay relay;
   std::function<bool()> cancelled = [&] { return client_gone.load() || context->IsCancelled(); };
   std::thread worker([&] {
-    relay.Finish(
-        operation([&relay](const pb::ArtifactProgress& p) { relay.Update(p); }, cancelled));
+    if (observer != nullptr) observer->TransferStarted(kind);
+    const int64_t start_ms = clock->MonotonicMs();
+    absl::StatusOr<pb::ArtifactProgress> result =
+        operation([&relay](const pb::ArtifactProgress& p) { relay.Update(p); }, cancelled);
+    if (observer != nullptr) {
+      observer->TransferEnded(kind, static_cast<double>(clock->MonotonicMs() - start_ms) / 1e3,
+                              result.ok() ? &*result : nullptr);
+    }
+    relay.Finish(std::move(result));
   });
   uint64_t written_version = 0;
   absl::Time last_write = absl::Now();
@@ -306,7 +316,7 @@ grpc::Status ArtifactOperatorService::Publish(grpc::ServerContext* context,
   pb::ArtifactProgress first;
   first.set_phase("hashing");
   ArtifactStore* const s = *store;
-  return StreamOperation(context, writer, first,
+  return StreamOperation(context, writer, first, kTransferPublish, options_.observer, clock_,
                          [&](const ProgressFn& progress,
                              const std::function<bool()>&) -> absl::StatusOr<pb::ArtifactProgress> {
                            // Publishing has no cancellation point; it ends on its own, bounded by
@@ -420,7 +430,7 @@ grpc::Status ArtifactOperatorService::Fetch(grpc::ServerContext* context,
   ArtifactStore* const s = *store;
   const std::string out_dir = request->out_dir();
   return StreamOperation(
-      context, writer, first,
+      context, writer, first, kTransferFetch, options_.observer, clock_,
       [&](const ProgressFn& progress,
           const std::function<bool()>& cancelled) -> absl::StatusOr<pb::ArtifactProgress> {
         FetchContext fetch_context;

@@ -92,6 +92,8 @@ struct ArtifactOperatorOptions {
   // Where Publish may read and Fetch and Export may write (file_policy.h). Unset: anywhere the
   // process may (the library alone, in tests); trainshardd always sets it.
   std::optional<OperatorFilePolicy> file_policy;
+  // Told of each publish and fetch (not owned; may be null).
+  TransferObserver* observer = nullptr;
 };
 
 class ArtifactOperatorService final : public pb::ArtifactOperator::Service {

@@ -237,14 +237,15 @@ grpc::Status ArtifactTransferService::GetChunks(grpc::ServerContext* context,
                                                 const pb::GetChunksRequest* request,
                                                 grpc::ServerWriter<pb::ChunkData>* writer) {
   pb::ChunkData message;
-  return ServeChunks(context, *request,
-                     [&](ArtifactStore* store, const std::string& hash) -> absl::Status {
-                       // Read into the message's own buffer, which keeps its capacity.
-                       TS_RETURN_IF_ERROR(store->ReadChunk(hash, message.mutable_data()));
-                       message.set_hash(hash);
-                       if (!writer->Write(message)) return absl::CancelledError("write failed");
-                       return absl::OkStatus();
-                     });
+  return ServeChunks(
+      context, *request, [&](ArtifactStore* store, const std::string& hash) -> absl::Status {
+        // Read into the message's own buffer, which keeps its capacity.
+        TS_RETURN_IF_ERROR(store->ReadChunk(hash, message.mutable_data()));
+        message.set_hash(hash);
+        if (!writer->Write(message)) return absl::CancelledError("write failed");
+        ChunkServed(request->auth().signer(), kServedOverGrpc, message.data().size());
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status ArtifactTransferService::GetChunksRaw(
@@ -257,7 +258,9 @@ grpc::Status ArtifactTransferService::GetChunksRaw(
   return ServeChunks(context, request,
                      [&](ArtifactStore* store, const std::string& hash) -> absl::Status {
                        grpc_slice slice = grpc_empty_slice();
+                       size_t chunk_bytes = 0;
                        absl::Status read = store->ReadChunkInto(hash, [&](size_t size) {
+                         chunk_bytes = size;
                          slice = grpc_slice_malloc(ChunkDataHeaderBytes(size) + size);
                          char* begin = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(slice));
                          return begin + EncodeChunkDataHeader(hash, size, begin);
@@ -267,6 +270,7 @@ grpc::Status ArtifactTransferService::GetChunksRaw(
                        TS_RETURN_IF_ERROR(read);
                        grpc::ByteBuffer message(&owned, 1);
                        if (!stream->Write(message)) return absl::CancelledError("write failed");
+                       ChunkServed(request.auth().signer(), kServedOverGrpc, chunk_bytes);
                        return absl::OkStatus();
                      });
 }

@@ -48,6 +48,7 @@
 #include "gonka/trainshard/v1/shard.grpc.pb.h"
 #include "gonka/trainshard/v1/shard.pb.h"
 #include "sidecar/artifacts/store.h"
+#include "sidecar/artifacts/transfer_observer.h"
 #include "sidecar/peer/peer_auth.h"
 #include "sidecar/peer/shard_directory.h"
 
@@ -89,6 +90,8 @@ struct TransferServiceOptions {
   size_t max_concurrent_streams = 32;
   // The port GetChunkStream announces (0: chunks over GetChunks only).
   uint16_t chunk_stream_port = 0;
+  // Told of every chunk served (not owned; may be null).
+  TransferObserver* observer = nullptr;
 };
 
 // A chunk request that passed the service's checks, holding one of its stream slots until it
@@ -147,6 +150,10 @@ class ArtifactTransferService final : public pb::ArtifactTransfer::Service {
   // slot), NOT_FOUND (no such complete artifact).
   absl::StatusOr<ChunkServing> BeginChunks(const pb::GetChunksRequest& request,
                                            std::string_view method);
+  // Tells the observer, if any, of a chunk of `bytes` sent to `peer` by `way`.
+  void ChunkServed(const std::string& peer, std::string_view way, uint64_t bytes) const {
+    if (options_.observer != nullptr) options_.observer->ChunkServed(peer, way, bytes);
+  }
 
  private:
   // The request's auth, then the signer's right to read the request's shard (a member, or a

@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
@@ -525,6 +526,46 @@ TEST_F(TransferTest, FetchFromOnePeer) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->chunks_present(), total_chunks_);
   EXPECT_EQ(again->chunks_fetched(), 0u);
+}
+
+// Counts what the services tell it (sidecar/artifacts/transfer_observer.h).
+class CountingObserver final : public TransferObserver {
+ public:
+  void ChunkServed(const std::string& peer, std::string_view way, uint64_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    served_[peer + "/" + std::string(way)] += bytes;
+  }
+  void TransferStarted(std::string_view) override {}
+  void TransferEnded(std::string_view, double, const pb::ArtifactProgress*) override {}
+  uint64_t Served(const std::string& peer, std::string_view way) {
+    absl::MutexLock lock(&mu_);
+    return served_[peer + "/" + std::string(way)];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, uint64_t> served_ ABSL_GUARDED_BY(mu_);
+};
+
+// Every chunk byte a fetch received, the serving host's observer saw leave, named by the
+// fetching member, on whichever way it went.
+TEST_F(TransferTest, TheServingHostCountsEveryByteByPeerAndWay) {
+  for (const bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "chunk stream" : "GetChunks");
+    CountingObserver observer;
+    Host* server = AddHost(stream ? "s1" : "s2", stream ? 0x21 : 0x22);
+    ASSERT_TRUE(FetchArtifact(ContextFor(server), RequestFor({publisher_->AsPeer()})).ok());
+    TransferServiceOptions options;
+    options.observer = &observer;
+    server->Serve(&directory_, options, stream);
+    UpdateDirectory();
+    Host* reader = AddHost(stream ? "r1" : "r2", stream ? 0x31 : 0x32);
+    auto result = FetchArtifact(ContextFor(reader), RequestFor({server->AsPeer()}));
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(observer.Served(reader->address, stream ? kServedOverChunkStream : kServedOverGrpc),
+              result->bytes_fetched());
+    EXPECT_GT(result->bytes_fetched(), 0u);
+  }
 }
 
 TEST_F(TransferTest, FetchFromThreePeersUsesEach) {

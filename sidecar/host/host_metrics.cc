@@ -123,7 +123,27 @@ struct HostMetrics::Impl {
         store_bytes(GaugeFamily(*registry, "trainshard_store_bytes",
                                 "Bytes held in the shard's artifact store on this host.")),
         store_quota(GaugeFamily(*registry, "trainshard_store_quota_bytes",
-                                "The shard's artifact quota on chain (0: none set).")) {}
+                                "The shard's artifact quota on chain (0: none set).")),
+        artifact_bytes(CounterFamily(*registry, "trainshard_artifact_bytes_total",
+                                     "Artifact chunk bytes, by direction (served to a member, "
+                                     "fetched from one) and peer.")),
+        artifact_chunks(CounterFamily(*registry, "trainshard_artifact_chunks_served_total",
+                                      "Artifact chunks served, by way (grpc, chunk_stream).")),
+        transfer_seconds(prometheus::BuildHistogram()
+                             .Name("trainshard_transfer_seconds")
+                             .Help("Duration of artifact publishes and fetches, by result.")
+                             .Register(*registry)),
+        transfers_in_flight(GaugeFamily(*registry, "trainshard_transfers_in_flight",
+                                        "Artifact publishes and fetches running now.")) {}
+
+  // The peer label for `peer`: itself among the first kMaxPeerLabels seen, else "other".
+  std::string PeerLabel(const std::string& peer) {
+    absl::MutexLock lock(&peers_mu);
+    if (peers.contains(peer)) return peer;
+    if (peers.size() >= kMaxPeerLabels) return "other";
+    peers.insert(peer);
+    return peer;
+  }
 
   // Advances `family{labels}` to `value`: by the difference to the last value seen, or by the
   // whole value when the source went back (it restarted, as a counter does). Returns the step.
@@ -185,6 +205,13 @@ struct HostMetrics::Impl {
   Family<Gauge>& checkpoint_bytes;
   Family<Gauge>& store_bytes;
   Family<Gauge>& store_quota;
+  Family<Counter>& artifact_bytes;
+  Family<Counter>& artifact_chunks;
+  Family<Histogram>& transfer_seconds;
+  Family<Gauge>& transfers_in_flight;
+
+  absl::Mutex peers_mu;
+  std::set<std::string> peers ABSL_GUARDED_BY(peers_mu);
 
   absl::Mutex mu;
   std::map<std::string, double> last_counter_values ABSL_GUARDED_BY(mu);
@@ -328,6 +355,30 @@ void HostMetrics::CountError(std::string_view kind) {
 
 void HostMetrics::CountRequest(std::string_view path_class) {
   impl_->requests.Add({{"path", std::string(path_class)}}).Increment();
+}
+
+void HostMetrics::ChunkServed(const std::string& peer, std::string_view way, uint64_t bytes) {
+  impl_->artifact_bytes.Add({{"direction", "served"}, {"peer", impl_->PeerLabel(peer)}})
+      .Increment(static_cast<double>(bytes));
+  impl_->artifact_chunks.Add({{"way", std::string(way)}}).Increment();
+}
+
+void HostMetrics::TransferStarted(std::string_view kind) {
+  impl_->transfers_in_flight.Add({{"kind", std::string(kind)}}).Increment();
+}
+
+void HostMetrics::TransferEnded(std::string_view kind, double seconds,
+                                const pb::ArtifactProgress* result) {
+  impl_->transfers_in_flight.Add({{"kind", std::string(kind)}}).Decrement();
+  impl_->transfer_seconds
+      .Add({{"kind", std::string(kind)}, {"result", result != nullptr ? "ok" : "error"}},
+           DurationBuckets())
+      .Observe(seconds);
+  if (result == nullptr) return;
+  for (const auto& [peer, bytes] : result->bytes_by_peer()) {
+    impl_->artifact_bytes.Add({{"direction", "fetched"}, {"peer", impl_->PeerLabel(peer)}})
+        .Increment(static_cast<double>(bytes));
+  }
 }
 
 std::string HostMetrics::Render() const {

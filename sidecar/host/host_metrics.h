@@ -27,6 +27,7 @@
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "gonka/trainshard/v1/host.pb.h"
 #include "gonka/trainshard/v1/training.pb.h"
+#include "sidecar/artifacts/transfer_observer.h"
 
 namespace ts::sidecar {
 
@@ -39,10 +40,14 @@ inline constexpr std::string_view kErrorChain = "chain";           // the networ
 inline constexpr std::string_view kErrorWorkerRestart = "worker_restart";
 inline constexpr std::string_view kErrorShardProcessRestart = "shard_process_restart";
 
-class HostMetrics {
+// Distinct peers named in the artifact byte counters; the rest are counted as peer="other", so
+// a stream of new members cannot grow the metrics without bound.
+inline constexpr size_t kMaxPeerLabels = 256;
+
+class HostMetrics final : public TransferObserver {
  public:
   HostMetrics();
-  ~HostMetrics();
+  ~HostMetrics() override;
   HostMetrics(const HostMetrics&) = delete;
   HostMetrics& operator=(const HostMetrics&) = delete;
 
@@ -60,6 +65,13 @@ class HostMetrics {
   void CountError(std::string_view kind);
   // The stats server's requests, by path class ("metrics", "api", "page", "other").
   void CountRequest(std::string_view path_class);
+
+  // TransferObserver: artifact bytes by peer and direction, publishes and fetches in flight and
+  // their durations.
+  void ChunkServed(const std::string& peer, std::string_view way, uint64_t bytes) override;
+  void TransferStarted(std::string_view kind) override;
+  void TransferEnded(std::string_view kind, double seconds,
+                     const ::gonka::trainshard::v1::ArtifactProgress* result) override;
 
   // Every series in the Prometheus text exposition format (version 0.0.4).
   std::string Render() const;

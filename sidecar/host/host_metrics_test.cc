@@ -161,5 +161,38 @@ TEST(HostMetricsTest, AFailedRunCountsOnceAndNetworkStatusesStay) {
   EXPECT_EQ(Value(text, "trainshard_network_shards{status=\"SHARD_STATUS_SETTLED\"}"), 1);
 }
 
+TEST(HostMetricsTest, ArtifactTrafficByPeerWithABoundOnPeers) {
+  HostMetrics metrics;
+  metrics.ChunkServed("gonka1a", kServedOverGrpc, 1000);
+  metrics.ChunkServed("gonka1a", kServedOverChunkStream, 500);
+  metrics.TransferStarted(kTransferFetch);
+  metrics.TransferStarted(kTransferFetch);
+  std::string text = metrics.Render();
+  EXPECT_EQ(Value(text, "trainshard_artifact_bytes_total{direction=\"served\",peer=\"gonka1a\"}"),
+            1500);
+  EXPECT_EQ(Value(text, "trainshard_artifact_chunks_served_total{way=\"chunk_stream\"}"), 1);
+  EXPECT_EQ(Value(text, "trainshard_transfers_in_flight{kind=\"fetch\"}"), 2);
+
+  pb::ArtifactProgress done;
+  (*done.mutable_bytes_by_peer())["gonka1b"] = 700;
+  (*done.mutable_bytes_by_peer())["gonka1c"] = 300;
+  metrics.TransferEnded(kTransferFetch, 2.5, &done);
+  metrics.TransferEnded(kTransferFetch, 0.5, nullptr);
+  text = metrics.Render();
+  EXPECT_EQ(Value(text, "trainshard_transfers_in_flight{kind=\"fetch\"}"), 0);
+  EXPECT_EQ(Value(text, "trainshard_artifact_bytes_total{direction=\"fetched\",peer=\"gonka1b\"}"),
+            700);
+  EXPECT_EQ(Value(text, "trainshard_transfer_seconds_count{kind=\"fetch\",result=\"ok\"}"), 1);
+  EXPECT_EQ(Value(text, "trainshard_transfer_seconds_sum{kind=\"fetch\",result=\"error\"}"), 0.5);
+
+  // A stream of new peers: the first kMaxPeerLabels have series of their own, the rest share one.
+  for (size_t i = 0; i < kMaxPeerLabels + 10; ++i) {
+    metrics.ChunkServed("peer" + std::to_string(i), kServedOverGrpc, 1);
+  }
+  text = metrics.Render();
+  EXPECT_EQ(Value(text, "trainshard_artifact_bytes_total{direction=\"served\",peer=\"other\"}"),
+            13);  // three named above took places of their own
+}
+
 }  // namespace
 }  // namespace ts::sidecar

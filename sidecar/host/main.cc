@@ -269,6 +269,10 @@ int Main(int argc, char** argv) {
                                  {"the artifact stores", artifacts_dir},
                                  {"the host key file", AbsolutePath(config.key_file)}};
   artifact_operator_options.file_policy = std::move(file_policy);
+  // The host's metrics (docs/stats.md), told of artifact traffic as it happens and fed the rest
+  // by the stats sampler below.
+  HostMetrics metrics;
+  artifact_operator_options.observer = &metrics;
   ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock(),
                                             artifact_operator_options);
 
@@ -305,9 +309,11 @@ int Main(int argc, char** argv) {
   process_options.idle_stop_ms = config.shard_idle_stop_ms;
   ShardProcesses runs((*core)->shared_db(), process_options);
 
+  TransferServiceOptions transfer_options;
+  transfer_options.observer = &metrics;
   auto shard_server = ShardServer::Start(
       ShardListenAddress(config), &registry, &directory, address, &common::SystemClock(),
-      config.chunk_stream, {},
+      config.chunk_stream, transfer_options,
       {static_cast<grpc::Service*>(static_cast<pb::ShardRound::Service*>(&runs))});
   if (!shard_server.ok()) {
     LogError("cannot serve the shard services", shard_server.status());
@@ -356,7 +362,6 @@ int Main(int argc, char** argv) {
 
   // The stats page and /metrics (docs/stats.md): a sampler reads the operator API and the
   // chain once a second; the HTTP server hands out its last sample.
-  HostMetrics metrics;
   std::unique_ptr<bridge::ChainClient> stats_chain =
       bridge::NewGrpcChainClient(config.chain_endpoint);
   StatsSamplerOptions sampler_options;

@@ -4,7 +4,9 @@ scraping the hosts' /metrics every second, and the stats page of one host in hea
 (Debian's `chromium`, driven by playwright-core from tests/functional/web).
 
 - Prometheus' HTTP API shows trainshard_rounds_certified_total rising on every host, through
-  every round, and the train-loss series with a point for the rounds, going down.
+  every round, and the train-loss series with a point for the rounds, going down; an artifact
+  one host publishes and another fetches shows as the same bytes served and fetched, each side
+  naming the other, and the fetch timed.
 - The stats page, read while the run goes on: it shows the shard, its hosts and a loss chart
   whose points increase as rounds complete; no console errors; no request leaves the page's own
   origin (it works with the network off); screenshots at desktop and phone widths are saved
@@ -122,6 +124,14 @@ class ObservabilityTest(unittest.TestCase):
         run_spec = net.write_run_spec("seen", rounds=ROUNDS, innerSteps=INNER_STEPS)
         sid = test_training.open_shard(net, "seen", run_spec, on_chain=True, min_nodes=3,
                                        max_nodes=3)
+        # An artifact moves between two hosts while the run goes on (checkpoints of an honest
+        # run need none: every member publishes the same one).
+        src = os.path.join(net.root, "src", "data")
+        harness.write_random_files(src, {f"part-{i}.bin": 1 << 20 for i in range(3)})
+        art = net.artifact(net.hosts[0], "publish", "--shard", str(sid), "--dir", src,
+                           "--kind", "data")
+        net.artifact(net.hosts[1], "fetch", "--shard", str(sid), "--id", art["artifact_id"],
+                     "--peer", net.hosts[0].address)
         # The page, read from the first host while the run goes on.
         shots = os.path.join(harness.BUILD_DIR, "test-artifacts", "stats-page")
         os.makedirs(shots, exist_ok=True)
@@ -164,6 +174,19 @@ class ObservabilityTest(unittest.TestCase):
         phases = prom.query(f'trainshard_round_phase_seconds_count{{shard="{sid}",'
                             f'phase="inner"}}')
         self.assertEqual(len(phases), 3, phases)
+        # The artifact's bytes, named by peer on both sides, and the fetch timed.
+        a, b = net.hosts[0], net.hosts[1]
+        served = prom.query(f'trainshard_artifact_bytes_total{{direction="served",'
+                            f'instance="{targets[0]}",peer="{b.address}"}}')
+        fetched = prom.query(f'trainshard_artifact_bytes_total{{direction="fetched",'
+                             f'instance="{targets[1]}",peer="{a.address}"}}')
+        self.assertEqual(len(served), 1, served)
+        self.assertEqual(len(fetched), 1, fetched)
+        self.assertGreaterEqual(float(served[0]["value"][1]), 3 << 20, served)
+        self.assertEqual(float(served[0]["value"][1]), float(fetched[0]["value"][1]))
+        timed = prom.query(f'trainshard_transfer_seconds_count{{kind="fetch",result="ok",'
+                           f'instance="{targets[1]}"}}')
+        self.assertEqual(float(timed[0]["value"][1]), 1, timed)
 
         # The JSON the page reads: the shard, its members, its rounds and the settlement.
         def settled_overview():
