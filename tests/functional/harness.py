@@ -192,7 +192,6 @@ class Host:
         with open(self.config, "w") as f:
             f.write(f'chain_endpoint = "{self.net.chain}"\n'
                     f'listen = "{self.ip}:0"\n'
-                    f'stats_listen = "{self.ip}:0"\n'
                     f'key_file = "{self.key_file}"\n'
                     f'data_dir = "{self.data_dir}"\n'
                     f'shard_endpoint = "{self.shard_endpoint}"\n'
@@ -200,6 +199,7 @@ class Host:
             # The operator API publishes from and writes to folders under the network's root
             # (never the data dirs or key files in it).
             self.extra_config.setdefault("files_root", f'"{self.net.root}"')
+            self.extra_config.setdefault("stats_listen", f'"{self.ip}:0"')
             for key, value in self.extra_config.items():
                 f.write(f'{key} = {value}\n')
             f.write(f'[policy]\n'
