@@ -23,6 +23,9 @@
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/client/chain_client.h"
 #include "common/clock.h"
+#include "common/crypto/bech32.h"
+#include "common/crypto/tls_identity.h"
+#include "common/hex.h"
 #include "common/key_file.h"
 #include "common/log.h"
 #include "common/process.h"
@@ -207,11 +210,27 @@ int Main(int argc, char** argv) {
     LogError("cannot create the data dir", made);
     return kExitFailure;
   }
+  // The host's TLS identity for its peer-facing channels, made at the first start; its
+  // certificate's fingerprint goes into every reservation (common/crypto/tls_identity.h).
+  auto tls = common::LoadOrCreateTlsIdentity(AbsolutePath(config.data_dir),
+                                             common::AddressFromPublicKey(key->public_key()));
+  if (!tls.ok()) {
+    LogError("cannot load the TLS identity", tls.status());
+    return kExitFailure;
+  }
+  if (!config.tls_cert_sha256.empty() && config.tls_cert_sha256 != tls->cert_sha256) {
+    LogError("bad config", absl::InvalidArgumentError(absl::StrCat(
+                               "tls_cert_sha256: ", common::HexEncode(config.tls_cert_sha256),
+                               " is not the fingerprint of this host's certificate (",
+                               common::HexEncode(tls->cert_sha256), " in ", config.data_dir, "/",
+                               common::kTlsCertFile, "); remove the key from the config")));
+    return kExitBadConfig;
+  }
   std::unique_ptr<bridge::ChainClient> chain_client =
       bridge::NewGrpcChainClient(config.chain_endpoint);
   HostCoreOptions options;
   options.shard_endpoint = config.shard_endpoint;
-  options.tls_cert_sha256 = config.tls_cert_sha256;
+  options.tls_cert_sha256 = tls->cert_sha256;
   options.policy = config.policy;
   // Before it reserves, the host checks it can run the shard's chain-pinned run spec.
   RunCheckLimits run_limits;
