@@ -1,6 +1,6 @@
 // `trainshard artifact publish|list|fetch|verify|gc`: a shard's content-addressed artifacts
-// through a host sidecar's artifact operator API. Publish and fetch draw a one-line progress bar
-// on stderr when it is a terminal (and --json is not given).
+// through a host sidecar's artifact operator API. Publish and fetch show the host's progress on
+// stderr (progress.h).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,28 +9,24 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/hex.h"
 #include "sidecar/artifacts/manifest.h"
 #include "sidecar/cli/artifact_client.h"
 #include "sidecar/cli/commands.h"
 #include "sidecar/cli/output.h"
 #include "sidecar/cli/parse.h"
+#include "sidecar/cli/progress.h"
 
 namespace ts::sidecar {
 namespace pb = ::gonka::trainshard::v1;
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
 
 std::string Peer(const std::string& endpoint) { return "host " + endpoint; }
 
@@ -39,74 +35,6 @@ std::string Quote(const std::string& text) {
   return absl::StrCat("\"", text.size() > kShownMax ? text.substr(0, kShownMax) + "..." : text,
                       "\"");
 }
-
-// One line on a terminal, redrawn in place with '\r': phase, percent, MiB done/total, rate over
-// the last few seconds, and the time left at that rate.
-class ProgressBar {
- public:
-  ProgressBar(std::ostream& err, bool enabled) : err_(err), enabled_(enabled) {}
-
-  void Update(const pb::ArtifactProgress& p) {
-    if (!enabled_) return;
-    absl::Time now = absl::Now();
-    if (p.phase() != phase_) {
-      phase_ = p.phase();
-      samples_.clear();
-    }
-    samples_.emplace_back(now, p.bytes_done());
-    while (samples_.size() > 2 && now - samples_.front().first > absl::Seconds(5)) {
-      samples_.pop_front();
-    }
-    // The final state is not drawn: the line is cleared and the result printed right after.
-    // Otherwise redraw at most ten times a second.
-    if (p.done() || now - drawn_ < absl::Milliseconds(100)) return;
-    drawn_ = now;
-    std::string line = absl::StrCat(phase_.empty() ? "working" : phase_);
-    if (p.bytes_total() > 0) {
-      double rate = 0;
-      if (samples_.size() >= 2) {
-        double seconds = absl::ToDoubleSeconds(samples_.back().first - samples_.front().first);
-        double bytes = static_cast<double>(samples_.back().second) -
-                       static_cast<double>(samples_.front().second);
-        if (seconds > 0 && bytes > 0) rate = bytes / seconds;
-      }
-      double done = static_cast<double>(p.bytes_done());
-      double total = static_cast<double>(p.bytes_total());
-      std::string eta = "--:--";
-      if (rate > 0 && total >= done) {
-        int64_t left_s = static_cast<int64_t>((total - done) / rate + 0.5);
-        eta = absl::StrFormat("%d:%02d", left_s / 60, left_s % 60);
-      }
-      std::string rate_text = rate > 0 ? absl::StrFormat("%.1f MiB/s", rate / kMiB) : "-- MiB/s";
-      absl::StrAppend(&line,
-                      absl::StrFormat("  %3.0f%%  %.1f/%.1f MiB  %s  ETA %s", 100.0 * done / total,
-                                      done / kMiB, total / kMiB, rate_text, eta));
-    }
-    size_t width = line.size();
-    if (line.size() < width_) line += std::string(width_ - line.size(), ' ');
-    width_ = width;
-    err_ << "\r" << line << std::flush;
-    shown_ = true;
-  }
-
-  // Clears the line, so what follows starts on a clean one.
-  void Clear() {
-    if (!shown_) return;
-    err_ << "\r" << std::string(width_, ' ') << "\r" << std::flush;
-    shown_ = false;
-  }
-
- private:
-  std::ostream& err_;
-  const bool enabled_;
-  std::string phase_;
-  std::deque<std::pair<absl::Time, uint64_t>> samples_;
-  absl::Time drawn_ = absl::InfinitePast();
-  size_t width_ = 0;
-  bool shown_ = false;
-};
-
-bool ShowProgress(const Context& ctx) { return !ctx.json() && ::isatty(STDERR_FILENO) == 1; }
 
 absl::StatusOr<uint64_t> ParseShard(uint64_t shard) {
   if (shard == 0) return absl::InvalidArgumentError("--shard 0: not a shard id");
@@ -184,10 +112,14 @@ int RunPublish(Context& ctx, const PublishArgs& args) {
   }
 
   ArtifactClient client(*endpoint, ctx.options().timeout_ms);
-  ProgressBar bar(ctx.err(), ShowProgress(ctx));
-  auto result = client.Publish(request, [&bar](const pb::ArtifactProgress& p) { bar.Update(p); });
-  bar.Clear();
-  if (!result.ok()) return ctx.PeerFailed(Peer(*endpoint), result.status());
+  ProgressRenderer progress(ctx.err(), ctx.progress_mode(), "publish", &common::SystemClock());
+  auto result =
+      client.Publish(request, [&progress](const pb::ArtifactProgress& p) { progress.Update(p); });
+  if (!result.ok()) {
+    progress.Stop();
+    return ctx.PeerFailed(Peer(*endpoint), result.status());
+  }
+  progress.Finish(result->bytes_total());
   if (ctx.json()) {
     ctx.PrintJson(JsonWithHex(*result, {{"artifact_id", result->artifact_id()}}));
     return kExitOk;
@@ -253,10 +185,14 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
   }
 
   ArtifactClient client(*endpoint, ctx.options().timeout_ms);
-  ProgressBar bar(ctx.err(), ShowProgress(ctx));
-  auto result = client.Fetch(request, [&bar](const pb::ArtifactProgress& p) { bar.Update(p); });
-  bar.Clear();
-  if (!result.ok()) return ctx.PeerFailed(Peer(*endpoint), result.status());
+  ProgressRenderer progress(ctx.err(), ctx.progress_mode(), "fetch", &common::SystemClock());
+  auto result =
+      client.Fetch(request, [&progress](const pb::ArtifactProgress& p) { progress.Update(p); });
+  if (!result.ok()) {
+    progress.Stop();
+    return ctx.PeerFailed(Peer(*endpoint), result.status());
+  }
+  progress.Finish(result->bytes_total());
   if (ctx.json()) {
     ctx.PrintJson(JsonWithHex(*result, {{"artifact_id", result->artifact_id()}}));
     return kExitOk;

@@ -9,8 +9,9 @@
 
 namespace ts::sidecar {
 
-int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  Context context(out, err);
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           bool err_is_terminal) {
+  Context context(out, err, err_is_terminal);
   GlobalOptions& options = context.options();
   const char* env_chain = std::getenv(std::string(kChainEnv).c_str());
   options.chain = env_chain != nullptr && env_chain[0] != '\0' ? env_chain : kDefaultChain;

@@ -14,7 +14,10 @@ namespace ts::sidecar {
 
 // Runs one command; `args` excludes the program name. Returns the exit code: 0 success, 1 the
 // chain or a host refused, 2 bad usage or input, 3 the chain or a host cannot be reached.
-int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+// `err_is_terminal`: `err` is a terminal, so progress is drawn as a redrawn line (progress.h);
+// otherwise it is written as plain lines.
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           bool err_is_terminal = false);
 
 }  // namespace ts::sidecar
 

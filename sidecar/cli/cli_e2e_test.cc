@@ -2,7 +2,8 @@
 // child process, stopped with SIGTERM), through a whole shard: keys, genesis, transfers, weights,
 // a proposal and its votes, reservations through sidecar stand-ins (real gRPC servers on
 // 127.0.0.1 that sign with real keys), assembly, a refused and an accepted settlement, events,
-// blocks, and a replay of the stored chain.
+// blocks, and a replay of the stored chain. Also `artifact publish` and `artifact fetch` against
+// a stand-in that streams progress: what the binary writes on stdout and on stderr.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gonka/trainshard/v1/host.grpc.pb.h"
+#include "gonka/trainshard/v1/shard.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/deterministic.h"
@@ -548,6 +550,113 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   // Unreachable now: exit 3.
   std::vector<std::string> gone = OnChain({"chain", "status", "--timeout-ms", "2000"});
   EXPECT_EQ(RunTool(gone).code, 3);
+}
+
+// A stand-in for a host's artifact operator API that streams progress as the sidecar does: a
+// first message, updates, and the final one (done = true).
+class ProgressSidecar final : public pb::ArtifactOperator::Service {
+ public:
+  ProgressSidecar() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    TS_CHECK(server_ != nullptr);
+  }
+  ~ProgressSidecar() override { server_->Shutdown(); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  grpc::Status Publish(grpc::ServerContext*, const pb::PublishArtifactRequest*,
+                       grpc::ServerWriter<pb::ArtifactProgress>* writer) override {
+    return Stream("hashing", writer, std::string(32, '\x5a'));
+  }
+  grpc::Status Fetch(grpc::ServerContext*, const pb::FetchArtifactRequest* request,
+                     grpc::ServerWriter<pb::ArtifactProgress>* writer) override {
+    pb::ArtifactProgress first;
+    first.set_phase("manifest");
+    writer->Write(first);
+    return Stream("fetching", writer, request->artifact_id());
+  }
+
+ private:
+  static constexpr uint64_t kTotal = 8 << 20;
+
+  // Four updates 300 ms apart, then the final message.
+  static grpc::Status Stream(const std::string& phase,
+                             grpc::ServerWriter<pb::ArtifactProgress>* writer,
+                             const std::string& id) {
+    pb::ArtifactProgress p;
+    p.set_phase(phase);
+    p.set_bytes_total(kTotal);
+    for (uint64_t i = 0; i <= 4; ++i) {
+      p.set_bytes_done(kTotal * i / 4);
+      writer->Write(p);
+      if (i < 4) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    p.set_phase("done");
+    p.set_done(true);
+    p.set_artifact_id(id);
+    p.set_chunks_total(8);
+    p.set_chunks_done(8);
+    writer->Write(p);
+    return grpc::Status::OK;
+  }
+
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Progress goes to stderr (JSON lines with --json, plain lines when stderr is a pipe), and stdout
+// holds the same one result document as without it.
+TEST(CliProgressEndToEndTest, PublishAndFetchShowProgressOnStderrOnly) {
+  ProgressSidecar host;
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::string id(64, 'c');
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"artifact", "publish", "--host", host.address(), "--shard", "1",
+                                 "--dir", dir, "--json"},
+        std::vector<std::string>{"artifact", "fetch", "--host", host.address(), "--shard", "1",
+                                 "--id", id, "--json"}}) {
+    const std::string operation = args[1];
+    ToolResult r = RunTool(args);
+    ASSERT_EQ(r.code, 0) << Describe(args, r);
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << Describe(args, r);
+    Json result = Json::parse(r.out);
+    EXPECT_EQ(result["done"], true);
+    EXPECT_EQ(result["bytes_total"], std::to_string(8 << 20));
+    std::string published_id;
+    for (int i = 0; i < 32; ++i) published_id += "5a";
+    EXPECT_EQ(result["artifact_id"], operation == "fetch" ? id : published_id);
+    std::vector<Json> lines;
+    std::istringstream err(r.err);
+    for (std::string line; std::getline(err, line);) {
+      Json parsed = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      ASSERT_FALSE(parsed.is_discarded()) << "not a JSON line: " << line;
+      lines.push_back(parsed);
+    }
+    ASSERT_GE(lines.size(), 3u) << Describe(args, r);
+    for (const Json& line : lines) EXPECT_EQ(line["operation"], operation) << line;
+    EXPECT_EQ(lines.front()["done"], false);
+    EXPECT_EQ(lines.back()["done"], true);
+    EXPECT_EQ(lines.back()["bytes_done"], 8 << 20);
+    EXPECT_GT(lines.back()["rate_bytes_per_s"].get<uint64_t>(), 0u);
+    // An update after the first second carries a rate and an ETA.
+    bool rated = false;
+    for (const Json& line : lines) {
+      rated = rated || (!line["done"].get<bool>() && line["rate_bytes_per_s"].get<uint64_t>() > 0 &&
+                        line["eta_s"].is_number());
+    }
+    EXPECT_TRUE(rated) << r.err;
+  }
+
+  std::vector<std::string> plain = {"artifact", "publish", "--host", host.address(),
+                                    "--shard",  "1",       "--dir",  dir};
+  ToolResult r = RunTool(plain);
+  ASSERT_EQ(r.code, 0) << Describe(plain, r);
+  EXPECT_THAT(r.out, HasSubstr("artifact_id:"));
+  EXPECT_THAT(r.err, HasSubstr("publish: hashing 0% 0 B / 8.0 MiB"));
+  EXPECT_THAT(r.err, HasSubstr("publish: done, 8.0 MiB in "));
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << "no redrawn line on a pipe";
 }
 
 }  // namespace

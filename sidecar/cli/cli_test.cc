@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/crypto/bech32.h"
 #include "common/hex.h"
@@ -974,7 +975,21 @@ TEST(ArtifactCommandsTest, PublishSendsTheDirectorysOwnPathAndPrintsHexJson) {
                      dir.File("link/sub/.."), "--round", "12", "--parent", parent, "--kind", "eval",
                      "--chunk-size", "65536", "--json"});
   ASSERT_EQ(r.code, 0) << Describe(r);
-  EXPECT_EQ(r.err, "") << "no progress bar when stderr is not a terminal";
+  // Progress as JSON lines on stderr: the first update, then (the host's updates coming faster
+  // than one a second) only the final line.
+  std::vector<std::string> progress = absl::StrSplit(r.err, '\n', absl::SkipEmpty());
+  ASSERT_EQ(progress.size(), 2u) << Describe(r);
+  nlohmann::json first = nlohmann::json::parse(progress[0]);
+  EXPECT_EQ(first["operation"], "publish");
+  EXPECT_EQ(first["phase"], "hashing");
+  EXPECT_EQ(first["done"], false);
+  EXPECT_EQ(first["bytes_done"], 1 << 20);
+  EXPECT_EQ(first["bytes_total"], 3 << 20);
+  nlohmann::json last = nlohmann::json::parse(progress[1]);
+  EXPECT_EQ(last["done"], true);
+  EXPECT_EQ(last["bytes_done"], 3 << 20);
+  EXPECT_EQ(last["eta_s"], 0);
+  EXPECT_TRUE(last.contains("rate_bytes_per_s"));
   pb::PublishArtifactRequest sent = host.last_publish();
   EXPECT_EQ(sent.shard_id(), 3u);
   EXPECT_EQ(sent.source_dir(), std::filesystem::canonical(dir.File("ckpt")).string());
@@ -997,6 +1012,9 @@ TEST(ArtifactCommandsTest, PublishSendsTheDirectorysOwnPathAndPrintsHexJson) {
   ASSERT_EQ(human.code, 0) << Describe(human);
   EXPECT_THAT(human.out, HasSubstr("artifact_id:"));
   EXPECT_THAT(human.out, HasSubstr(Repeat("ab", 32)));
+  EXPECT_THAT(human.err, HasSubstr("publish: hashing 33% 1.0 MiB / 3.0 MiB"))
+      << "plain lines when stderr is not a terminal";
+  EXPECT_THAT(human.err, HasSubstr("publish: done, 3.0 MiB in "));
   EXPECT_EQ(host.last_publish().kind(), "") << "the host's default kind";
   EXPECT_EQ(host.last_publish().chunk_size(), 0u) << "the host's default chunk size";
 }
@@ -1031,6 +1049,8 @@ TEST(ArtifactCommandsTest, FetchPassesPeersAndAnAbsoluteOutAndReportsPeers) {
   EXPECT_THAT(human.out, HasSubstr("bytes_fetched:"));
   EXPECT_THAT(human.out, HasSubstr("gonka1peerone"));
   EXPECT_THAT(human.err, HasSubstr("warning: peer gonka1peertwo (corrupt)"));
+  EXPECT_THAT(human.err, HasSubstr("fetch: manifest\n"));
+  EXPECT_THAT(human.err, HasSubstr("fetch: done, 4.9 KiB in "));
 }
 
 TEST(ArtifactCommandsTest, AFailedFetchNamesEveryDroppedPeerAndExitsOne) {

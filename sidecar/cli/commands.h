@@ -12,6 +12,7 @@
 
 #include "CLI/CLI.hpp"
 #include "gonka/trainshard/v1/chain.pb.h"
+#include "gonka/trainshard/v1/training.pb.h"
 #include "sidecar/cli/context.h"
 
 namespace ts::sidecar {
@@ -69,6 +70,12 @@ absl::StatusOr<gonka::trainshard::v1::Settlement> DraftFromHost(const std::strin
                                                                 uint64_t shard_id,
                                                                 int64_t timeout_ms);
 
+// The host at `target`'s run of the shard (ShardRunOperator.Status). NOT_FOUND when it has
+// none; otherwise the host's errors.
+absl::StatusOr<gonka::trainshard::v1::ShardRunStatus> RunStatusFromHost(const std::string& target,
+                                                                        uint64_t shard_id,
+                                                                        int64_t timeout_ms);
+
 void AddKeysCommands(CLI::App& root, CommandTable& table);
 // Only in builds with the tokenizer (GCC: TS_HAVE_DATA_COMMANDS).
 void AddDataCommands(CLI::App& root, CommandTable& table);
@@ -81,6 +88,8 @@ void AddShardCommands(CLI::App& root, CommandTable& table);
 void AddModelCommands(CLI::App& root, CommandTable& table);
 // `shard run`, `shard train-status` (added to the shard group) and `eval`.
 void AddTrainCommands(CLI::App& root, CLI::App& shard, CommandTable& table);
+// `shard report` (shard_report.h).
+void AddShardReportCommand(CLI::App& shard, CommandTable& table);
 void AddHostCommands(CLI::App& root, CommandTable& table);
 void AddArtifactCommands(CLI::App& root, CommandTable& table);
 

@@ -22,6 +22,7 @@
 #include "cosmos/base/abci/v1beta1/abci.pb.h"
 #include "google/protobuf/message.h"
 #include "nlohmann/json.hpp"
+#include "sidecar/cli/progress.h"
 
 namespace ts::sidecar {
 
@@ -43,13 +44,16 @@ struct GlobalOptions {
 
 class Context {
  public:
-  Context(std::ostream& out, std::ostream& err) : out_(out), err_(err) {}
+  Context(std::ostream& out, std::ostream& err, bool err_is_terminal = false)
+      : out_(out), err_(err), err_is_terminal_(err_is_terminal) {}
 
   GlobalOptions& options() { return options_; }
   const GlobalOptions& options() const { return options_; }
   bool json() const { return options_.json; }
   std::ostream& out() { return out_; }
   std::ostream& err() { return err_; }
+  // How long-running operations show their progress on err() (progress.h).
+  ProgressMode progress_mode() const { return ProgressModeFor(json(), err_is_terminal_); }
 
   // The chain client for --chain, each call bounded by --timeout-ms (also the wait for a tx to
   // be included in a block).
@@ -85,6 +89,7 @@ class Context {
  private:
   std::ostream& out_;
   std::ostream& err_;
+  const bool err_is_terminal_;
   GlobalOptions options_;
   std::unique_ptr<bridge::ChainClient> chain_;
 };

@@ -4,7 +4,8 @@
 //   fetch     the settled shard's final checkpoint, from its members, by the proposal's creator
 //             or a reader the spec names (or a member): a signed ListArtifacts to every member,
 //             then a multi-source fetch of the checkpoint artifact of the last round, kept only
-//             if its root is the one the settlement on chain names;
+//             if its root is the one the settlement on chain names (progress on stderr,
+//             progress.h);
 //   export    a checkpoint as model.safetensors + config.json (+ tokenizer.model), the Hugging
 //             Face Llama layout (worker/hf_export.h);
 //   generate  text from a checkpoint: a worker process (ts_worker) started for the call, in a
@@ -25,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
@@ -34,6 +36,7 @@
 #include "sidecar/artifacts/transfer.h"
 #include "sidecar/cli/commands.h"
 #include "sidecar/cli/output.h"
+#include "sidecar/cli/progress.h"
 #include "sidecar/peer/shard_directory.h"
 #include "state/db.h"
 #include "worker/client/worker_client.h"
@@ -152,25 +155,36 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
     request.shard_id = args.shard;
     request.artifact_id = id;
     request.peers = peers;
+    // Called from the fetcher threads (serialised); the renderer is thread-safe.
+    ProgressRenderer progress(ctx.err(), ctx.progress_mode(), "fetch", &common::SystemClock());
+    context.progress = [&progress](const pb::ArtifactProgress& p) { progress.Update(p); };
     auto fetched = FetchArtifact(context, request);
+    context.progress = nullptr;
     if (!fetched.ok()) {
+      progress.Stop();
       tried.push_back(absl::StrCat(common::HexEncode(id), ": ", fetched.status().ToString()));
       continue;
     }
     const std::string exported = absl::StrCat(partial->path(), "/export-", index++);
-    absl::Status written = (*store)->Export(id, exported, nullptr);
+    absl::Status written =
+        (*store)->Export(id, exported, [&progress](const pb::ArtifactProgress& p) {
+          progress.Update("exporting", p.bytes_done(), p.bytes_total());
+        });
     if (!written.ok()) {
+      progress.Stop();
       tried.push_back(absl::StrCat(common::HexEncode(id), ": ", written.ToString()));
       continue;
     }
     auto root = FileSha256(exported + "/" + kCheckpointFile);
     if (!root.ok() || *root != want_root) {
+      progress.Stop();
       tried.push_back(absl::StrCat(
           common::HexEncode(id), ": ",
           root.ok() ? absl::StrCat("root ", common::HexEncode(*root), " is not the settled one")
                     : root.status().ToString()));
       continue;
     }
+    progress.Finish(fetched->bytes_total());
     std::error_code ec;
     const bool has_tokenizer = fs::exists(exported + "/" + kTokenizerFile, ec);
     const uint64_t bytes = fs::file_size(exported + "/" + kCheckpointFile, ec);
@@ -209,9 +223,20 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
 // ---------------------------------------------------------------------------------------------
 // export
 
+// ExportHuggingFace returns only once the export is whole, so its progress is a start line and
+// the final one (with the checkpoint's bytes over the time taken).
 int RunExport(Context& ctx, const worker::HfExportOptions& options) {
+  std::error_code ec;
+  uint64_t checkpoint_bytes = fs::file_size(options.checkpoint_file, ec);
+  if (ec) checkpoint_bytes = 0;  // ExportHuggingFace reports why
+  ProgressRenderer progress(ctx.err(), ctx.progress_mode(), "export", &common::SystemClock());
+  progress.Update("exporting", /*bytes_done=*/0, checkpoint_bytes);
   auto result = worker::ExportHuggingFace(options);
-  if (!result.ok()) return ctx.LocalFailed(result.status());
+  if (!result.ok()) {
+    progress.Stop();
+    return ctx.LocalFailed(result.status());
+  }
+  progress.Finish(checkpoint_bytes > 0 ? checkpoint_bytes : result->safetensors_bytes);
   const std::string model = worker::ModelConfigString(result->config);
   if (ctx.json()) {
     ctx.PrintJson({{"out", options.out_dir},

@@ -1,5 +1,6 @@
 // `trainshard shard list|status|reserve|assemble|settle|settlement`: shards on the chain, and
-// the calls to host sidecars that reserve places and sign settlements.
+// the calls to host sidecars that reserve places and sign settlements (`shard report` is in
+// shard_report.cc; `shard run|train-status|draft` in train_command.cc).
 #include <algorithm>
 #include <memory>
 #include <set>
@@ -510,6 +511,7 @@ void AddShardCommands(CLI::App& root, CommandTable& table) {
   table.Add(settlement,
             [settlement_id](Context& ctx) { return RunSettlement(ctx, *settlement_id); });
   AddTrainCommands(root, *shard, table);
+  AddShardReportCommand(*shard, table);
 }
 
 }  // namespace ts::sidecar

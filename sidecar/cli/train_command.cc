@@ -63,12 +63,7 @@ int RunRun(Context& ctx, const RunArgs& args) {
 int RunTrainStatus(Context& ctx, const StatusArgs& args) {
   auto endpoint = ParseHostTarget("--host", args.host);
   if (!endpoint.ok()) return ctx.BadInput(endpoint.status());
-  pb::ShardRunStatusRequest request;
-  request.set_shard_id(args.id);
-  auto stub = Stub(*endpoint);
-  auto status = CallWithDeadline<pb::ShardRunStatus>(
-      ctx.options().timeout_ms,
-      [&](auto* context, auto* r) { return stub->Status(context, request, r); });
+  auto status = RunStatusFromHost(*endpoint, args.id, ctx.options().timeout_ms);
   if (!status.ok()) return ctx.PeerFailed("host " + *endpoint, status.status());
   if (ctx.json()) {
     ctx.PrintProtoJson(*status);
@@ -169,6 +164,15 @@ absl::StatusOr<pb::Settlement> DraftFromHost(const std::string& target, uint64_t
       [&](auto* context, auto* r) { return stub->DraftSettlement(context, request, r); });
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_draft());
+}
+
+absl::StatusOr<pb::ShardRunStatus> RunStatusFromHost(const std::string& target, uint64_t shard_id,
+                                                     int64_t timeout_ms) {
+  pb::ShardRunStatusRequest request;
+  request.set_shard_id(shard_id);
+  auto stub = Stub(target);
+  return CallWithDeadline<pb::ShardRunStatus>(
+      timeout_ms, [&](auto* context, auto* r) { return stub->Status(context, request, r); });
 }
 
 void AddTrainCommands(CLI::App& root, CLI::App& shard, CommandTable& table) {
