@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build ccache g++ pkg-config git python3 iproute2 procps
-  systemd python3-jsonschema python3-yaml
+  systemd python3-jsonschema python3-yaml jq curl
   clang-14 libclang-rt-14-dev lld-14 clang-format clang-tidy
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   librocksdb-dev libssl-dev libsecp256k1-dev libabsl-dev libzstd-dev
@@ -13,7 +13,7 @@ packages=(
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev
   libgloo-dev python3-numpy
   libtorch-dev libopenblas0-openmp libsentencepiece-dev python3-torch fortunes
-  prometheus-cpp-dev libcivetweb-dev prometheus chromium
+  prometheus-cpp-dev libcivetweb-dev prometheus chromium tcpdump
 )
 # The stats page's browser test and the compose schema come from the npm registry
 # (tests/functional/web, tests/functional/compose_schema): Debian's Node.js unless one is there.

@@ -405,12 +405,12 @@ grpc::Status ArtifactOperatorService::Fetch(grpc::ServerContext* context,
         return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
             "peers[", i, "]: member ", member->address, " advertises no shard endpoint")));
       }
-      fetch.peers.push_back({member->address, member->endpoint});
+      fetch.peers.push_back(PeerOf(*member));
     }
   } else {
     for (const ShardMember& member : view->members) {
       if (member.address == self_address_ || member.endpoint.empty()) continue;
-      fetch.peers.push_back({member.address, member.endpoint});
+      fetch.peers.push_back(PeerOf(member));
     }
     if (fetch.peers.empty()) {
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
@@ -532,7 +532,7 @@ grpc::Status ArtifactOperatorService::Find(grpc::ServerContext*,
   std::vector<FetchPeer> peers;
   for (const ShardMember& member : view->members) {
     if (member.address == self_address_ || member.endpoint.empty()) continue;
-    peers.push_back({member.address, member.endpoint});
+    peers.push_back(PeerOf(member));
   }
   FetchContext context;
   context.key = &key_;

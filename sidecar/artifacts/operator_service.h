@@ -94,6 +94,9 @@ struct ArtifactOperatorOptions {
   std::optional<OperatorFilePolicy> file_policy;
   // Told of each publish and fetch (not owned; may be null).
   TransferObserver* observer = nullptr;
+  // Fetches talk TLS to each peer, pinning the certificate its reservation names
+  // (sidecar/peer/peer_tls.h); false: plaintext, on a trusted network only.
+  bool peer_tls = false;
 };
 
 class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
@@ -147,6 +150,11 @@ class ArtifactOperatorService final : public pb::ArtifactOperator::Service {
   // OK without a file policy; else CheckOperatorPath.
   absl::Status CheckPathAllowed(std::string_view field, const std::string& path,
                                 uint64_t shard_id) const;
+  // A member as a peer to fetch from: with its pinned certificate when peer_tls is on.
+  FetchPeer PeerOf(const ShardMember& member) const {
+    return FetchPeer{member.address, member.endpoint,
+                     options_.peer_tls ? member.tls_cert_sha256 : std::string()};
+  }
 
   StoreRegistry* const stores_;
   ShardDirectory* const directory_;

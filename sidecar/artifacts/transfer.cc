@@ -32,6 +32,7 @@
 #include "proto/grpc_status.h"
 #include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/chunk_wire.h"
+#include "sidecar/peer/peer_tls.h"
 
 namespace ts::sidecar {
 namespace {
@@ -360,7 +361,7 @@ absl::Status DecodeChunkAnswer(const grpc::ByteBuffer& message, std::string* has
   return DecodeChunkData(pieces, hash, data->data(), data->capacity(), data_size);
 }
 
-std::shared_ptr<grpc::Channel> PeerChannel(const std::string& endpoint) {
+std::shared_ptr<grpc::Channel> PeerChannel(const FetchPeer& peer) {
   grpc::ChannelArguments args;
   // The channel-wide cap fits a manifest; the per-method config narrows chunk streams to one
   // chunk (gRPC applies the smaller of the two), so one channel per peer serves both.
@@ -375,7 +376,8 @@ std::shared_ptr<grpc::Channel> PeerChannel(const std::string& endpoint) {
   args.SetServiceConfigJSON(absl::StrCat(
       R"({"methodConfig":[{"name":[{"service":"gonka.trainshard.v1.ArtifactTransfer",)",
       R"("method":"GetChunks"}],"maxResponseMessageBytes":)", kMaxChunkMessageBytes, "}]}"));
-  return grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(peer.endpoint, PeerChannelCredentials(peer.tls_cert_sha256),
+                                   args);
 }
 
 class Fetcher {
@@ -1174,7 +1176,7 @@ absl::StatusOr<pb::ArtifactProgress> Fetcher::Run() {
   for (const FetchPeer& peer : request_.peers) {
     Peer& p = peers_.emplace_back();
     p.peer = peer;
-    p.channel = PeerChannel(peer.endpoint);
+    p.channel = PeerChannel(peer);
     p.stub = pb::ArtifactTransfer::NewStub(p.channel);
     p.get_chunks = std::make_unique<grpc::internal::RpcMethod>(
         kGetChunksMethodName, grpc::internal::RpcMethod::SERVER_STREAMING, p.channel);
@@ -1237,7 +1239,7 @@ std::vector<PeerArtifacts> ListPeerArtifacts(const FetchContext& context, uint64
             SignPeerRequest(*context.key, context.store->chain_id(), shard_id, kMethodListArtifacts,
                             peers[i].address, request, context.clock->NowUnixMs(),
                             kDefaultPeerRequestLifetimeMs));
-        auto stub = pb::ArtifactTransfer::NewStub(PeerChannel(peers[i].endpoint));
+        auto stub = pb::ArtifactTransfer::NewStub(PeerChannel(peers[i]));
         grpc::ClientContext call;
         call.set_deadline(
             DeadlineAfter(std::max<int64_t>(1, deadline_ms - context.clock->MonotonicMs())));

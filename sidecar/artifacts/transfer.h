@@ -197,6 +197,9 @@ inline constexpr std::string_view kReaderKind = "checkpoint";
 struct FetchPeer {
   std::string address;
   std::string endpoint;  // host:port
+  // The SHA-256 its reservation pins for its certificate: the fetch talks TLS to it and accepts
+  // no other certificate (sidecar/peer/peer_tls.h). Empty: plaintext.
+  std::string tls_cert_sha256 = {};
 };
 
 struct FetcherOptions {

@@ -68,6 +68,7 @@ absl::StatusOr<std::string> FileSha256(const std::string& path) {
 struct FetchArgs {
   uint64_t shard = 0;
   std::string out;
+  bool peer_tls = false;
 };
 
 int RunFetch(Context& ctx, const FetchArgs& args) {
@@ -92,7 +93,9 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
   const uint64_t round = settled->settlement().rounds_completed();
   std::vector<FetchPeer> members;
   for (const pb::Reservation& r : shard->reservations()) {
-    if (r.host() != self) members.push_back(FetchPeer{r.host(), r.endpoint()});
+    if (r.host() == self) continue;
+    members.push_back(FetchPeer{r.host(), r.endpoint(),
+                                args.peer_tls ? r.tls_cert_sha256() : std::string()});
   }
   if (members.empty()) {
     return ctx.LocalFailed(absl::FailedPreconditionError(
@@ -367,6 +370,9 @@ void AddModelCommands(CLI::App& root, CommandTable& table) {
       ->transform(UnsignedInteger())
       ->required();
   fetch->add_option("--out", fetch_args->out, "folder to make (must not exist)")->required();
+  fetch->add_flag("--peer-tls", fetch_args->peer_tls,
+                  "talk TLS to the members (their peer_tls), pinning the certificate each "
+                  "reservation names");
   table.Add(fetch, [fetch_args](Context& ctx) { return RunFetch(ctx, *fetch_args); });
 
   auto export_args = std::make_shared<worker::HfExportOptions>();

@@ -197,6 +197,8 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
       TS_ASSIGN_OR_RETURN(config.stats_listen, GetString(key, node));
     } else if (key == "shard_listen") {
       TS_ASSIGN_OR_RETURN(config.shard_listen, GetString(key, node));
+    } else if (key == "peer_tls") {
+      TS_ASSIGN_OR_RETURN(config.peer_tls, GetBool(key, node));
     } else if (key == "chunk_stream") {
       TS_ASSIGN_OR_RETURN(config.chunk_stream, GetBool(key, node));
     } else if (key == "artifacts_dir") {

@@ -292,6 +292,7 @@ int Main(int argc, char** argv) {
   // by the stats sampler below.
   HostMetrics metrics;
   artifact_operator_options.observer = &metrics;
+  artifact_operator_options.peer_tls = config.peer_tls;
   ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock(),
                                             artifact_operator_options);
 
@@ -325,15 +326,18 @@ int Main(int argc, char** argv) {
     process_options.collective_host = EndpointHost(config.shard_endpoint);
   }
   process_options.log_level = config.log_level;
+  process_options.peer_tls = config.peer_tls;
   process_options.idle_stop_ms = config.shard_idle_stop_ms;
   ShardProcesses runs((*core)->shared_db(), process_options);
 
   TransferServiceOptions transfer_options;
   transfer_options.observer = &metrics;
+  // Under peer_tls the listener serves TLS, and the chunk stream (plain TCP) is not served.
   auto shard_server = ShardServer::Start(
       ShardListenAddress(config), &registry, &directory, address, &common::SystemClock(),
-      config.chunk_stream, transfer_options,
-      {static_cast<grpc::Service*>(static_cast<pb::ShardRound::Service*>(&runs))});
+      config.chunk_stream && !config.peer_tls, transfer_options,
+      {static_cast<grpc::Service*>(static_cast<pb::ShardRound::Service*>(&runs))},
+      config.peer_tls ? &*tls : nullptr);
   if (!shard_server.ok()) {
     LogError("cannot serve the shard services", shard_server.status());
     return kExitFailure;

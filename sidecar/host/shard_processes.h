@@ -60,6 +60,8 @@ struct ShardProcessOptions {
   std::string worker_device = "cpu";     // each worker's --device
   uint64_t worker_memory_bytes_max = 0;  // each worker's --memory-bytes-max; 0: the machine's
   std::string collective_host = "127.0.0.1";
+  // The processes talk TLS to the other members' round service (ts_shard --peer-tls).
+  bool peer_tls = false;
   std::string log_level = "info";
   int64_t start_timeout_ms = 30'000;  // a Start waits this long for a new process to serve
   int64_t restart_backoff_min_ms = 500;

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "sidecar/peer/peer_tls.h"
 
 namespace ts::sidecar {
 
@@ -73,12 +74,13 @@ ShardServer::ShardServer(StoreRegistry* stores, ShardDirectory* directory, std::
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const std::string& listen, StoreRegistry* stores, ShardDirectory* directory,
     std::string self_address, common::Clock* clock, bool chunk_stream,
-    TransferServiceOptions options, const std::vector<grpc::Service*>& extra_services) {
+    TransferServiceOptions options, const std::vector<grpc::Service*>& extra_services,
+    const common::TlsIdentity* tls) {
   std::unique_ptr<ShardServer> out(
       new ShardServer(stores, directory, std::move(self_address), clock, options));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, PeerServerCredentials(tls), &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxTransferRequestBytes);
   builder.RegisterService(out->gate_.get());

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/crypto/tls_identity.h"
 #include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/transfer.h"
 #include "sidecar/peer/peer_auth.h"
@@ -34,12 +35,14 @@ class ShardServer {
   // reach either host at random). With `chunk_stream`, also binds the chunk stream
   // (chunk_stream.h) on the same host and a port the kernel picks, which GetChunkStream
   // announces. `extra_services` (the training runs' ShardRound) are served on the same listener
-  // and check their own requests. The pointers are not owned and must outlive the server.
-  // UNAVAILABLE naming the address if it cannot be bound.
+  // and check their own requests. With `tls`, the listener serves TLS with that identity
+  // (sidecar/peer/peer_tls.h); without, plaintext. The pointers are not owned and must outlive
+  // the server. UNAVAILABLE naming the address if it cannot be bound.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const std::string& listen, StoreRegistry* stores, ShardDirectory* directory,
       std::string self_address, common::Clock* clock, bool chunk_stream = true,
-      TransferServiceOptions options = {}, const std::vector<grpc::Service*>& extra_services = {});
+      TransferServiceOptions options = {}, const std::vector<grpc::Service*>& extra_services = {},
+      const common::TlsIdentity* tls = nullptr);
   ~ShardServer();  // Shutdown()s with no grace period if not done yet.
   ShardServer(const ShardServer&) = delete;
   ShardServer& operator=(const ShardServer&) = delete;

@@ -78,7 +78,8 @@ ShardView ShardViewFromChain(const pb::Shard& shard) {
   view.status = shard.status();
   view.members.reserve(shard.reservations_size());
   for (const pb::Reservation& r : shard.reservations()) {
-    view.members.push_back(ShardMember{r.host(), r.endpoint(), r.frozen_weight()});
+    view.members.push_back(
+        ShardMember{r.host(), r.endpoint(), r.frozen_weight(), r.tls_cert_sha256()});
   }
   view.quota_bytes_max = shard.spec().artifact_quota().bytes_max();
   view.quota_files_max = shard.spec().artifact_quota().files_max();

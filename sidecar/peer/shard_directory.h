@@ -37,6 +37,8 @@ struct ShardMember {
   std::string address;
   std::string endpoint;  // host:port of its shard services
   uint64_t weight = 0;
+  // SHA-256 of the certificate its shard services present (32 bytes; peer_tls.h pins it).
+  std::string tls_cert_sha256 = {};
 };
 
 struct ShardView {

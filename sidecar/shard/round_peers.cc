@@ -1,6 +1,7 @@
 #include "sidecar/shard/round_peers.h"
 
 #include <chrono>
+#include <functional>
 #include <map>
 
 #include <grpcpp/grpcpp.h>
@@ -10,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gonka/trainshard/v1/training.grpc.pb.h"
 #include "proto/grpc_status.h"
+#include "sidecar/peer/peer_tls.h"
 
 namespace ts::sidecar {
 namespace {
@@ -23,6 +25,9 @@ constexpr int kReceiveBytesMax = 16 << 20;
 
 class GrpcRoundPeers final : public RoundPeers {
  public:
+  explicit GrpcRoundPeers(std::function<std::string(const std::string&)> pinned)
+      : pinned_(std::move(pinned)) {}
+
   absl::StatusOr<pb::AnnounceResponse> Announce(const std::string& endpoint,
                                                 const pb::AnnounceRequest& request,
                                                 int64_t timeout_ms) override {
@@ -65,13 +70,15 @@ class GrpcRoundPeers final : public RoundPeers {
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMinMs);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectBackoffMinMs);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectBackoffMaxMs);
-    auto channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(
+        endpoint, PeerChannelCredentials(pinned_ ? pinned_(endpoint) : std::string()), args);
     auto stub = pb::ShardRound::NewStub(channel);
     auto* raw = stub.get();
     stubs_.emplace(endpoint, std::move(stub));
     return raw;
   }
 
+  const std::function<std::string(const std::string&)> pinned_;
   absl::Mutex mu_;
   // Stubs are never removed, so a pointer handed out stays valid for the object's life.
   std::map<std::string, std::unique_ptr<pb::ShardRound::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
@@ -79,6 +86,9 @@ class GrpcRoundPeers final : public RoundPeers {
 
 }  // namespace
 
-std::unique_ptr<RoundPeers> MakeGrpcRoundPeers() { return std::make_unique<GrpcRoundPeers>(); }
+std::unique_ptr<RoundPeers> MakeGrpcRoundPeers(
+    std::function<std::string(const std::string& endpoint)> pinned) {
+  return std::make_unique<GrpcRoundPeers>(std::move(pinned));
+}
 
 }  // namespace ts::sidecar

@@ -10,6 +10,7 @@
 #define TS_SIDECAR_SHARD_ROUND_PEERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,8 +40,11 @@ class RoundPeers {
       int64_t timeout_ms) = 0;
 };
 
-// ShardRound over gRPC, one channel per endpoint kept for the run's life.
-std::unique_ptr<RoundPeers> MakeGrpcRoundPeers();
+// ShardRound over gRPC, one channel per endpoint kept for the run's life. With `pinned`, each
+// channel talks TLS and accepts only the certificate whose SHA-256 pinned(endpoint) returns
+// (sidecar/peer/peer_tls.h; the member's reservation); without, plaintext.
+std::unique_ptr<RoundPeers> MakeGrpcRoundPeers(
+    std::function<std::string(const std::string& endpoint)> pinned = {});
 
 }  // namespace ts::sidecar
 

@@ -28,12 +28,14 @@
 #include "chain-bridge/client/chain_client.h"
 #include "common/clock.h"
 #include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
 #include "common/key_file.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "common/status.h"
 #include "sidecar/peer/shard_directory.h"
 #include "sidecar/shard/host_link.h"
+#include "sidecar/shard/round_peers.h"
 #include "sidecar/shard/shard_run_manager.h"
 #include "state/db.h"
 
@@ -72,6 +74,7 @@ struct Flags {
   std::string worker_device = "cpu";
   uint64_t worker_memory_bytes_max = 0;
   int64_t heartbeat_ms = 500;
+  bool peer_tls = false;
 };
 
 // Parses the flags into `f`; an exit code when the process ends here (--help, --version, a
@@ -94,6 +97,8 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   app.add_option("--worker-memory-bytes-max", f->worker_memory_bytes_max,
                  "the worker's --memory-bytes-max (0: the machine's memory)");
   app.add_option("--collective-host", f->collective_host, "host the collective listener binds");
+  app.add_flag("--peer-tls", f->peer_tls,
+               "talk TLS to the other members, pinning the certificates their reservations name");
   app.add_option("--heartbeat-ms", f->heartbeat_ms, "collective heartbeat interval")
       ->check(CLI::Range(int64_t{50}, int64_t{60'000}));
   app.add_option("--log-level", f->log_level, "debug | info | warn | error");
@@ -143,6 +148,20 @@ ShardRunHost RunHostOf(const Flags& f, const common::PrivateKey* key, ShardDirec
   h.chain_id = f.chain_id;
   h.directory = directory;
   h.artifacts = link;
+  if (f.peer_tls) {
+    // Each member's endpoint is pinned to the certificate its reservation names; an endpoint no
+    // member has gets a fingerprint nothing matches, so no call falls back to plaintext.
+    h.make_peers = [directory, shard_id = f.shard_id] {
+      return MakeGrpcRoundPeers([directory, shard_id](const std::string& endpoint) {
+        if (auto view = directory->Get(shard_id); view.ok()) {
+          for (const ShardMember& m : view->members) {
+            if (m.endpoint == endpoint && !m.tls_cert_sha256.empty()) return m.tls_cert_sha256;
+          }
+        }
+        return std::string(common::kSha256Size, '\0');
+      });
+    };
+  }
   h.db = db;
   h.clock = &common::SystemClock();
   h.chain_shard = [chain, chain_mu](uint64_t id) {
