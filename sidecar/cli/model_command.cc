@@ -94,8 +94,8 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
   std::vector<FetchPeer> members;
   for (const pb::Reservation& r : shard->reservations()) {
     if (r.host() == self) continue;
-    members.push_back(FetchPeer{r.host(), r.endpoint(),
-                                args.peer_tls ? r.tls_cert_sha256() : std::string()});
+    members.push_back(
+        FetchPeer{r.host(), r.endpoint(), args.peer_tls ? r.tls_cert_sha256() : std::string()});
   }
   if (members.empty()) {
     return ctx.LocalFailed(absl::FailedPreconditionError(
