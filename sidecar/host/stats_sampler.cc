@@ -103,53 +103,9 @@ std::string StatsSampler::OverviewJson() const {
 void StatsSampler::SampleOnce() {
   json overview = json::object();
   overview["generated_unix_ms"] = clock_->NowUnixMs();
-
-  pb::HostStatusResponse status;
-  {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.call_timeout);
-    grpc::Status s = channels_->host->Status(&context, {}, &status);
-    if (s.ok()) {
-      overview["host"] = ToJson(status);
-      metrics_->ObserveHost(status);
-    } else {
-      overview["host_error"] = Describe(s);
-      metrics_->CountError(kErrorOperatorApi);
-    }
-  }
-
+  SampleHost(overview);
   // The network: every network_interval, and the shards' settlements once each is settled.
-  if (clock_->MonotonicMs() >= next_network_ms_) {
-    next_network_ms_ = clock_->MonotonicMs() + absl::ToInt64Milliseconds(options_.network_interval);
-    auto shards = chain_->Shards(pb::SHARD_STATUS_UNSPECIFIED);
-    auto weights = chain_->Weights(0, /*current=*/true);
-    if (shards.ok() && weights.ok()) {
-      metrics_->ObserveNetwork(*shards);
-      std::sort(shards->begin(), shards->end(),
-                [](const pb::Shard& a, const pb::Shard& b) { return a.id() > b.id(); });
-      json network = json::object();
-      network["shards_total"] = shards->size();
-      json list = json::array();
-      quota_bytes_.clear();
-      for (size_t i = 0; i < shards->size(); ++i) {
-        const pb::Shard& shard = (*shards)[i];
-        quota_bytes_[shard.id()] = shard.spec().artifact_quota().bytes_max();
-        if (i < kMaxNetworkShards) {
-          // The run spec document travels in the spec; the page does not need its bytes.
-          pb::Shard light = shard;
-          light.mutable_spec()->clear_run_spec();
-          list.push_back(ToJson(light));
-        }
-      }
-      network["shards"] = std::move(list);
-      network["weights"] = ToJson(*weights);
-      network_json_ = network.dump(-1, ' ', false, json::error_handler_t::replace);
-    } else {
-      const absl::Status& failed = shards.ok() ? weights.status() : shards.status();
-      network_json_ = json({{"network_error", absl::StrCat("chain: ", failed.message())}}).dump();
-      metrics_->CountError(kErrorChain);
-    }
-  }
+  if (clock_->MonotonicMs() >= next_network_ms_) RefreshNetwork();
   if (!network_json_.empty()) {
     json network = json::parse(network_json_, nullptr, /*allow_exceptions=*/false);
     if (network.contains("network_error")) {
@@ -179,51 +135,7 @@ void StatsSampler::SampleOnce() {
   if (mine.size() > kMaxSampledRuns) mine.resize(kMaxSampledRuns);
   json shards = json::array();
   for (const pb::HostShardRecord* record : mine) {
-    const uint64_t id = record->shard_id();
-    json entry = json::object();
-    entry["record"] = ToJson(*record);
-    pb::ShardRunStatus run;
-    bool has_run = false;
-    {
-      pb::ShardRunStatusRequest request;
-      request.set_shard_id(id);
-      grpc::ClientContext context;
-      SetDeadline(&context, options_.call_timeout);
-      grpc::Status s = channels_->runs->Status(&context, request, &run);
-      has_run = s.ok();
-      entry["run"] = has_run ? ToJson(run) : json(nullptr);
-      // NOT_FOUND: no run of this shard on this host (yet).
-      if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
-        entry["run_error"] = Describe(s);
-        metrics_->CountError(kErrorOperatorApi);
-      }
-    }
-    metrics_->ObserveShard(*record, has_run ? &run : nullptr);
-    if (record->reserved()) {
-      pb::ListLocalArtifactsRequest request;
-      request.set_shard_id(id);
-      request.set_include_incomplete(true);
-      pb::ListArtifactsResponse artifacts;
-      grpc::ClientContext context;
-      SetDeadline(&context, options_.call_timeout);
-      if (channels_->artifacts->List(&context, request, &artifacts).ok()) {
-        uint64_t bytes = 0;
-        for (const pb::ArtifactSummary& a : artifacts.artifacts()) bytes += a.total_bytes();
-        auto quota = quota_bytes_.find(id);
-        metrics_->ObserveStore(id, bytes, quota == quota_bytes_.end() ? 0 : quota->second);
-        entry["store_bytes"] = bytes;
-      }
-    }
-    if (record->status() == pb::SHARD_STATUS_SETTLED && !settlement_json_.contains(id)) {
-      if (auto settled = chain_->Settlement(id); settled.ok()) {
-        settlement_json_[id] = ToJson(*settled).dump();
-      }
-    }
-    auto settled = settlement_json_.find(id);
-    entry["settlement"] = settled == settlement_json_.end()
-                              ? json(nullptr)
-                              : json::parse(settled->second, nullptr, /*allow_exceptions=*/false);
-    shards.push_back(std::move(entry));
+    shards.push_back(ShardEntry(*record));
   }
   overview["shards"] = std::move(shards);
   // Settlements are kept for the shards shown only.
@@ -236,6 +148,100 @@ void StatsSampler::SampleOnce() {
   std::string text = overview.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
   absl::MutexLock lock(&mu_);
   overview_ = std::move(text);
+}
+
+void StatsSampler::SampleHost(json& overview) {
+  pb::HostStatusResponse status;
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.call_timeout);
+  grpc::Status s = channels_->host->Status(&context, {}, &status);
+  if (s.ok()) {
+    overview["host"] = ToJson(status);
+    metrics_->ObserveHost(status);
+  } else {
+    overview["host_error"] = Describe(s);
+    metrics_->CountError(kErrorOperatorApi);
+  }
+}
+
+void StatsSampler::RefreshNetwork() {
+  next_network_ms_ = clock_->MonotonicMs() + absl::ToInt64Milliseconds(options_.network_interval);
+  auto shards = chain_->Shards(pb::SHARD_STATUS_UNSPECIFIED);
+  auto weights = chain_->Weights(0, /*current=*/true);
+  if (shards.ok() && weights.ok()) {
+    metrics_->ObserveNetwork(*shards);
+    std::sort(shards->begin(), shards->end(),
+              [](const pb::Shard& a, const pb::Shard& b) { return a.id() > b.id(); });
+    json network = json::object();
+    network["shards_total"] = shards->size();
+    json list = json::array();
+    quota_bytes_.clear();
+    for (size_t i = 0; i < shards->size(); ++i) {
+      const pb::Shard& shard = (*shards)[i];
+      quota_bytes_[shard.id()] = shard.spec().artifact_quota().bytes_max();
+      if (i < kMaxNetworkShards) {
+        // The run spec document travels in the spec; the page does not need its bytes.
+        pb::Shard light = shard;
+        light.mutable_spec()->clear_run_spec();
+        list.push_back(ToJson(light));
+      }
+    }
+    network["shards"] = std::move(list);
+    network["weights"] = ToJson(*weights);
+    network_json_ = network.dump(-1, ' ', false, json::error_handler_t::replace);
+  } else {
+    const absl::Status& failed = shards.ok() ? weights.status() : shards.status();
+    network_json_ = json({{"network_error", absl::StrCat("chain: ", failed.message())}}).dump();
+    metrics_->CountError(kErrorChain);
+  }
+}
+
+json StatsSampler::ShardEntry(const pb::HostShardRecord& record) {
+  const uint64_t id = record.shard_id();
+  json entry = json::object();
+  entry["record"] = ToJson(record);
+  pb::ShardRunStatus run;
+  bool has_run = false;
+  {
+    pb::ShardRunStatusRequest request;
+    request.set_shard_id(id);
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.call_timeout);
+    grpc::Status s = channels_->runs->Status(&context, request, &run);
+    has_run = s.ok();
+    entry["run"] = has_run ? ToJson(run) : json(nullptr);
+    // NOT_FOUND: no run of this shard on this host (yet).
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+      entry["run_error"] = Describe(s);
+      metrics_->CountError(kErrorOperatorApi);
+    }
+  }
+  metrics_->ObserveShard(record, has_run ? &run : nullptr);
+  if (record.reserved()) {
+    pb::ListLocalArtifactsRequest request;
+    request.set_shard_id(id);
+    request.set_include_incomplete(true);
+    pb::ListArtifactsResponse artifacts;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.call_timeout);
+    if (channels_->artifacts->List(&context, request, &artifacts).ok()) {
+      uint64_t bytes = 0;
+      for (const pb::ArtifactSummary& a : artifacts.artifacts()) bytes += a.total_bytes();
+      auto quota = quota_bytes_.find(id);
+      metrics_->ObserveStore(id, bytes, quota == quota_bytes_.end() ? 0 : quota->second);
+      entry["store_bytes"] = bytes;
+    }
+  }
+  if (record.status() == pb::SHARD_STATUS_SETTLED && !settlement_json_.contains(id)) {
+    if (auto settled = chain_->Settlement(id); settled.ok()) {
+      settlement_json_[id] = ToJson(*settled).dump();
+    }
+  }
+  auto settled = settlement_json_.find(id);
+  entry["settlement"] = settled == settlement_json_.end()
+                            ? json(nullptr)
+                            : json::parse(settled->second, nullptr, /*allow_exceptions=*/false);
+  return entry;
 }
 
 }  // namespace ts::sidecar

@@ -24,11 +24,14 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "chain-bridge/client/chain_client.h"
 #include "common/clock.h"
+#include "gonka/trainshard/v1/host.pb.h"
 #include "sidecar/host/host_metrics.h"
 
 namespace ts::sidecar {
@@ -70,6 +73,12 @@ class StatsSampler {
  private:
   struct Channels;
   void Loop();
+  // The parts of a sample, on the sampling thread: the host's status into `overview`; the
+  // chain's shards and weights into network_json_; one of this host's shards as the overview
+  // shows it (its record, run, store and settlement), its metrics observed.
+  void SampleHost(nlohmann::json& overview);
+  void RefreshNetwork();
+  nlohmann::json ShardEntry(const ::gonka::trainshard::v1::HostShardRecord& record);
 
   bridge::ChainClient* const chain_;
   HostMetrics* const metrics_;
