@@ -184,6 +184,12 @@ absl::StatusOr<TlsIdentity> LoadOrCreateTlsIdentity(const std::string& dir,
         "; restore both from a backup (this host's fingerprint is in its reservations), or "
         "remove the other to make a new identity"));
   }
+  return LoadTlsIdentity(dir);
+}
+
+absl::StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& dir) {
+  const std::string key_path = absl::StrCat(dir, "/", kTlsKeyFile);
+  const std::string cert_path = absl::StrCat(dir, "/", kTlsCertFile);
   TlsIdentity identity;
   auto key = ReadRegularFile("TLS key", key_path, kMaxTlsPemBytes);
   if (!key.ok()) return absl::FailedPreconditionError(key.status().message());

@@ -41,6 +41,11 @@ absl::StatusOr<TlsIdentity> NewTlsIdentity(std::string_view common_name);
 absl::StatusOr<TlsIdentity> LoadOrCreateTlsIdentity(const std::string& dir,
                                                     std::string_view common_name);
 
+// Loads the identity LoadOrCreateTlsIdentity made in `dir`, never making one (for a host's
+// own processes that serve with it). FAILED_PRECONDITION naming the file as above, and when a
+// file is missing.
+absl::StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& dir);
+
 // SHA-256 of the DER encoding of the first certificate in `pem`. INVALID_ARGUMENT when `pem`
 // holds no certificate.
 absl::StatusOr<std::string> CertificateSha256(std::string_view pem);

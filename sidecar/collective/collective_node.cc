@@ -22,6 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/absl_view.h"
 #include "common/clock.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/tls_identity.h"
+#include "common/crypto/tls_session.h"
+#include "common/hex.h"
 #include "common/key_file.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -39,6 +43,7 @@ struct Flags {
   size_t index = 0;
   std::string group_file;
   std::string key_file;
+  std::string tls_dir;
   std::string chain_id = "trainshard-devnet";
   uint64_t shard = 1;
   std::string listen;
@@ -99,6 +104,16 @@ absl::StatusOr<std::vector<GroupMember>> ReadGroup(const std::string& path) {
     std::istringstream fields(line);
     GroupMember m;
     if (!(fields >> m.address >> m.endpoint)) continue;
+    // An optional third field: the hex SHA-256 of the member's TLS certificate (--tls-dir).
+    std::string cert_hex;
+    if (fields >> cert_hex) {
+      absl::StatusOr<std::string> cert = common::HexDecode(cert_hex);
+      if (!cert.ok() || cert->size() != common::kSha256Size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--group: '", cert_hex, "' of ", m.address, " is not a SHA-256 in hex"));
+      }
+      m.tls_cert_sha256 = *std::move(cert);
+    }
     members.push_back(m);
   }
   return members;
@@ -205,6 +220,14 @@ int RunTs(const Flags& f) {
   options.chain_id = f.chain_id;
   options.heartbeat_interval_ms = f.heartbeat_ms;
   options.dead_after_ms = f.dead_after_ms;
+  if (!f.tls_dir.empty()) {
+    absl::StatusOr<common::TlsIdentity> identity = common::LoadTlsIdentity(f.tls_dir);
+    if (!identity.ok()) return fail_setup(identity.status());
+    absl::StatusOr<std::shared_ptr<const common::TlsContext>> tls =
+        common::TlsContext::New(*identity);
+    if (!tls.ok()) return fail_setup(tls.status());
+    options.tls = *std::move(tls);
+  }
   auto transport = TcpTransport::Start(*key, options, &clock);
   if (!transport.ok()) return fail_setup(transport.status());
 
@@ -419,6 +442,9 @@ int main(int argc, char** argv) {
   app.add_option("--index", f.index, "this member's index in the group")->required();
   app.add_option("--group", f.group_file, "file of 'address endpoint' lines (engine ts)");
   app.add_option("--key-file", f.key_file, "this host's key file (engine ts)");
+  app.add_option("--tls-dir", f.tls_dir,
+                 "TLS with the identity in DIR (tls.key, tls.crt), every member pinned to the "
+                 "SHA-256 in the group file's third column (engine ts)");
   app.add_option("--chain-id", f.chain_id);
   app.add_option("--shard", f.shard);
   app.add_option("--listen", f.listen, "host:port (default: this member's endpoint)");

@@ -31,8 +31,11 @@
 #include "absl/time/time.h"
 #include "common/absl_view.h"
 #include "common/crypto/bech32.h"
+#include "common/crypto/hash.h"
+#include "common/crypto/tls_session.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "sidecar/collective/tls_wire.h"
 #include "sidecar/peer/peer_auth.h"
 
 namespace ts::sidecar {
@@ -104,6 +107,40 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// A connected socket and, under TLS, its record states.
+struct Conn {
+  UniqueFd fd;
+  std::unique_ptr<TlsWire> tls;  // null: in the clear
+};
+
+// recv(2) through the connection's records when it has them; *wire_bytes grows by what was
+// read off the socket.
+ssize_t RecvOn(int fd, TlsWire* tls, char* buf, size_t size, uint64_t* wire_bytes) {
+  if (tls != nullptr) return tls->Recv(fd, buf, size, wire_bytes);
+  const ssize_t n = ::recv(fd, buf, size, 0);
+  if (n > 0) *wire_bytes += static_cast<uint64_t>(n);
+  return n;
+}
+
+std::string ErrnoText(int err);
+
+// errno's text, or the TLS failure behind EPROTO.
+std::string RecvErrorText(int err, const TlsWire* tls) {
+  if (err == EPROTO && tls != nullptr && !tls->error().ok()) {
+    return std::string(tls->error().message());
+  }
+  return ErrnoText(err);
+}
+
+// What goes on the wire for `frame`: the frame in the clear, its records under TLS (empty if
+// the key may seal no more).
+std::string WireBytes(TlsWire* tls, std::string_view frame) {
+  if (tls == nullptr) return std::string(frame);
+  std::string out;
+  if (!tls->Seal({frame}, &out).ok()) out.clear();
+  return out;
+}
 
 // An eventfd used as a level-triggered flag (Set never undone) or as a wake-up (Drain resets).
 class EventFd {
@@ -255,11 +292,12 @@ absl::Status WriteAll(int fd, std::string_view data, int64_t deadline_ms, int ca
 }
 
 // Reads exactly `size` bytes into `out` by deadline_ms. UNAVAILABLE for EOF or a socket error.
-absl::Status ReadExact(int fd, char* out, size_t size, int64_t deadline_ms, int cancel_fd,
-                       common::Clock* clock) {
+absl::Status ReadExact(int fd, TlsWire* tls, char* out, size_t size, int64_t deadline_ms,
+                       int cancel_fd, common::Clock* clock) {
   size_t done = 0;
+  uint64_t wire_bytes = 0;
   while (done < size) {
-    const ssize_t n = ::recv(fd, out + done, size - done, 0);
+    const ssize_t n = RecvOn(fd, tls, out + done, size - done, &wire_bytes);
     if (n > 0) {
       done += static_cast<size_t>(n);
       continue;
@@ -270,7 +308,7 @@ absl::Status ReadExact(int fd, char* out, size_t size, int64_t deadline_ms, int 
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return absl::UnavailableError(absl::StrCat("recv: ", ErrnoText(errno)));
+      return absl::UnavailableError(absl::StrCat("recv: ", RecvErrorText(errno, tls)));
     }
     const int64_t left = deadline_ms - clock->MonotonicMs();
     if (left <= 0) {
@@ -300,7 +338,7 @@ class MeshImpl;
 
 class LinkImpl final : public Link {
  public:
-  LinkImpl(MeshImpl* mesh, std::string peer, UniqueFd fd, int64_t now_ms);
+  LinkImpl(MeshImpl* mesh, std::string peer, Conn conn, int64_t now_ms);
   ~LinkImpl() override;
 
   const std::string& peer() const override { return peer_; }
@@ -329,6 +367,8 @@ class LinkImpl final : public Link {
   // is closed or reset.
   int64_t UnackedBytes() const;
   bool closed_by_peer() const { return closed_by_peer_.load(std::memory_order_acquire); }
+  // Destruction: what goes on the wire for `frame` on this link (sealed once under TLS).
+  std::string WireBytesOf(std::string_view frame);
   // Destruction, readers stopped: writes what the socket takes of bytes[*done..] without
   // waiting. False when the link can take nothing more (an error, or an earlier frame cut off).
   bool WriteNow(std::string_view bytes, size_t* done);
@@ -354,10 +394,14 @@ class LinkImpl final : public Link {
   MeshImpl* const mesh_;
   const std::string peer_;
   const UniqueFd fd_;
+  // Under TLS: sealed by senders (send_mu_), opened by the reader thread.
+  const std::unique_ptr<TlsWire> tls_;
 
   absl::Mutex send_mu_;
-  // A frame was cut off on the wire (a failed or interrupted send): nothing more may follow.
+  // A frame was cut off on the wire (a failed or interrupted send), or records were sealed and
+  // not all sent: nothing more may follow.
   bool broken_ ABSL_GUARDED_BY(send_mu_) = false;
+  std::string sealed_ ABSL_GUARDED_BY(send_mu_);  // TLS: the frame being sent, as records
 
   std::atomic<int64_t> last_sent_ms_;
   std::atomic<int64_t> last_heard_ms_;
@@ -412,7 +456,7 @@ class MeshImpl final : public Mesh {
 
   // Connect: a link to `member_index` is up (handshake done); starts its reader.
   bool HasLink(size_t member_index) const;
-  void AddLink(size_t member_index, UniqueFd fd);
+  void AddLink(size_t member_index, Conn conn);
   // Connect: a dial to `member_index` failed for good (or its last retryable error).
   void SetDialError(size_t member_index, absl::Status status, bool final);
   // Blocks until every link is up, the mesh fails, a dial fails for good or the deadline.
@@ -470,6 +514,11 @@ struct TcpTransport::Impl {
     FrameHeader frame;
     std::string payload;
     size_t payload_have = 0;
+    // TLS: the handshake until it is done, then the records and the dialer's certificate.
+    std::unique_ptr<common::TlsHandshake> handshake;
+    common::TlsHandshake::Want want = common::TlsHandshake::Want::kRead;
+    std::unique_ptr<TlsWire> tls;
+    std::string peer_cert_sha256;
     // Verified, waiting for a Connect of its mesh.
     bool parked = false;
     Hello hello;
@@ -479,6 +528,8 @@ struct TcpTransport::Impl {
   void AcceptMain();
   void HeartbeatMain();
   void AcceptNew(std::vector<std::unique_ptr<Pending>>* pending);
+  // TLS: takes the handshake's next steps, then reads the hello once it is done.
+  void AdvanceHandshake(Pending* p);
   // Reads what is there; true when the connection is finished with (handed over or refused).
   bool ReadHello(Pending* p);
   // A verified hello: hands the connection to its Connect, refuses it, or leaves it parked.
@@ -489,8 +540,11 @@ struct TcpTransport::Impl {
 
   absl::Status Dial(MeshImpl* mesh, size_t member_index, int64_t deadline_ms);
   // One attempt: connect, hello, ack. *final set when retrying cannot help.
-  absl::StatusOr<UniqueFd> DialOnce(MeshImpl* mesh, size_t member_index, const SocketAddress& to,
-                                    int64_t deadline_ms, bool* final);
+  absl::StatusOr<Conn> DialOnce(MeshImpl* mesh, size_t member_index, const SocketAddress& to,
+                                int64_t deadline_ms, bool* final);
+  // The dialer's TLS handshake on a connected socket, pinned to the member's certificate.
+  absl::StatusOr<std::unique_ptr<TlsWire>> DialTls(MeshImpl* mesh, size_t member_index, int fd,
+                                                   int64_t deadline_ms, bool* final);
 
   void Register(MeshImpl* mesh) {
     absl::MutexLock lock(&meshes_mu);
@@ -571,6 +625,7 @@ void MeshImpl::Linger(std::vector<LinkImpl*> links, std::string_view frame,
                       std::string_view blamed) {
   struct Closing {
     LinkImpl* link;
+    std::string wire;  // `frame` as this link sends it
     size_t written = 0;
     bool shut = false;
     int64_t unacked = 0;
@@ -584,10 +639,10 @@ void MeshImpl::Linger(std::vector<LinkImpl*> links, std::string_view frame,
     } else if (!blamed.empty() && link->peer() == blamed) {
       // Nothing is owed to the member at fault: one try, no waiting.
       size_t written = 0;
-      link->WriteNow(frame, &written);
+      link->WriteNow(link->WireBytesOf(frame), &written);
       link->ShutdownWrite();
     } else {
-      closing.push_back({link, 0, false, link->UnackedBytes(), start});
+      closing.push_back({link, link->WireBytesOf(frame), 0, false, link->UnackedBytes(), start});
     }
   }
   while (true) {
@@ -598,9 +653,9 @@ void MeshImpl::Linger(std::vector<LinkImpl*> links, std::string_view frame,
       bool ok = true;
       if (!c.shut) {
         const size_t before = c.written;
-        ok = c.link->WriteNow(frame, &c.written);
+        ok = !c.wire.empty() && c.link->WriteNow(c.wire, &c.written);
         if (c.written > before) c.progress_ms = now;
-        if (!ok || c.written == frame.size()) {
+        if (!ok || c.written == c.wire.size()) {
           c.link->ShutdownWrite();
           c.shut = true;
         }
@@ -688,9 +743,9 @@ bool MeshImpl::HasLink(size_t member_index) const {
   return links_[member_index] != nullptr;
 }
 
-void MeshImpl::AddLink(size_t member_index, UniqueFd fd) {
-  auto link = std::make_unique<LinkImpl>(this, group_.members[member_index].address, std::move(fd),
-                                         clock()->MonotonicMs());
+void MeshImpl::AddLink(size_t member_index, Conn conn) {
+  auto link = std::make_unique<LinkImpl>(this, group_.members[member_index].address,
+                                         std::move(conn), clock()->MonotonicMs());
   LinkImpl* raw = link.get();
   {
     absl::MutexLock lock(&links_mu_);
@@ -756,10 +811,11 @@ void MeshImpl::Tick(int64_t now_ms) {
 // ---------------------------------------------------------------------------------------------
 // LinkImpl
 
-LinkImpl::LinkImpl(MeshImpl* mesh, std::string peer, UniqueFd fd, int64_t now_ms)
+LinkImpl::LinkImpl(MeshImpl* mesh, std::string peer, Conn conn, int64_t now_ms)
     : mesh_(mesh),
       peer_(std::move(peer)),
-      fd_(std::move(fd)),
+      fd_(std::move(conn.fd)),
+      tls_(std::move(conn.tls)),
       last_sent_ms_(now_ms),
       last_heard_ms_(now_ms) {}
 
@@ -783,18 +839,42 @@ void LinkImpl::WakeAll() {
 absl::Status LinkImpl::WriteFrameLocked(const char* header, std::string_view payload,
                                         int64_t deadline_ms, bool cancellable, size_t* written) {
   common::Clock* clock = mesh_->clock();
-  const size_t total = kFrameHeaderSize + payload.size();
+  const int cancel_fd = cancellable ? mesh_->wake_fd() : -1;
+  *written = 0;
+  std::string_view first(header, kFrameHeaderSize);
+  std::string_view second = payload;
+  if (tls_ != nullptr) {
+    // Records once sealed must all be sent: nothing is sealed before the socket takes bytes,
+    // so a deadline passing first leaves the link usable, as in the clear.
+    while (true) {
+      const int64_t left = deadline_ms - clock->MonotonicMs();
+      if (left <= 0) return absl::DeadlineExceededError("send not begun by the deadline");
+      const Wait w = WaitFd(fd_.get(), POLLOUT, cancel_fd, left);
+      if (w == Wait::kCancelled)
+        return absl::CancelledError("mesh failed or closed during the send");
+      if (w == Wait::kReady) break;
+    }
+    sealed_.clear();
+    const absl::Status sealed = tls_->Seal({first, second}, &sealed_);
+    if (!sealed.ok()) {
+      broken_ = true;
+      return absl::UnavailableError(sealed.message());
+    }
+    first = sealed_;
+    second = {};
+  }
+  const size_t total = first.size() + second.size();
   size_t done = 0;
   absl::Status status;
   while (done < total) {
     iovec iov[2];
     int iov_count = 0;
-    if (done < kFrameHeaderSize) {
-      iov[iov_count++] = {const_cast<char*>(header) + done, kFrameHeaderSize - done};
-      if (!payload.empty()) iov[iov_count++] = {const_cast<char*>(payload.data()), payload.size()};
+    if (done < first.size()) {
+      iov[iov_count++] = {const_cast<char*>(first.data()) + done, first.size() - done};
+      if (!second.empty()) iov[iov_count++] = {const_cast<char*>(second.data()), second.size()};
     } else {
-      const size_t at = done - kFrameHeaderSize;
-      iov[iov_count++] = {const_cast<char*>(payload.data()) + at, payload.size() - at};
+      const size_t at = done - first.size();
+      iov[iov_count++] = {const_cast<char*>(second.data()) + at, second.size() - at};
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -816,14 +896,14 @@ absl::Status LinkImpl::WriteFrameLocked(const char* header, std::string_view pay
                                                         " of ", total, " bytes of the frame)"));
       break;
     }
-    if (WaitFd(fd_.get(), POLLOUT, cancellable ? mesh_->wake_fd() : -1, left) == Wait::kCancelled) {
+    if (WaitFd(fd_.get(), POLLOUT, cancel_fd, left) == Wait::kCancelled) {
       status = absl::CancelledError("mesh failed or closed during the send");
       break;
     }
   }
   *written = done;
   if (done > 0) last_sent_ms_.store(clock->MonotonicMs(), std::memory_order_relaxed);
-  if (done > 0 && done < total) broken_ = true;
+  if ((done > 0 || tls_ != nullptr) && done < total) broken_ = true;
   return status;
 }
 
@@ -951,11 +1031,15 @@ bool LinkImpl::WaitForQueueSpace() {
 
 LinkImpl::ReadResult LinkImpl::ReadSome(char* buf, size_t size, size_t* got) {
   while (true) {
-    const ssize_t n = ::recv(fd_.get(), buf, size, 0);
+    uint64_t wire_bytes = 0;
+    const ssize_t n = RecvOn(fd_.get(), tls_.get(), buf, size, &wire_bytes);
+    if (wire_bytes > 0) {
+      // Under TLS bytes may arrive before their record is whole: they are heard all the same.
+      bytes_received_.fetch_add(wire_bytes, std::memory_order_relaxed);
+      last_heard_ms_.store(mesh_->clock()->MonotonicMs(), std::memory_order_relaxed);
+    }
     if (n > 0) {
       *got = static_cast<size_t>(n);
-      bytes_received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-      last_heard_ms_.store(mesh_->clock()->MonotonicMs(), std::memory_order_relaxed);
       return ReadResult::kOk;
     }
     if (n == 0) return ReadResult::kEof;
@@ -995,9 +1079,9 @@ absl::Status LinkImpl::FailureOf(ReadResult result, std::string_view where) {
     return PeerFailure(absl::StatusCode::kUnavailable, peer_,
                        absl::StrCat("connection closed", AsAbsl(where)));
   }
-  return PeerFailure(
-      absl::StatusCode::kUnavailable, peer_,
-      absl::StrCat("connection lost", AsAbsl(where), ": recv: ", ErrnoText(read_errno_)));
+  return PeerFailure(absl::StatusCode::kUnavailable, peer_,
+                     absl::StrCat("connection lost", AsAbsl(where),
+                                  ": recv: ", RecvErrorText(read_errno_, tls_.get())));
 }
 
 void LinkImpl::ReaderMain() {
@@ -1107,29 +1191,47 @@ absl::Status LinkImpl::MaybeHeartbeat(int64_t now_ms, int64_t idle_ms) {
     header.type = FrameType::kHeartbeat;
     char encoded[kFrameHeaderSize];
     EncodeFrameHeader(header, encoded);
-    // Try once without waiting: a full send buffer means bytes are still on their way.
-    const ssize_t n = ::send(fd_.get(), encoded, kFrameHeaderSize, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n == static_cast<ssize_t>(kFrameHeaderSize)) {
-      bytes_sent_.fetch_add(kFrameHeaderSize, std::memory_order_relaxed);
-      last_sent_ms_.store(now_ms, std::memory_order_relaxed);
-    } else if (n > 0) {
-      // Rare: the rest of the 32 bytes must follow, or the stream is cut inside a frame.
-      const std::string_view rest(encoded + n, kFrameHeaderSize - static_cast<size_t>(n));
-      cut_off = WriteAll(fd_.get(), rest, now_ms + kAbortDeadlineMs, -1, mesh_->clock());
-      bytes_sent_.fetch_add(cut_off.ok() ? kFrameHeaderSize : static_cast<uint64_t>(n),
-                            std::memory_order_relaxed);
-      last_sent_ms_.store(now_ms, std::memory_order_relaxed);
-      broken_ = !cut_off.ok();
-    } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      // Not the failure to report: the link's reader sees why (the peer's kClose, EOF or
-      // reset, read in order after the data before it), and a stopped peer by its silence.
-      broken_ = true;
+    std::string_view bytes(encoded, kFrameHeaderSize);
+    // Try once without waiting: a full send buffer means bytes are still on their way. Under
+    // TLS the record is sealed only once the socket takes bytes (and then must all be sent).
+    pollfd writable{fd_.get(), POLLOUT, 0};
+    const bool skip =
+        tls_ != nullptr && (::poll(&writable, 1, 0) <= 0 || (writable.revents & POLLOUT) == 0);
+    std::string sealed;
+    if (!skip && tls_ != nullptr && !tls_->Seal({bytes}, &sealed).ok()) broken_ = true;
+    if (!skip && !broken_) {
+      if (tls_ != nullptr) bytes = sealed;
+      const ssize_t n = ::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      const size_t sent = n > 0 ? static_cast<size_t>(n) : 0;
+      if (sent == bytes.size()) {
+        bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
+        last_sent_ms_.store(now_ms, std::memory_order_relaxed);
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        // Not the failure to report: the link's reader sees why (the peer's kClose, EOF or
+        // reset, read in order after the data before it), and a stopped peer by its silence.
+        broken_ = true;
+      } else if (sent > 0 || tls_ != nullptr) {
+        // Rare: the rest must follow, or the stream is cut inside a frame (or a record).
+        cut_off =
+            WriteAll(fd_.get(), bytes.substr(sent), now_ms + kAbortDeadlineMs, -1, mesh_->clock());
+        bytes_sent_.fetch_add(cut_off.ok() ? bytes.size() : sent, std::memory_order_relaxed);
+        last_sent_ms_.store(now_ms, std::memory_order_relaxed);
+        broken_ = !cut_off.ok();
+      }
     }
   }
   send_mu_.Unlock();
   if (cut_off.ok() || mesh_->stopping()) return absl::OkStatus();
   return PeerFailure(absl::StatusCode::kUnavailable, peer_,
                      absl::StrCat("heartbeat cut off: ", cut_off.message()));
+}
+
+std::string LinkImpl::WireBytesOf(std::string_view frame) {
+  absl::MutexLock lock(&send_mu_);
+  if (broken_) return std::string();
+  std::string wire = WireBytes(tls_.get(), frame);
+  if (wire.empty()) broken_ = true;
+  return wire;
 }
 
 bool LinkImpl::WriteNow(std::string_view bytes, size_t* done) {
@@ -1275,8 +1377,12 @@ void TcpTransport::Impl::Refuse(Pending* p, const absl::Status& why) {
           ? absl::Status(why.code(), absl::StrCat("connection from ", p->remote, ": ", reason))
           : PeerFailure(why.code(), p->signer, reason);
   RecordRefusal(status);
-  const std::string frame = FrameBytes(FrameType::kAbort, EncodeAbort(p->signer, reason));
-  (void)WriteAll(p->fd.get(), frame, clock->MonotonicMs() + kReplyDeadlineMs, -1, clock);
+  // Under TLS the reason goes only to a dialer whose handshake is done (a record it can open).
+  if (p->handshake == nullptr) {
+    const std::string frame =
+        WireBytes(p->tls.get(), FrameBytes(FrameType::kAbort, EncodeAbort(p->signer, reason)));
+    (void)WriteAll(p->fd.get(), frame, clock->MonotonicMs() + kReplyDeadlineMs, -1, clock);
+  }
   ::shutdown(p->fd.get(), SHUT_WR);
   // Unread bytes at close() would turn the FIN into a reset that can overtake the abort.
   char sink[4096];
@@ -1302,8 +1408,38 @@ void TcpTransport::Impl::AcceptNew(std::vector<std::unique_ptr<Pending>>* pendin
     p->fd = UniqueFd(fd);
     p->remote = PeerNameOf(fd);
     p->deadline_ms = clock->MonotonicMs() + options.handshake_timeout_ms;
+    if (options.tls != nullptr) {
+      absl::StatusOr<std::unique_ptr<common::TlsHandshake>> handshake = common::TlsHandshake::Start(
+          options.tls, fd, common::TlsHandshake::Role::kServer, std::string());
+      if (!handshake.ok()) {
+        RecordRefusal(absl::Status(
+            handshake.status().code(),
+            absl::StrCat("connection from ", p->remote, ": ", handshake.status().message())));
+        continue;  // p, and the socket with it, go
+      }
+      p->handshake = *std::move(handshake);
+    }
     pending->push_back(std::move(p));
   }
+}
+
+void TcpTransport::Impl::AdvanceHandshake(Pending* p) {
+  absl::StatusOr<common::TlsHandshake::Want> want = p->handshake->Step();
+  if (!want.ok()) {
+    Refuse(p, want.status());
+    return;
+  }
+  p->want = *want;
+  if (*want != common::TlsHandshake::Want::kDone) return;
+  absl::StatusOr<common::TlsRecordLayer> layer = p->handshake->Finish();
+  if (!layer.ok()) {
+    Refuse(p, layer.status());
+    return;
+  }
+  p->peer_cert_sha256 = p->handshake->peer_cert_sha256();
+  p->handshake.reset();
+  p->tls = std::make_unique<TlsWire>(*std::move(layer));
+  ReadHello(p);  // the hello may have come with the handshake's last flight
 }
 
 bool TcpTransport::Impl::ReadHello(Pending* p) {
@@ -1318,7 +1454,8 @@ bool TcpTransport::Impl::ReadHello(Pending* p) {
       want = p->payload.size() - p->payload_have;
     }
     if (want > 0) {
-      const ssize_t n = ::recv(p->fd.get(), dst, want, 0);
+      uint64_t wire_bytes = 0;
+      const ssize_t n = RecvOn(p->fd.get(), p->tls.get(), dst, want, &wire_bytes);
       if (n == 0) {
         Refuse(p,
                absl::UnavailableError(absl::StrCat("connection closed before a whole hello (",
@@ -1328,7 +1465,8 @@ bool TcpTransport::Impl::ReadHello(Pending* p) {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-        Refuse(p, absl::UnavailableError(absl::StrCat("recv: ", ErrnoText(errno))));
+        Refuse(p,
+               absl::UnavailableError(absl::StrCat("recv: ", RecvErrorText(errno, p->tls.get()))));
         return true;
       }
       if (p->header_have < kFrameHeaderSize) {
@@ -1396,6 +1534,16 @@ bool TcpTransport::Impl::TryClaim(Pending* p) {
     // the hello, not who sent it now, so the refusal names the connection, not the signer.
     p->signer.clear();
   }
+  if (ok.ok() && options.tls != nullptr &&
+      p->peer_cert_sha256 != group.members[p->hello.member_index()].tls_cert_sha256) {
+    // The hello is the member's, the connection someone else's: name the connection.
+    ok = absl::PermissionDeniedError(absl::StrCat(
+        "the connection's TLS certificate has SHA-256 ",
+        absl::BytesToHexString(p->peer_cert_sha256), ", the reservation of member ",
+        p->hello.member_index(), " (", p->signer, ") names ",
+        absl::BytesToHexString(group.members[p->hello.member_index()].tls_cert_sha256)));
+    p->signer.clear();
+  }
   if (ok.ok() && mesh->HasLink(p->hello.member_index())) {
     ok = absl::AlreadyExistsError(absl::StrCat("member ", p->hello.member_index(), " (", p->signer,
                                                ") is already connected in mesh ",
@@ -1419,7 +1567,8 @@ bool TcpTransport::Impl::TryClaim(Pending* p) {
   }
   *ack.mutable_auth() = *std::move(auth);
   const absl::Status sent =
-      WriteAll(p->fd.get(), FrameBytes(FrameType::kHelloAck, ack.SerializeAsString()),
+      WriteAll(p->fd.get(),
+               WireBytes(p->tls.get(), FrameBytes(FrameType::kHelloAck, ack.SerializeAsString())),
                clock->MonotonicMs() + kReplyDeadlineMs, -1, clock);
   if (!sent.ok()) {
     RecordRefusal(PeerFailure(absl::StatusCode::kUnavailable, p->signer,
@@ -1427,7 +1576,7 @@ bool TcpTransport::Impl::TryClaim(Pending* p) {
     p->fd.Reset();
     return true;
   }
-  mesh->AddLink(p->hello.member_index(), std::move(p->fd));
+  mesh->AddLink(p->hello.member_index(), Conn{std::move(p->fd), std::move(p->tls)});
   return true;
 }
 
@@ -1442,7 +1591,8 @@ void TcpTransport::Impl::AcceptMain() {
     int64_t timeout_ms = 1000;
     const int64_t now = clock->MonotonicMs();
     for (const auto& p : pending) {
-      fds.push_back({p->fd.get(), POLLIN, 0});
+      const bool out = p->handshake != nullptr && p->want == common::TlsHandshake::Want::kWrite;
+      fds.push_back({p->fd.get(), static_cast<short>(out ? POLLOUT : POLLIN), 0});
       timeout_ms = std::min(timeout_ms, p->deadline_ms - now);
     }
     int r;
@@ -1456,6 +1606,10 @@ void TcpTransport::Impl::AcceptMain() {
     for (size_t i = 0; i < pending.size(); ++i) {
       Pending* p = pending[i].get();
       if (p->fd.get() < 0 || fds[i + 2].revents == 0) continue;
+      if (p->handshake != nullptr) {
+        AdvanceHandshake(p);
+        continue;
+      }
       if (p->parked) {
         // A parked dialer has nothing more to say: it left, or it breaks the protocol.
         Refuse(p, absl::InvalidArgumentError(
@@ -1476,7 +1630,8 @@ void TcpTransport::Impl::AcceptMain() {
                             "waited ", options.handshake_timeout_ms, " ms)")));
       } else {
         Refuse(p.get(), absl::DeadlineExceededError(absl::StrCat(
-                            "no whole hello within ", options.handshake_timeout_ms, " ms")));
+                            p->handshake != nullptr ? "no TLS handshake" : "no whole hello",
+                            " within ", options.handshake_timeout_ms, " ms")));
       }
     }
     // Handed over or refused: their fd was moved out or closed.
@@ -1506,9 +1661,37 @@ void TcpTransport::Impl::HeartbeatMain() {
 // ---------------------------------------------------------------------------------------------
 // Dialer
 
-absl::StatusOr<UniqueFd> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t member_index,
-                                                      const SocketAddress& to, int64_t deadline_ms,
-                                                      bool* final) {
+absl::StatusOr<std::unique_ptr<TlsWire>> TcpTransport::Impl::DialTls(MeshImpl* mesh,
+                                                                     size_t member_index, int fd,
+                                                                     int64_t deadline_ms,
+                                                                     bool* final) {
+  const GroupMember& peer = mesh->group().members[member_index];
+  TS_ASSIGN_OR_RETURN(
+      std::unique_ptr<common::TlsHandshake> handshake,
+      common::TlsHandshake::Start(options.tls, fd, common::TlsHandshake::Role::kClient,
+                                  peer.tls_cert_sha256));
+  while (true) {
+    absl::StatusOr<common::TlsHandshake::Want> want = handshake->Step();
+    if (!want.ok()) {
+      // A certificate other than the reservation's will not change by dialing again.
+      *final = absl::IsUnauthenticated(want.status());
+      return PeerFailure(want.status().code(), peer.address, Msg(want.status()));
+    }
+    if (*want == common::TlsHandshake::Want::kDone) break;
+    const int64_t left = deadline_ms - clock->MonotonicMs();
+    if (left <= 0) return absl::DeadlineExceededError("TLS handshake: not done by the deadline");
+    const short events = *want == common::TlsHandshake::Want::kRead ? POLLIN : POLLOUT;
+    if (WaitFd(fd, events, mesh->wake_fd(), left) == Wait::kCancelled) {
+      return absl::CancelledError("TLS handshake: cancelled");
+    }
+  }
+  TS_ASSIGN_OR_RETURN(common::TlsRecordLayer layer, handshake->Finish());
+  return std::make_unique<TlsWire>(std::move(layer));
+}
+
+absl::StatusOr<Conn> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t member_index,
+                                                  const SocketAddress& to, int64_t deadline_ms,
+                                                  bool* final) {
   *final = false;
   const GroupSpec& group = mesh->group();
   const GroupMember& peer = group.members[member_index];
@@ -1531,6 +1714,10 @@ absl::StatusOr<UniqueFd> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t mem
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) return absl::UnavailableError(absl::StrCat("connect: ", ErrnoText(err)));
   }
+  std::unique_ptr<TlsWire> tls;
+  if (options.tls != nullptr) {
+    TS_ASSIGN_OR_RETURN(tls, DialTls(mesh, member_index, fd.get(), deadline_ms, final));
+  }
 
   Hello hello;
   hello.set_shard_id(group.shard_id);
@@ -1545,13 +1732,14 @@ absl::StatusOr<UniqueFd> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t mem
   }
   const std::string nonce = auth->nonce();
   *hello.mutable_auth() = *std::move(auth);
-  TS_RETURN_IF_ERROR(WriteAll(fd.get(), FrameBytes(FrameType::kHello, hello.SerializeAsString()),
-                              deadline_ms, mesh->wake_fd(), clock));
+  TS_RETURN_IF_ERROR(WriteAll(
+      fd.get(), WireBytes(tls.get(), FrameBytes(FrameType::kHello, hello.SerializeAsString())),
+      deadline_ms, mesh->wake_fd(), clock));
 
   // Exactly the reply: frames the listener sends after it belong to the link's reader.
   char header_bytes[kFrameHeaderSize];
-  TS_RETURN_IF_ERROR(
-      ReadExact(fd.get(), header_bytes, kFrameHeaderSize, deadline_ms, mesh->wake_fd(), clock));
+  TS_RETURN_IF_ERROR(ReadExact(fd.get(), tls.get(), header_bytes, kFrameHeaderSize, deadline_ms,
+                               mesh->wake_fd(), clock));
   *final = true;
   absl::StatusOr<FrameHeader> header =
       DecodeFrameHeader(std::string_view(header_bytes, kFrameHeaderSize), options.max_data_payload);
@@ -1560,8 +1748,8 @@ absl::StatusOr<UniqueFd> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t mem
                        absl::StrCat("reply to the hello: ", header.status().message()));
   }
   std::string payload(header->payload_size, '\0');
-  absl::Status read =
-      ReadExact(fd.get(), payload.data(), payload.size(), deadline_ms, mesh->wake_fd(), clock);
+  absl::Status read = ReadExact(fd.get(), tls.get(), payload.data(), payload.size(), deadline_ms,
+                                mesh->wake_fd(), clock);
   if (!read.ok()) {
     *final = false;
     return read;
@@ -1604,7 +1792,7 @@ absl::StatusOr<UniqueFd> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t mem
         absl::StrCat("ack: does not answer this hello (mesh ", Hex8(ack->mesh_id()), ", shard ",
                      ack->shard_id(), ", member_index ", ack->member_index(), ")"));
   }
-  return fd;
+  return Conn{std::move(fd), std::move(tls)};
 }
 
 absl::Status TcpTransport::Impl::Dial(MeshImpl* mesh, size_t member_index, int64_t deadline_ms) {
@@ -1615,7 +1803,7 @@ absl::Status TcpTransport::Impl::Dial(MeshImpl* mesh, size_t member_index, int64
   int64_t backoff_ms = kDialBackoffFirstMs;
   while (true) {
     bool final = false;
-    absl::StatusOr<UniqueFd> fd = DialOnce(mesh, member_index, *to, deadline_ms, &final);
+    absl::StatusOr<Conn> fd = DialOnce(mesh, member_index, *to, deadline_ms, &final);
     if (fd.ok()) {
       mesh->AddLink(member_index, *std::move(fd));
       return absl::OkStatus();
@@ -1750,6 +1938,13 @@ absl::StatusOr<std::unique_ptr<Mesh>> TcpTransport::Connect(const GroupSpec& gro
     return absl::InvalidArgumentError(absl::StrCat("group.members[", self_index,
                                                    "].address: ", group.members[self_index].address,
                                                    " is not this host (", t.address, ")"));
+  }
+  for (size_t j = 0; j < n && t.options.tls != nullptr; ++j) {
+    if (j != self_index && group.members[j].tls_cert_sha256.size() != common::kSha256Size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group.members[", j, "].tls_cert_sha256: ", group.members[j].tls_cert_sha256.size(),
+          " bytes, want ", common::kSha256Size, " (TLS is on: every peer is pinned)"));
+    }
   }
   for (size_t j = self_index + 1; j < n; ++j) {
     std::string host;

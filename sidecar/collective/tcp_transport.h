@@ -18,6 +18,14 @@
 // most 10 s — so a peer's heartbeat cannot make the closed socket reset bytes still on their
 // way.
 //
+// TLS (options.tls set; docs/threat-model.md "TLS between hosts"): every connection runs a TLS
+// 1.3 handshake before its hello (common/crypto/tls_session.h), both sides presenting their
+// host's certificate. The dialer accepts only the certificate whose SHA-256 the group names for
+// the member it dials (GroupMember::tls_cert_sha256, from the member's reservation); the
+// listener, once the hello shows which member dialed, refuses a connection whose certificate is
+// not that member's. Every frame after the handshake travels in TLS records (tls_wire.h).
+// Without options.tls every byte is in the clear: the trusted-network switch.
+//
 // Accepted connections whose hello names a mesh not (yet) connected here wait, at most
 // max_pending_connections of them and for at most handshake_timeout_ms, for Connect to claim
 // them; a hello from a host not in the group is answered with kAbort naming the refusal.
@@ -37,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
+#include "common/crypto/tls_session.h"
 #include "gonka/trainshard/v1/shard.pb.h"
 #include "sidecar/collective/transport.h"
 
@@ -58,6 +67,8 @@ struct TcpTransportOptions {
   size_t max_pending_connections = 64;
   // SO_SNDBUF / SO_RCVBUF; 0 leaves the kernel's autotuning alone.
   int socket_buffer_bytes = 0;
+  // This host's TLS identity; null runs every link in the clear (see the file comment).
+  std::shared_ptr<const common::TlsContext> tls;
 };
 
 class TcpTransport final : public Transport {

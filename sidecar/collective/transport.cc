@@ -38,6 +38,11 @@ absl::Status ValidateGroup(const GroupSpec& group) {
       return absl::InvalidArgumentError(
           absl::StrCat("group.members[", i, "].endpoint: empty (member ", m.address, ")"));
     }
+    if (!m.tls_cert_sha256.empty() && m.tls_cert_sha256.size() != common::kSha256Size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group.members[", i, "].tls_cert_sha256: ", m.tls_cert_sha256.size(),
+                       " bytes, want 0 or ", common::kSha256Size));
+    }
     if (!seen.insert(m.address).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("group.members[", i, "].address: ", m.address, " appears twice"));

@@ -35,6 +35,9 @@ inline constexpr size_t kMaxGroupMembers = 256;
 struct GroupMember {
   std::string address;   // bech32 host address
   std::string endpoint;  // host:port of its collective listener
+  // SHA-256 of the TLS certificate its reservation names (32 bytes), pinned when the
+  // transport runs TLS; empty in the clear.
+  std::string tls_cert_sha256 = {};
 };
 
 // Who takes part in a series of operations. Every member must pass the same spec: the member
@@ -48,7 +51,8 @@ struct GroupSpec {
 };
 
 // INVALID_ARGUMENT naming the field and value: fewer than 2 or more than kMaxGroupMembers
-// members, an empty or duplicate address, an empty endpoint.
+// members, an empty or duplicate address, an empty endpoint, a tls_cert_sha256 neither empty
+// nor 32 bytes.
 absl::Status ValidateGroup(const GroupSpec& group);
 
 // SHA-256("gonka-trainshard/v1/collective_mesh" || u64 shard_id || u64 session || u32 n ||
