@@ -68,7 +68,7 @@ absl::StatusOr<std::string> FileSha256(const std::string& path) {
 struct FetchArgs {
   uint64_t shard = 0;
   std::string out;
-  bool peer_tls = false;
+  bool peer_tls = true;
 };
 
 int RunFetch(Context& ctx, const FetchArgs& args) {
@@ -370,9 +370,9 @@ void AddModelCommands(CLI::App& root, CommandTable& table) {
       ->transform(UnsignedInteger())
       ->required();
   fetch->add_option("--out", fetch_args->out, "folder to make (must not exist)")->required();
-  fetch->add_flag("--peer-tls", fetch_args->peer_tls,
-                  "talk TLS to the members (their peer_tls), pinning the certificate each "
-                  "reservation names");
+  fetch->add_flag("--peer-tls,!--plaintext", fetch_args->peer_tls,
+                  "talk TLS to the members, pinning the certificate each reservation names "
+                  "(the default); --plaintext for members whose peer_tls is false");
   table.Add(fetch, [fetch_args](Context& ctx) { return RunFetch(ctx, *fetch_args); });
 
   auto export_args = std::make_shared<worker::HfExportOptions>();

@@ -55,11 +55,12 @@ struct HostConfig {
   // Whether the shard listener also serves chunks over the chunk stream (plain TCP on a port of
   // its own on the same host, announced to members by GetChunkStream; docs/artifacts.md).
   bool chunk_stream = true;
-  // TLS on the peer-facing channels that have it (the shard services and their clients: the
-  // artifact transfer and the round service), with the host's own certificate and the
-  // fingerprints reservations pin (sidecar/peer/peer_tls.h). The chunk stream is plain TCP and
-  // is not served while this is on. False: plaintext, on a trusted network only.
-  bool peer_tls = false;
+  // TLS on every peer-facing channel (the shard services and their clients: the artifact
+  // transfer and the round service; the shard processes' collective links), with the host's own
+  // certificate and the fingerprints reservations pin (sidecar/peer/peer_tls.h,
+  // sidecar/collective/tcp_transport.h). The chunk stream (zero-copy plain TCP) is not served
+  // while this is on. False: everything in the clear — the trusted-network switch.
+  bool peer_tls = true;
   // Absolute directory of the shards' artifact stores. Empty: the default, <data_dir>/artifacts
   // (ArtifactsDir).
   std::string artifacts_dir;

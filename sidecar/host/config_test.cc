@@ -52,7 +52,7 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.policy.min_escrow_per_node, 0u);
   EXPECT_TRUE(c.shard_listen.empty());
   EXPECT_TRUE(c.chunk_stream);
-  EXPECT_FALSE(c.peer_tls);
+  EXPECT_TRUE(c.peer_tls);  // on unless switched off
   EXPECT_TRUE(c.artifacts_dir.empty());
   EXPECT_EQ(ShardListenAddress(c), "0.0.0.0:7000");
   EXPECT_EQ(ArtifactsDir(c), "/tmp/d/artifacts");
@@ -65,7 +65,7 @@ listen = "0.0.0.0:9100"
 stats_listen = "0.0.0.0:9464"
 shard_listen = "10.0.0.1:7100"
 chunk_stream = false
-peer_tls = true
+peer_tls = false
 artifacts_dir = "/srv/artifacts"
 tls_cert_sha256 = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF"
 poll_interval_ms = 50
@@ -84,7 +84,7 @@ min_escrow_per_node = "123456789"
   EXPECT_EQ(c.stats_listen, "0.0.0.0:9464");
   EXPECT_EQ(c.shard_listen, "10.0.0.1:7100");
   EXPECT_FALSE(c.chunk_stream);
-  EXPECT_TRUE(c.peer_tls);
+  EXPECT_FALSE(c.peer_tls);
   EXPECT_EQ(ShardListenAddress(c), "10.0.0.1:7100");
   EXPECT_EQ(c.artifacts_dir, "/srv/artifacts");
   EXPECT_EQ(ArtifactsDir(c), "/srv/artifacts");

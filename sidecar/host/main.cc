@@ -327,6 +327,7 @@ int Main(int argc, char** argv) {
   }
   process_options.log_level = config.log_level;
   process_options.peer_tls = config.peer_tls;
+  process_options.tls_dir = AbsolutePath(config.data_dir);
   process_options.idle_stop_ms = config.shard_idle_stop_ms;
   ShardProcesses runs((*core)->shared_db(), process_options);
 

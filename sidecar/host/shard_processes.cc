@@ -314,7 +314,9 @@ void ShardProcesses::Supervise(uint64_t shard_id, Child& child, int64_t now_ms) 
                 options_.collective_host,
                 "--log-level",
                 options_.log_level};
-  if (options_.peer_tls) spawn.args.push_back("--peer-tls");
+  if (options_.peer_tls) {
+    spawn.args.insert(spawn.args.end(), {"--peer-tls", "--tls-dir", options_.tls_dir});
+  }
   // The path belongs to the new process: one left by a killed process is not mistaken for it.
   ::unlink(socket.c_str());
   auto pid = common::SpawnProcess(spawn);

@@ -62,6 +62,8 @@ struct ShardProcessOptions {
   std::string collective_host = "127.0.0.1";
   // The processes talk TLS to the other members' round service (ts_shard --peer-tls).
   bool peer_tls = false;
+  // The data dir holding the host's TLS identity (tls.key, tls.crt), for the collective's TLS.
+  std::string tls_dir;
   std::string log_level = "info";
   int64_t start_timeout_ms = 30'000;  // a Start waits this long for a new process to serve
   int64_t restart_backoff_min_ms = 500;

@@ -33,7 +33,12 @@ absl::StatusOr<RoundExchange::Reduced> RoundExchange::Connect(const pb::RoundPla
   r.group.session = (round << 16) | plan.attempt();
   r.self = plan.members_size();
   for (int i = 0; i < plan.members_size(); ++i) {
-    r.group.members.push_back({plan.members(i).address(), plan.members(i).collective_endpoint()});
+    GroupMember member{plan.members(i).address(), plan.members(i).collective_endpoint()};
+    // The certificate the chain holds for the member: its links are pinned to it under TLS.
+    for (const ShardMember& m : r.view.members) {
+      if (m.address == member.address) member.tls_cert_sha256 = m.tls_cert_sha256;
+    }
+    r.group.members.push_back(std::move(member));
     if (plan.members(i).address() == run_.host.address) r.self = i;
   }
   // Every member of a plan announced within the last seconds and polls for the plan, so all of

@@ -48,6 +48,7 @@ absl::Status RunPreparation::StartTransport() {
   to.listen_address = run_.options.collective_host + ":0";
   to.chain_id = run_.host.chain_id;
   to.heartbeat_interval_ms = run_.options.heartbeat_interval_ms;
+  to.tls = run_.host.tls;
   TS_ASSIGN_OR_RETURN(std::unique_ptr<TcpTransport> tcp,
                       TcpTransport::Start(*run_.host.key, to, run_.host.clock));
   run_.collective_endpoint = tcp->endpoint();

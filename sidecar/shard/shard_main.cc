@@ -29,6 +29,8 @@
 #include "common/clock.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
+#include "common/crypto/tls_identity.h"
+#include "common/crypto/tls_session.h"
 #include "common/key_file.h"
 #include "common/log.h"
 #include "common/process.h"
@@ -75,6 +77,7 @@ struct Flags {
   uint64_t worker_memory_bytes_max = 0;
   int64_t heartbeat_ms = 500;
   bool peer_tls = false;
+  std::string tls_dir;
 };
 
 // Parses the flags into `f`; an exit code when the process ends here (--help, --version, a
@@ -99,6 +102,8 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   app.add_option("--collective-host", f->collective_host, "host the collective listener binds");
   app.add_flag("--peer-tls", f->peer_tls,
                "talk TLS to the other members, pinning the certificates their reservations name");
+  app.add_option("--tls-dir", f->tls_dir,
+                 "absolute; the host's TLS identity (tls.key, tls.crt), with --peer-tls");
   app.add_option("--heartbeat-ms", f->heartbeat_ms, "collective heartbeat interval")
       ->check(CLI::Range(int64_t{50}, int64_t{60'000}));
   app.add_option("--log-level", f->log_level, "debug | info | warn | error");
@@ -122,6 +127,10 @@ absl::Status CheckFlags(const Flags& f) {
   TS_RETURN_IF_ERROR(CheckSocketPath("--socket", f.socket));
   TS_RETURN_IF_ERROR(CheckSocketPath("--host-socket", f.host_socket));
   if (f.chain_id.empty()) return absl::InvalidArgumentError("--chain-id: empty");
+  if (f.peer_tls && (f.tls_dir.empty() || f.tls_dir.front() != '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls-dir: \"", f.tls_dir, "\" is not an absolute path (--peer-tls needs the identity)"));
+  }
   return absl::OkStatus();
 }
 
@@ -232,6 +241,18 @@ int Main(int argc, char** argv) {
     LogError("bad key file", key.status());
     return kExitBadFlags;
   }
+  // Under --peer-tls the collective's links are TLS with the host's own identity.
+  std::shared_ptr<const common::TlsContext> tls;
+  if (f.peer_tls) {
+    absl::StatusOr<common::TlsIdentity> identity = common::LoadTlsIdentity(f.tls_dir);
+    absl::StatusOr<std::shared_ptr<const common::TlsContext>> context =
+        identity.ok() ? common::TlsContext::New(*identity) : identity.status();
+    if (!context.ok()) {
+      LogError("cannot load the TLS identity", context.status());
+      return kExitBadFlags;
+    }
+    tls = *std::move(context);
+  }
 
   // Signals are taken by sigwait on this thread; every thread started later inherits the mask.
   const sigset_t signals = common::BlockStopSignals();
@@ -254,8 +275,9 @@ int Main(int argc, char** argv) {
   std::unique_ptr<bridge::ChainClient> run_chain = bridge::NewGrpcChainClient(f.chain);
   absl::Mutex run_chain_mu;
   HostLink link(f.host_socket);
-  const ShardRunHost run_host =
+  ShardRunHost run_host =
       RunHostOf(f, &*key, &directory, &link, db->get(), run_chain.get(), &run_chain_mu);
+  run_host.tls = tls;
   ShardRunManager runs(run_host, RunOptionsOf(f));
   return Serve(f, run_host.address, runs, signals);
 }

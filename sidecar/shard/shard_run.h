@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
+#include "common/crypto/tls_session.h"
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "gonka/trainshard/v1/training.grpc.pb.h"
 #include "sidecar/collective/transport.h"
@@ -86,6 +87,9 @@ struct ShardRunHost {
   std::function<absl::StatusOr<StartedTransport>()> start_transport;
   // The other members' ShardRound; empty: gRPC (MakeGrpcRoundPeers).
   std::function<std::unique_ptr<RoundPeers>()> make_peers;
+  // The host's TLS identity for the collective's links (each member pinned to the certificate
+  // its reservation names); null: the links run in the clear.
+  std::shared_ptr<const common::TlsContext> tls;
 };
 
 struct ShardRunOptions {

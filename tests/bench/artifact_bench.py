@@ -231,9 +231,12 @@ class Bench:
         net.start_devnet()
         self.hosts = {}
         for i, name in enumerate("ABCD", start=1):
+            # In the clear: this bench measures the chunk stream (served only without TLS) and
+            # gRPC against the wire; tls_bench.py sets TLS beside plaintext.
             self.hosts[name] = net.add_host(name, f"host{i}", ip=self.topo.ip[name],
                                             exec_prefix=self.topo.prefix_args(name),
-                                            shard_listen=True)
+                                            shard_listen=True,
+                                            extra_config={"peer_tls": "false"})
             self.hosts[name].wait_shard_listen()
         self.addr = {n: h.address for n, h in self.hosts.items()}
         spec = net.write_spec("artifact-bench", min_nodes=4, max_nodes=4, escrow=400000,

@@ -18,6 +18,10 @@ is missed.
   unlimited  fp32 and Gloo over unshaped veths (in-kernel, like loopback): our time / Gloo's
              (target <= 1.3)
   loopback   the same with every member in the bench's namespace on 127.0.0.1 (target <= 1.3)
+  tls        fp32 in the clear and over TLS 1.3 (each member's certificate pinned, as under a
+             host's peer_tls), side by side on the limited links and on loopback: TLS time /
+             plaintext time (target <= 1.03 on the limited links), the results bit-identical,
+             and the members' extra CPU seconds per GiB sent (each GiB sealed once, opened once)
   death      a member SIGKILLed, then (another run) SIGSTOPped, mid-operation on the limited
              links: the time from the signal to the survivors' failure (max over survivors) /
              the heartbeat interval (target <= 2)
@@ -56,7 +60,8 @@ from artifact_bench import raw_tcp  # noqa: E402
 
 NODE = os.path.join(harness.BUILD_DIR, "sidecar", "collective", "ts_collective_node")
 MIB = 1 << 20
-FIGURES = ["fp32", "lossless", "int8", "topk", "gloo", "unlimited", "loopback", "death"]
+FIGURES = ["fp32", "lossless", "int8", "topk", "gloo", "unlimited", "loopback", "tls", "death"]
+GIB = 1 << 30
 # Codec settings of the int8 and top-k figures (the codec's defaults).
 BLOCK = 4096
 TOPK = 64
@@ -146,6 +151,20 @@ class Bench:
         self.root = tempfile.mkdtemp(prefix="ts-collective-bench-")
         net = harness.Network(root=self.root)
         self.keys = [net.new_key(f"member{i}") for i in range(self.n)]
+        # Each member's TLS identity (what a host makes at its first start) and its fingerprint.
+        self.tls_dirs, self.tls_sha256 = [], []
+        for i in range(self.n):
+            d = os.path.join(self.root, f"tls-{i}")
+            os.makedirs(d)
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                            "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+                            os.path.join(d, "tls.key"), "-out", os.path.join(d, "tls.crt"),
+                            "-days", "30", "-subj", f"/CN=member{i}"],
+                           check=True, capture_output=True)
+            der = subprocess.run(["openssl", "x509", "-in", os.path.join(d, "tls.crt"),
+                                  "-outform", "DER"], check=True, capture_output=True).stdout
+            self.tls_dirs.append(d)
+            self.tls_sha256.append(hashlib.sha256(der).hexdigest())
         say(f"hosts {', '.join(f'{n} {self.topo.ip[n]}' for n in self.names)} on bridge "
             f"{self.topo.bridge}; work dir {self.root}")
 
@@ -162,8 +181,9 @@ class Bench:
         return 2 * (self.n - 1) / self.n * contribution_bytes / self.rate
 
     # -- running a group -----------------------------------------------------------------------
-    def start_group(self, name, engine, extra, iterations, output=False, members=None):
-        """Starts every member; returns a Run (wait with finish())."""
+    def start_group(self, name, engine, extra, iterations, output=False, members=None,
+                    tls=False):
+        """Starts every member (over TLS with `tls`); returns a Run (wait with finish())."""
         members = list(range(self.n)) if members is None else members
         self.runs += 1
         tag = f"{self.runs:02d}-{name}"
@@ -178,7 +198,8 @@ class Bench:
         group = os.path.join(work, "group.txt")
         with open(group, "w") as f:
             for i in members:
-                f.write(f"{self.keys[i]['address']} {endpoints[i]}\n")
+                pin = f" {self.tls_sha256[i]}" if tls else ""
+                f.write(f"{self.keys[i]['address']} {endpoints[i]}{pin}\n")
         deadline_ms = int(max(60, 6 * self.bound(self.size)) * 1000)
         # Connecting takes well under a second; every member starts its first operation at this
         # instant, so each member's own timer measures the same operation.
@@ -197,6 +218,8 @@ class Bench:
                         endpoints[i], "--heartbeat-ms", str(self.args.heartbeat_ms)]
                 if self.args.chunk_elements:
                     cmd += ["--chunk-elements", str(self.args.chunk_elements)]
+                if tls:
+                    cmd += ["--tls-dir", self.tls_dirs[i]]
             else:
                 cmd += ["--size", str(len(members)), "--store-dir", os.path.join(work, "store"),
                         "--bind-ip", endpoints[i].rsplit(":", 1)[0]]
@@ -232,12 +255,12 @@ class Bench:
                                        f"{run.lines(i)[-1:]} {run.log_tail(i)}")
         return codes
 
-    def timed(self, name, engine, extra=(), output=False):
+    def timed(self, name, engine, extra=(), output=False, tls=False):
         """Runs --iterations operations; returns (best, median, per-operation times, run)."""
         ops = self.args.iterations
         cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall0 = time.monotonic()
-        run = self.start_group(name, engine, list(extra), ops, output=output)
+        run = self.start_group(name, engine, list(extra), ops, output=output, tls=tls)
         per_op = self.bound(self.size) if self.topo.shaped and not self.loopback else 10
         codes = self.finish(run, 60 + 4 * per_op * ops, expect_ok=False)
         cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -432,6 +455,43 @@ class Bench:
         finally:
             self.loopback = False
 
+    def tls_pair(self, label, where):
+        """fp32 in the clear, then over TLS, on the same links: (ratio, extra CPU-s per GiB)."""
+        plain = self.timed(f"fp32-plain-{label}", "ts", ["--codec", "fp32"], output=True)
+        tls = self.timed(f"fp32-tls-{label}", "ts", ["--codec", "fp32"], output=True, tls=True)
+        same = file_sha256(plain[3].outputs[0]) == file_sha256(tls[3].outputs[0])
+        if not same:
+            raise RuntimeError(f"{label}: the TLS result differs from the plaintext one")
+        self.check_identical(tls[3])
+        # Bytes every member sent in all operations, frames as they left (records under TLS).
+        sent = {k: sum(run.last_ok[i]["wire_bytes_sent"] for i in run.ok_members) * run.ops
+                for k, run in (("plain", plain[3]), ("tls", tls[3]))}
+        gib = sent["plain"] / GIB
+        extra_cpu = (tls[3].cpu_s - plain[3].cpu_s) / gib
+        ratio = tls[0] / plain[0]
+        say(f"TLS, {where}: fp32 in the clear best {plain[0]:.3f}s (median {plain[1]:.3f}s), "
+            f"over TLS best {tls[0]:.3f}s (median {tls[1]:.3f}s): ratio {ratio:.3f} (median "
+            f"{tls[1] / plain[1]:.3f}); the members' CPU {plain[3].cpu_s:.1f} -> "
+            f"{tls[3].cpu_s:.1f} s for {gib:.2f} GiB sent: {extra_cpu:.2f} CPU-s per GiB more "
+            f"(sealed once, opened once); TLS bytes / plaintext bytes "
+            f"{sent['tls'] / sent['plain']:.4f}; results bit-identical")
+        self.results.update({f"tls_{label}_plain_seconds": round(plain[0], 3),
+                             f"tls_{label}_seconds": round(tls[0], 3),
+                             f"tls_{label}_ratio": round(ratio, 4),
+                             f"tls_{label}_ratio_median": round(tls[1] / plain[1], 4),
+                             f"tls_{label}_cpu_s_per_gib": round(extra_cpu, 3),
+                             f"tls_{label}_bytes_ratio": round(sent["tls"] / sent["plain"], 5)})
+
+    def tls_limited(self):
+        self.tls_pair("limited", f"{self.args.rate_mbit} Mbit/s links (target <= 1.03)")
+
+    def tls_loopback(self):
+        self.loopback = True
+        try:
+            self.tls_pair("loopback", "loopback")
+        finally:
+            self.loopback = False
+
     def death(self, sig):
         """One operation on the limited links; member n-1 gets `sig` a third of the way in."""
         hb = self.args.heartbeat_ms
@@ -504,6 +564,8 @@ class Bench:
                 self.topk()
             if "gloo" in want:
                 self.gloo("limited", self.ts_limited)
+            if "tls" in want:
+                self.tls_limited()
             if "death" in want:
                 self.death(signal.SIGKILL)
                 self.death(signal.SIGSTOP)
@@ -512,6 +574,8 @@ class Bench:
                 self.unlimited()
             if "loopback" in want:
                 self.on_loopback()
+            if "tls" in want:
+                self.tls_loopback()
             done = True
         finally:
             if self.topo:

@@ -42,12 +42,14 @@
 #include "common/clock.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/secp256k1.h"
+#include "common/hex.h"
 #include "common/key_file.h"
 #include "gonka/trainshard/v1/shard.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/transfer.h"
 #include "sidecar/peer/peer_auth.h"
+#include "sidecar/peer/peer_tls.h"
 
 namespace ts::sidecar {
 namespace {
@@ -70,7 +72,16 @@ struct Flags {
   int64_t reopen_delay_ms = 20;
   std::string probe_key;
   int64_t probe_every_ms = 250;
+  std::string tls_sha256;  // hex; when set, TLS to --target pinned to this certificate
 };
+
+// The channel to the host's peer listener: TLS pinned to --tls-sha256, as a member's would be,
+// or in the clear.
+std::shared_ptr<grpc::Channel> PeerChannel(const Flags& f) {
+  std::string pin;
+  if (!f.tls_sha256.empty()) pin = common::HexDecode(f.tls_sha256).value_or(std::string(32, '\0'));
+  return grpc::CreateChannel(f.target, PeerChannelCredentials(pin));
+}
 
 std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
@@ -105,8 +116,7 @@ void SignAs(const common::PrivateKey& key, const Flags& f, std::string_view meth
 
 void Flood(const Flags& f, int thread, const common::PrivateKey* outsider, int64_t end_ms,
            std::atomic<uint64_t>* sent, Tally* tally) {
-  auto stub = pb::ArtifactTransfer::NewStub(
-      grpc::CreateChannel(f.target, grpc::InsecureChannelCredentials()));
+  auto stub = pb::ArtifactTransfer::NewStub(PeerChannel(f));
   std::mt19937_64 rng(static_cast<uint64_t>(thread) * 7919 + static_cast<uint64_t>(NowMs()));
   std::string artifact = std::string(32, 'a');
   if (f.artifact.size() == 64) {
@@ -221,8 +231,7 @@ struct ProbeReport {
 // A member's ListArtifacts every f.probe_every_ms.
 ProbeReport Probe(const Flags& f, const common::PrivateKey& member, int64_t end_ms) {
   ProbeReport report;
-  auto stub = pb::ArtifactTransfer::NewStub(
-      grpc::CreateChannel(f.target, grpc::InsecureChannelCredentials()));
+  auto stub = pb::ArtifactTransfer::NewStub(PeerChannel(f));
   while (NowMs() < end_ms) {
     const int64_t start = NowMs();
     pb::ListArtifactsRequest request;
@@ -319,6 +328,8 @@ int main(int argc, char** argv) {
                  "every n-th request names a random shard id (0: never)");
   app.add_option("--duration-ms", f.duration_ms)->check(CLI::PositiveNumber);
   app.add_option("--stream", f.stream, "the host's chunk stream host:port");
+  app.add_option("--tls-sha256", f.tls_sha256,
+                 "TLS to --target, pinned to this certificate SHA-256 (hex; the host's peer_tls)");
   app.add_option("--idle", f.idle, "silent connections held on --stream")
       ->check(CLI::Range(0, 10000));
   app.add_option("--reopen-delay-ms", f.reopen_delay_ms);

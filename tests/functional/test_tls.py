@@ -1,8 +1,12 @@
 """TLS between hosts (docs/threat-model.md, "TLS between hosts"), multi-process on loopback: a
-devnet and three trainshardd with `peer_tls = true`.
+devnet and three trainshardd with `peer_tls = true` (the default, named here all the same).
 
 - The three hosts train a shard to settlement with their round service (announces, plans,
-  certificates) over TLS, each pinning the certificate the others' reservations name.
+  certificates) and their collective links (the pseudo-gradient exchange) over TLS, each pinning
+  the certificate the others' reservations name. A passive capture of every TCP byte on
+  loopback but the chain's, through the whole run, holds at least half of what the round
+  certificates say was exchanged and not one collective frame header in the clear (each
+  starts "TSCF" and the version byte).
 - An artifact one host publishes is fetched by another over TLS; a passive capture of the
   publisher's peer port (tcpdump on loopback) holds none of 32 samples of the artifact's bytes
   and no plaintext HTTP/2 preface.
@@ -10,8 +14,7 @@ devnet and three trainshardd with `peer_tls = true`.
   refused by the others before any request: the fetch from it fails and the fetching host's log
   names both fingerprints.
 
-The collective's pseudo-gradient exchange and the chunk stream are still plain TCP (the chunk
-stream is not served under peer_tls); docs/threat-model.md says so.
+The chunk stream (plain TCP) is not served under peer_tls; docs/threat-model.md says so.
 """
 
 import base64
@@ -31,13 +34,14 @@ TCPDUMP = "/usr/bin/tcpdump"
 
 
 class Capture:
-    """tcpdump of TCP port `port` on loopback into a file, until stopped."""
+    """tcpdump of loopback (TCP port `port`, or the filter `expression`) into a file, until
+    stopped."""
 
-    def __init__(self, path, port):
+    def __init__(self, path, port=None, expression=None):
         self.path = path
         self.process = subprocess.Popen(
             [TCPDUMP, "-i", "lo", "-U", "-s", "0", "-B", "32768", "-w", path,
-             f"tcp port {port}"],
+             expression or f"tcp port {port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # tcpdump says "listening on lo" once the capture runs.
         deadline = time.monotonic() + 10
@@ -90,6 +94,10 @@ class TlsTest(unittest.TestCase):
     def test_training_fetching_and_an_impostor(self):
         net = self.net
         run_spec = net.write_run_spec("tls", rounds=4, innerSteps=30)
+        # Every TCP byte on loopback but the chain's (plaintext gRPC to the devnet), from before
+        # the shard opens until it settles: the round service and the collective links.
+        run_capture = Capture(os.path.join(net.root, "run.pcap"),
+                              expression=f"tcp and not port {port_of(net.chain)}")
         sid = test_training.open_shard(net, "tls", run_spec, on_chain=True, min_nodes=3,
                                        max_nodes=3)
         a, b, c = net.hosts
@@ -107,12 +115,21 @@ class TlsTest(unittest.TestCase):
         self.assertNotIn(b"PRI * HTTP/2.0", wire, "a plaintext HTTP/2 preface on the wire")
 
         test_training.wait_settled(net, sid, timeout_s=600)
+        run_wire = run_capture.stop()
         statuses = [net.train_status(h, sid) for h in net.hosts]
         self.assertEqual({s["root"] for s in statuses}, {statuses[0]["root"]})
         for s in statuses:
             self.assertEqual(int(s["certified_round"]), 4, s.get("transitions"))
         # Some round carried all three members' signatures: every pair talked over TLS.
         self.assertTrue(any(len(r["members"]) == 3 for r in statuses[0]["rounds"]))
+        # The pseudo-gradients crossed the capture, and not one collective frame in the clear.
+        exchanged = sum(int(r.get("bytes_exchanged", 0)) for r in statuses[0]["rounds"])
+        self.assertGreater(exchanged, 0, statuses[0]["rounds"][0])
+        self.assertGreater(len(run_wire), exchanged // 2,
+                           f"the capture holds {len(run_wire)} bytes of {exchanged} exchanged")
+        # (assertFalse: a failure must not print the whole capture)
+        self.assertFalse(b"TSCF\x01" in run_wire, "a collective frame header in the clear "
+                         f"at byte {run_wire.find(b'TSCF')} of the capture")
 
         # c's TLS identity replaced: its reservation still pins the old certificate.
         c.process.stop()
