@@ -87,30 +87,6 @@ absl::StatusOr<std::string> ExpandLabel(std::string_view secret, std::string_vie
   return out;
 }
 
-// Key and IV of a traffic secret into a fresh AES-128-GCM context; *ctx replaced.
-absl::Status InitCipher(std::string_view secret, bool encrypt, evp_cipher_ctx_st** ctx,
-                        unsigned char* iv) {
-  TS_ASSIGN_OR_RETURN(std::string key, ExpandLabel(secret, "key", kKeySize));
-  TS_ASSIGN_OR_RETURN(std::string iv_bytes, ExpandLabel(secret, "iv", kIvSize));
-  std::memcpy(iv, iv_bytes.data(), kIvSize);
-  EVP_CIPHER_CTX_free(*ctx);
-  *ctx = EVP_CIPHER_CTX_new();
-  const auto* k = reinterpret_cast<const unsigned char*>(key.data());
-  const int ok = *ctx != nullptr &&
-                 (encrypt ? EVP_EncryptInit_ex(*ctx, EVP_aes_128_gcm(), nullptr, k, nullptr)
-                          : EVP_DecryptInit_ex(*ctx, EVP_aes_128_gcm(), nullptr, k, nullptr));
-  OPENSSL_cleanse(key.data(), key.size());
-  if (ok != 1) return absl::InternalError("TLS: cipher init failed");
-  return absl::OkStatus();
-}
-
-// The per-record nonce: the IV with the sequence number XORed into its last 8 bytes (§5.3).
-void Nonce(const unsigned char* iv, uint64_t sequence, unsigned char* out) {
-  std::memcpy(out, iv, kIvSize);
-  for (int i = 0; i < 8; ++i)
-    out[kIvSize - 1 - i] ^= static_cast<unsigned char>(sequence >> (8 * i));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -168,26 +144,55 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::New(const TlsIdent
 // ---------------------------------------------------------------------------------------------
 // TlsSealer
 
-TlsSealer::TlsSealer() = default;
-TlsSealer::~TlsSealer() { EVP_CIPHER_CTX_free(ctx_); }
-TlsSealer::TlsSealer(TlsSealer&& other) noexcept
-    : ctx_(std::exchange(other.ctx_, nullptr)), sequence_(other.sequence_) {
-  std::memcpy(iv_, other.iv_, sizeof(iv_));
+// ---------------------------------------------------------------------------------------------
+// RecordState
+
+namespace tls_internal {
+
+RecordState::RecordState(RecordState&& other) noexcept
+    : ctx(std::exchange(other.ctx, nullptr)), sequence(other.sequence) {
+  std::memcpy(iv, other.iv, sizeof(iv));
 }
-TlsSealer& TlsSealer::operator=(TlsSealer&& other) noexcept {
+
+RecordState& RecordState::operator=(RecordState&& other) noexcept {
   if (this != &other) {
-    EVP_CIPHER_CTX_free(ctx_);
-    ctx_ = std::exchange(other.ctx_, nullptr);
-    sequence_ = other.sequence_;
-    std::memcpy(iv_, other.iv_, sizeof(iv_));
+    EVP_CIPHER_CTX_free(ctx);
+    ctx = std::exchange(other.ctx, nullptr);
+    sequence = other.sequence;
+    std::memcpy(iv, other.iv, sizeof(iv));
   }
   return *this;
 }
 
-absl::Status TlsSealer::Init(std::string_view secret) {
-  sequence_ = 0;
-  return InitCipher(secret, /*encrypt=*/true, &ctx_, iv_);
+RecordState::~RecordState() { EVP_CIPHER_CTX_free(ctx); }
+
+absl::Status RecordState::Init(std::string_view secret, bool encrypt) {
+  TS_ASSIGN_OR_RETURN(std::string key, ExpandLabel(secret, "key", kKeySize));
+  TS_ASSIGN_OR_RETURN(std::string iv_bytes, ExpandLabel(secret, "iv", kIvSize));
+  std::memcpy(iv, iv_bytes.data(), kIvSize);
+  sequence = 0;
+  EVP_CIPHER_CTX_free(ctx);
+  ctx = EVP_CIPHER_CTX_new();
+  const auto* k = reinterpret_cast<const unsigned char*>(key.data());
+  const int ok =
+      ctx != nullptr && (encrypt ? EVP_EncryptInit_ex(ctx, EVP_aes_128_gcm(), nullptr, k, nullptr)
+                                 : EVP_DecryptInit_ex(ctx, EVP_aes_128_gcm(), nullptr, k, nullptr));
+  OPENSSL_cleanse(key.data(), key.size());
+  if (ok != 1) return absl::InternalError("TLS: cipher init failed");
+  return absl::OkStatus();
 }
+
+void RecordState::Nonce(unsigned char* out) const {
+  std::memcpy(out, iv, kIvSize);
+  for (int i = 0; i < 8; ++i) {
+    out[kIvSize - 1 - i] ^= static_cast<unsigned char>(sequence >> (8 * i));
+  }
+}
+
+}  // namespace tls_internal
+
+// ---------------------------------------------------------------------------------------------
+// TlsSealer
 
 size_t TlsSealer::SealedSize(size_t plaintext) {
   const size_t records = (plaintext + kTlsMaxPlaintext - 1) / kTlsMaxPlaintext;
@@ -195,7 +200,8 @@ size_t TlsSealer::SealedSize(size_t plaintext) {
 }
 
 absl::Status TlsSealer::Seal(std::initializer_list<std::string_view> parts, std::string* out) {
-  if (ctx_ == nullptr) return absl::FailedPreconditionError("TLS: sealer not keyed");
+  evp_cipher_ctx_st* const ctx = state_.ctx;
+  if (ctx == nullptr) return absl::FailedPreconditionError("TLS: sealer not keyed");
   size_t total = 0;
   for (std::string_view p : parts) total += p.size();
   const size_t start = out->size();
@@ -205,7 +211,7 @@ absl::Status TlsSealer::Seal(std::initializer_list<std::string_view> parts, std:
   size_t at = 0;  // within *part
   size_t left = total;
   while (left > 0) {
-    if (sequence_ >= kTlsMaxRecords) {
+    if (state_.sequence >= kTlsMaxRecords) {
       out->resize(start);
       return absl::ResourceExhaustedError(
           absl::StrCat("TLS: ", kTlsMaxRecords, " records sealed; the key may not be used again"));
@@ -219,10 +225,10 @@ absl::Status TlsSealer::Seal(std::initializer_list<std::string_view> parts, std:
     header[3] = static_cast<unsigned char>(body >> 8);
     header[4] = static_cast<unsigned char>(body & 0xff);
     unsigned char nonce[kIvSize];
-    Nonce(iv_, sequence_, nonce);
+    state_.Nonce(nonce);
     int len = 0;
-    bool ok = EVP_EncryptInit_ex(ctx_, nullptr, nullptr, nullptr, nonce) == 1 &&
-              EVP_EncryptUpdate(ctx_, nullptr, &len, header, kTlsRecordHeader) == 1;
+    bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
+              EVP_EncryptUpdate(ctx, nullptr, &len, header, kTlsRecordHeader) == 1;
     unsigned char* w = dst + kTlsRecordHeader;
     size_t need = n;
     while (ok && need > 0) {
@@ -231,26 +237,26 @@ absl::Status TlsSealer::Seal(std::initializer_list<std::string_view> parts, std:
         at = 0;
       }
       const size_t take = std::min(need, part->size() - at);
-      ok = EVP_EncryptUpdate(ctx_, w, &len,
-                             reinterpret_cast<const unsigned char*>(part->data()) + at,
-                             static_cast<int>(take)) == 1;
+      ok =
+          EVP_EncryptUpdate(ctx, w, &len, reinterpret_cast<const unsigned char*>(part->data()) + at,
+                            static_cast<int>(take)) == 1;
       w += len;
       at += take;
       need -= take;
     }
     const unsigned char type = kApplicationData;
-    ok = ok && EVP_EncryptUpdate(ctx_, w, &len, &type, 1) == 1;
+    ok = ok && EVP_EncryptUpdate(ctx, w, &len, &type, 1) == 1;
     w += len;
-    ok = ok && EVP_EncryptFinal_ex(ctx_, w, &len) == 1;
+    ok = ok && EVP_EncryptFinal_ex(ctx, w, &len) == 1;
     w += len;
-    ok = ok && EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, kTlsTagSize, w) == 1;
+    ok = ok && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kTlsTagSize, w) == 1;
     if (!ok || w != dst + kTlsRecordHeader + n + 1) {
       out->resize(start);
       return absl::InternalError("TLS: record sealing failed");
     }
     dst += kTlsRecordHeader + body;
     left -= n;
-    ++sequence_;
+    ++state_.sequence;
   }
   return absl::OkStatus();
 }
@@ -258,32 +264,10 @@ absl::Status TlsSealer::Seal(std::initializer_list<std::string_view> parts, std:
 // ---------------------------------------------------------------------------------------------
 // TlsOpener
 
-TlsOpener::TlsOpener() = default;
-TlsOpener::~TlsOpener() { EVP_CIPHER_CTX_free(ctx_); }
-TlsOpener::TlsOpener(TlsOpener&& other) noexcept
-    : ctx_(std::exchange(other.ctx_, nullptr)), sequence_(other.sequence_), failed_(other.failed_) {
-  std::memcpy(iv_, other.iv_, sizeof(iv_));
-}
-TlsOpener& TlsOpener::operator=(TlsOpener&& other) noexcept {
-  if (this != &other) {
-    EVP_CIPHER_CTX_free(ctx_);
-    ctx_ = std::exchange(other.ctx_, nullptr);
-    sequence_ = other.sequence_;
-    failed_ = other.failed_;
-    std::memcpy(iv_, other.iv_, sizeof(iv_));
-  }
-  return *this;
-}
-
-absl::Status TlsOpener::Init(std::string_view secret) {
-  sequence_ = 0;
-  failed_ = false;
-  return InitCipher(secret, /*encrypt=*/false, &ctx_, iv_);
-}
-
 absl::StatusOr<size_t> TlsOpener::Open(std::string_view in, std::string* out, bool* closed) {
   *closed = false;
-  if (ctx_ == nullptr) return absl::FailedPreconditionError("TLS: opener not keyed");
+  evp_cipher_ctx_st* const ctx = state_.ctx;
+  if (ctx == nullptr) return absl::FailedPreconditionError("TLS: opener not keyed");
   if (failed_) return absl::FailedPreconditionError("TLS: an earlier record failed");
   size_t pos = 0;
   const auto fail = [&](absl::Status status) {
@@ -294,20 +278,22 @@ absl::StatusOr<size_t> TlsOpener::Open(std::string_view in, std::string* out, bo
     const auto* header = reinterpret_cast<const unsigned char*>(in.data() + pos);
     const size_t body = (size_t{header[3]} << 8) | header[4];
     if (header[0] != kApplicationData) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "TLS: record ", sequence_, " has outer type ", header[0], ", want ", kApplicationData)));
+      return fail(absl::InvalidArgumentError(absl::StrCat("TLS: record ", state_.sequence,
+                                                          " has outer type ", header[0], ", want ",
+                                                          kApplicationData)));
     }
     if (header[1] != kLegacyVersion[0] || header[2] != kLegacyVersion[1]) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "TLS: record ", sequence_, " has version ", header[1], ".", header[2], ", want 3.3")));
+      return fail(
+          absl::InvalidArgumentError(absl::StrCat("TLS: record ", state_.sequence, " has version ",
+                                                  header[1], ".", header[2], ", want 3.3")));
     }
     if (body < 1 + kTlsTagSize || body > kTlsMaxRecordBody) {
-      return fail(absl::InvalidArgumentError(absl::StrCat("TLS: record ", sequence_, " is ", body,
-                                                          " bytes, want ", 1 + kTlsTagSize, "..",
-                                                          kTlsMaxRecordBody)));
+      return fail(absl::InvalidArgumentError(absl::StrCat("TLS: record ", state_.sequence, " is ",
+                                                          body, " bytes, want ", 1 + kTlsTagSize,
+                                                          "..", kTlsMaxRecordBody)));
     }
     if (in.size() - pos < kTlsRecordHeader + body) break;
-    if (sequence_ >= kTlsMaxRecords) {
+    if (state_.sequence >= kTlsMaxRecords) {
       return fail(absl::ResourceExhaustedError(
           absl::StrCat("TLS: ", kTlsMaxRecords, " records opened; the key may not be used again")));
     }
@@ -316,23 +302,23 @@ absl::StatusOr<size_t> TlsOpener::Open(std::string_view in, std::string* out, bo
     out->resize(start + sealed);
     auto* dst = reinterpret_cast<unsigned char*>(out->data()) + start;
     unsigned char nonce[kIvSize];
-    Nonce(iv_, sequence_, nonce);
+    state_.Nonce(nonce);
     const unsigned char* ciphertext = header + kTlsRecordHeader;
     unsigned char tag[kTlsTagSize];
     std::memcpy(tag, ciphertext + sealed, kTlsTagSize);
     int len = 0;
     int final_len = 0;
-    const bool ok = EVP_DecryptInit_ex(ctx_, nullptr, nullptr, nullptr, nonce) == 1 &&
-                    EVP_DecryptUpdate(ctx_, nullptr, &len, header, kTlsRecordHeader) == 1 &&
-                    EVP_DecryptUpdate(ctx_, dst, &len, ciphertext, static_cast<int>(sealed)) == 1 &&
-                    EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, kTlsTagSize, tag) == 1 &&
-                    EVP_DecryptFinal_ex(ctx_, dst + len, &final_len) == 1;
+    const bool ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
+                    EVP_DecryptUpdate(ctx, nullptr, &len, header, kTlsRecordHeader) == 1 &&
+                    EVP_DecryptUpdate(ctx, dst, &len, ciphertext, static_cast<int>(sealed)) == 1 &&
+                    EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kTlsTagSize, tag) == 1 &&
+                    EVP_DecryptFinal_ex(ctx, dst + len, &final_len) == 1;
     if (!ok) {
       out->resize(start);
-      return fail(
-          absl::DataLossError(absl::StrCat("TLS: record ", sequence_, " fails authentication")));
+      return fail(absl::DataLossError(
+          absl::StrCat("TLS: record ", state_.sequence, " fails authentication")));
     }
-    ++sequence_;
+    ++state_.sequence;
     pos += kTlsRecordHeader + body;
     // The content type is the last non-zero byte; zeros after it are padding (§5.4).
     size_t end = sealed;
@@ -340,7 +326,7 @@ absl::StatusOr<size_t> TlsOpener::Open(std::string_view in, std::string* out, bo
     if (end == 0) {
       out->resize(start);
       return fail(absl::InvalidArgumentError(
-          absl::StrCat("TLS: record ", sequence_ - 1, " has no content type")));
+          absl::StrCat("TLS: record ", state_.sequence - 1, " has no content type")));
     }
     const unsigned char type = dst[end - 1];
     const size_t plain = end - 1;
@@ -359,7 +345,7 @@ absl::StatusOr<size_t> TlsOpener::Open(std::string_view in, std::string* out, bo
           "TLS: the peer sent alert ", static_cast<int>(static_cast<unsigned char>(content[1])))));
     }
     return fail(absl::InvalidArgumentError(
-        absl::StrCat("TLS: record ", sequence_ - 1, " carries content type ", type,
+        absl::StrCat("TLS: record ", state_.sequence - 1, " carries content type ", type,
                      type == kHandshake ? " (a post-handshake message, not supported)" : "")));
   }
   return pos;
@@ -551,8 +537,8 @@ absl::StatusOr<TlsRecordLayer> TlsHandshake::Finish() {
   finished_ = true;
   const bool client = role_ == Role::kClient;
   TlsRecordLayer layer;
-  TS_RETURN_IF_ERROR(layer.sealer.Init(client ? client_secret_ : server_secret_));
-  TS_RETURN_IF_ERROR(layer.opener.Init(client ? server_secret_ : client_secret_));
+  TS_RETURN_IF_ERROR(layer.sealer.state_.Init(client ? client_secret_ : server_secret_, true));
+  TS_RETURN_IF_ERROR(layer.opener.state_.Init(client ? server_secret_ : client_secret_, false));
   return layer;
 }
 

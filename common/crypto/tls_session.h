@@ -64,14 +64,30 @@ class TlsContext {
   const std::string cert_sha256_;
 };
 
+namespace tls_internal {
+
+// One direction's AES-128-GCM key, IV and record sequence number (RFC 8446 §5.3).
+class RecordState {
+ public:
+  RecordState() = default;
+  RecordState(RecordState&& other) noexcept;
+  RecordState& operator=(RecordState&& other) noexcept;
+  ~RecordState();
+  // Derives key and IV from a traffic secret; the sequence starts at 0.
+  absl::Status Init(std::string_view secret, bool encrypt);
+  // The next record's nonce (the IV with the sequence number XORed into its end).
+  void Nonce(unsigned char* out) const;
+
+  evp_cipher_ctx_st* ctx = nullptr;
+  unsigned char iv[12] = {};
+  uint64_t sequence = 0;
+};
+
+}  // namespace tls_internal
+
 // Protects outgoing application data: one direction's state.
 class TlsSealer {
  public:
-  TlsSealer();
-  TlsSealer(TlsSealer&&) noexcept;
-  TlsSealer& operator=(TlsSealer&&) noexcept;
-  ~TlsSealer();
-
   // Appends to *out the records that carry `parts` one after another (full records of
   // kTlsMaxPlaintext bytes, the last one shorter; nothing for no bytes). Every record sealed
   // must reach the peer, in order: the peer opens record n with sequence number n.
@@ -82,20 +98,12 @@ class TlsSealer {
 
  private:
   friend class TlsHandshake;
-  absl::Status Init(std::string_view secret);
-  evp_cipher_ctx_st* ctx_ = nullptr;
-  unsigned char iv_[12] = {};
-  uint64_t sequence_ = 0;
+  tls_internal::RecordState state_;
 };
 
 // Opens incoming records: the other direction's state.
 class TlsOpener {
  public:
-  TlsOpener();
-  TlsOpener(TlsOpener&&) noexcept;
-  TlsOpener& operator=(TlsOpener&&) noexcept;
-  ~TlsOpener();
-
   // Opens the whole records at the front of `in`, appending their plaintext to *out, and
   // returns how many bytes of `in` they took (a record not yet whole is left for the next
   // call). *closed is set when the peer's close_notify arrives (nothing after it is read).
@@ -107,10 +115,7 @@ class TlsOpener {
 
  private:
   friend class TlsHandshake;
-  absl::Status Init(std::string_view secret);
-  evp_cipher_ctx_st* ctx_ = nullptr;
-  unsigned char iv_[12] = {};
-  uint64_t sequence_ = 0;
+  tls_internal::RecordState state_;
   bool failed_ = false;
 };
 
