@@ -156,6 +156,9 @@ class ObservabilityTest(unittest.TestCase):
                 f'trainshard_rounds_certified_total{{shard="{sid}"}}')) and
             len(prom.query(f'trainshard_rounds_certified_total{{shard="{sid}"}}')) == 3,
             60, "prometheus to see every round on every host", interval_s=1)
+        # The range's last point (start + k steps of 1 s, at most `end`) must come after the
+        # scrape that saw the last round.
+        time.sleep(2)
         end = time.time()
         rounds = prom.query_range(f'trainshard_rounds_certified_total{{shard="{sid}"}}', start,
                                   end)
