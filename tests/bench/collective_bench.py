@@ -463,24 +463,23 @@ class Bench:
         if not same:
             raise RuntimeError(f"{label}: the TLS result differs from the plaintext one")
         self.check_identical(tls[3])
-        # Bytes every member sent in all operations, frames as they left (records under TLS).
-        sent = {k: sum(run.last_ok[i]["wire_bytes_sent"] for i in run.ok_members) * run.ops
-                for k, run in (("plain", plain[3]), ("tls", tls[3]))}
-        gib = sent["plain"] / GIB
+        # Frame bytes every member sent in all operations (each sealed by its sender, opened by
+        # its receiver under TLS).
+        run = plain[3]
+        gib = sum(run.last_ok[i]["wire_bytes_sent"] for i in run.ok_members) * run.ops / GIB
         extra_cpu = (tls[3].cpu_s - plain[3].cpu_s) / gib
         ratio = tls[0] / plain[0]
         say(f"TLS, {where}: fp32 in the clear best {plain[0]:.3f}s (median {plain[1]:.3f}s), "
             f"over TLS best {tls[0]:.3f}s (median {tls[1]:.3f}s): ratio {ratio:.3f} (median "
             f"{tls[1] / plain[1]:.3f}); the members' CPU {plain[3].cpu_s:.1f} -> "
             f"{tls[3].cpu_s:.1f} s for {gib:.2f} GiB sent: {extra_cpu:.2f} CPU-s per GiB more "
-            f"(sealed once, opened once); TLS bytes / plaintext bytes "
-            f"{sent['tls'] / sent['plain']:.4f}; results bit-identical")
+            f"(sealed once, opened once; the records add 22 bytes per 16 KiB, 0.13 %); "
+            f"results bit-identical")
         self.results.update({f"tls_{label}_plain_seconds": round(plain[0], 3),
                              f"tls_{label}_seconds": round(tls[0], 3),
                              f"tls_{label}_ratio": round(ratio, 4),
                              f"tls_{label}_ratio_median": round(tls[1] / plain[1], 4),
-                             f"tls_{label}_cpu_s_per_gib": round(extra_cpu, 3),
-                             f"tls_{label}_bytes_ratio": round(sent["tls"] / sent["plain"], 5)})
+                             f"tls_{label}_cpu_s_per_gib": round(extra_cpu, 3)})
 
     def tls_limited(self):
         self.tls_pair("limited", f"{self.args.rate_mbit} Mbit/s links (target <= 1.03)")
