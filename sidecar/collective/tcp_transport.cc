@@ -123,8 +123,6 @@ ssize_t RecvOn(int fd, TlsWire* tls, char* buf, size_t size, uint64_t* wire_byte
   return n;
 }
 
-std::string ErrnoText(int err);
-
 // errno's text, or the TLS failure behind EPROTO.
 std::string RecvErrorText(int err, const TlsWire* tls) {
   if (err == EPROTO && tls != nullptr && !tls->error().ok()) {
