@@ -45,6 +45,8 @@ constexpr int64_t kAcceptPauseMs = 50;
 constexpr size_t kRequestReadBytes = 16 << 10;
 // Reads of 4 KiB that DrainNow makes at most before a close.
 constexpr int kMaxDrainReads = 16;
+// Under TLS a chunk file is read and sealed in blocks of this many bytes.
+constexpr uint64_t kSealedBlockBytes = 1 << 20;
 
 std::string Errno(int err) { return std::strerror(err); }
 
@@ -105,6 +107,44 @@ absl::Status SendFile(int fd, int file_fd, uint64_t size, const std::string& has
   return absl::OkStatus();
 }
 
+// SendAll of `a` then `b`, sealed into TLS records first when `tls` is set.
+absl::Status SendOut(int fd, TlsWire* tls, std::string_view a, std::string_view b = {},
+                     int flags = 0) {
+  if (tls == nullptr) {
+    TS_RETURN_IF_ERROR(SendAll(fd, a.data(), a.size(), b.empty() ? flags : MSG_MORE));
+    return b.empty() ? absl::OkStatus() : SendAll(fd, b.data(), b.size(), flags);
+  }
+  std::string sealed;
+  TS_RETURN_IF_ERROR(tls->Seal({a, b}, &sealed));
+  return SendAll(fd, sealed.data(), sealed.size(), flags);
+}
+
+// Under TLS: the frame header and the chunk file, read in blocks and sealed (no sendfile: the
+// kernel cannot encrypt here).
+absl::Status SendFileSealed(int fd, TlsWire* tls, std::string_view header, int file_fd,
+                            uint64_t size, const std::string& hash) {
+  std::string block(std::min<uint64_t>(size, kSealedBlockBytes), '\0');
+  uint64_t offset = 0;
+  std::string_view first = header;
+  while (offset < size) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(size - offset, block.size()));
+    const ssize_t n = ::pread(file_fd, block.data(), want, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InternalError(
+          absl::StrCat("chunk ", common::HexEncode(hash), ": read: ", Errno(errno)));
+    }
+    if (n == 0) {
+      return absl::OutOfRangeError(
+          absl::StrCat("chunk ", common::HexEncode(hash), ": the file shrank while it was sent"));
+    }
+    TS_RETURN_IF_ERROR(SendOut(fd, tls, first, std::string_view(block.data(), n)));
+    first = {};
+    offset += static_cast<uint64_t>(n);
+  }
+  return size == 0 ? SendOut(fd, tls, header) : absl::OkStatus();
+}
+
 // Reads and drops what the peer has sent so far, without waiting: bytes left unread at close()
 // would turn the FIN into a reset that can overtake the last frame.
 void DrainNow(int fd) {
@@ -117,8 +157,13 @@ void DrainNow(int fd) {
 // Answers a refused connection of the event thread with an error frame, without blocking (the
 // frame fits an empty socket buffer; if it does not, the peer is not reading anyway), and lets
 // the FIN follow it.
-void Refuse(int fd, const absl::Status& status) {
-  const std::string frame = EncodeErrorFrame(status);
+void Refuse(int fd, TlsWire* tls, const absl::Status& status) {
+  std::string frame = EncodeErrorFrame(status);
+  if (tls != nullptr) {
+    std::string sealed;
+    if (!tls->Seal({frame}, &sealed).ok()) sealed.clear();
+    frame = std::move(sealed);
+  }
   (void)::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   ::shutdown(fd, SHUT_WR);
   DrainNow(fd);
@@ -180,10 +225,15 @@ struct ChunkStreamServer::Pending {
   size_t header_have = 0;
   uint32_t length = 0;  // of the body, once the header is decoded
   std::string body;     // grows as the bytes arrive, never ahead of them
+  // TLS: the handshake until it is done, then the records.
+  std::unique_ptr<common::TlsHandshake> handshake;
+  common::TlsHandshake::Want want = common::TlsHandshake::Want::kRead;
+  std::unique_ptr<TlsWire> tls;
 };
 
 struct ChunkStreamServer::Connection {
   UniqueFd fd;
+  std::unique_ptr<TlsWire> tls;
   std::string body;
   std::thread thread;
   std::atomic<bool> done{false};
@@ -291,7 +341,8 @@ void ChunkStreamServer::EventLoop() {
     fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
     int64_t timeout_ms = accepting ? 1000 : accept_paused_until_ms - now;
     for (const auto& p : pending) {
-      fds.push_back({p->fd.get(), POLLIN, 0});
+      const bool out = p->handshake != nullptr && p->want == common::TlsHandshake::Want::kWrite;
+      fds.push_back({p->fd.get(), static_cast<short>(out ? POLLOUT : POLLIN), 0});
       timeout_ms = std::min(timeout_ms, p->deadline_ms - now);
     }
     const int ready =
@@ -307,7 +358,7 @@ void ChunkStreamServer::EventLoop() {
     const int64_t after = clock_->MonotonicMs();
     for (size_t i = 0; i < pending.size(); ++i) {
       Pending* p = pending[i].get();
-      if (ready > 0 && fds[i + 2].revents != 0 && ReadRequest(p)) continue;
+      if (ready > 0 && fds[i + 2].revents != 0 && Step(p)) continue;
       // Silent past the deadline: closed with nothing sent (no request, nobody to answer).
       if (after >= p->deadline_ms) p->fd = UniqueFd();
     }
@@ -374,11 +425,37 @@ bool ChunkStreamServer::AcceptNew(std::vector<std::unique_ptr<Pending>>* pending
     p->source = std::move(source);
     p->seq = (*next_seq)++;
     p->deadline_ms = clock_->MonotonicMs() + options_.request_deadline_ms;
-    // A fetcher sends its request right after connecting, so it is usually here already: read
-    // it now, before later accepts could evict the connection.
-    if (!ReadRequest(p.get())) pending->push_back(std::move(p));
+    if (options_.tls != nullptr) {
+      auto handshake = common::TlsHandshake::Start(options_.tls, p->fd.get(),
+                                                   common::TlsHandshake::Role::kServer, "");
+      if (!handshake.ok()) continue;  // closed with nothing sent
+      p->handshake = *std::move(handshake);
+    }
+    // A fetcher sends its request (or its TLS hello) right after connecting, so it is usually
+    // here already: read it now, before later accepts could evict the connection.
+    if (!Step(p.get())) pending->push_back(std::move(p));
   }
   return true;
+}
+
+bool ChunkStreamServer::Step(Pending* p) {
+  return p->handshake != nullptr ? AdvanceHandshake(p) : ReadRequest(p);
+}
+
+bool ChunkStreamServer::AdvanceHandshake(Pending* p) {
+  absl::StatusOr<common::TlsHandshake::Want> want = p->handshake->Step();
+  absl::StatusOr<common::TlsRecordLayer> layer = absl::UnknownError("not done");
+  if (want.ok() && *want == common::TlsHandshake::Want::kDone) layer = p->handshake->Finish();
+  if (!want.ok() || (*want == common::TlsHandshake::Want::kDone && !layer.ok())) {
+    // No TLS to answer in (a peer in the clear, a failed handshake): closed with nothing sent.
+    p->fd = UniqueFd();
+    return true;
+  }
+  p->want = *want;
+  if (*want != common::TlsHandshake::Want::kDone) return false;
+  p->handshake.reset();
+  p->tls = std::make_unique<TlsWire>(*std::move(layer));
+  return ReadRequest(p);  // the request may have come with the handshake's last flight
 }
 
 bool ChunkStreamServer::ReadRequest(Pending* p) {
@@ -396,7 +473,9 @@ bool ChunkStreamServer::ReadRequest(Pending* p) {
       p->body.resize(have + want);
       into = p->body.data() + have;
     }
-    const ssize_t n = ::recv(fd, into, want, MSG_DONTWAIT);
+    uint64_t wire_bytes = 0;
+    const ssize_t n = p->tls != nullptr ? p->tls->Recv(fd, into, want, &wire_bytes)
+                                        : ::recv(fd, into, want, MSG_DONTWAIT);
     const size_t got = n > 0 ? static_cast<size_t>(n) : 0;
     if (in_body) p->body.resize(p->body.size() - want + got);
     if (n < 0 && errno == EINTR) continue;
@@ -412,7 +491,7 @@ bool ChunkStreamServer::ReadRequest(Pending* p) {
       absl::StatusOr<uint32_t> length = DecodeChunkStreamRequestHeader(
           std::string_view(p->header, sizeof(p->header)), kMaxStreamRequestBytes);
       if (!length.ok()) {
-        Refuse(fd, length.status());
+        Refuse(fd, p->tls.get(), length.status());
         p->fd = UniqueFd();
         return true;
       }
@@ -433,7 +512,7 @@ void ChunkStreamServer::Dispatch(Pending* p) {
     return;
   }
   if (connections_.size() >= options_.max_connections) {
-    Refuse(p->fd.get(), absl::ResourceExhaustedError(absl::StrCat(
+    Refuse(p->fd.get(), p->tls.get(), absl::ResourceExhaustedError(absl::StrCat(
                             "chunk stream: ", options_.max_connections,
                             " requests already being served here; try again or use GetChunks")));
     p->fd = UniqueFd();
@@ -446,6 +525,7 @@ void ChunkStreamServer::Dispatch(Pending* p) {
   SetTimeout(fd, SO_SNDTIMEO, options_.send_timeout_ms);
   auto connection = std::make_unique<Connection>();
   connection->fd = std::move(p->fd);
+  connection->tls = std::move(p->tls);
   connection->body = std::move(p->body);
   Connection* c = connection.get();
   connections_.push_back(std::move(connection));
@@ -461,18 +541,19 @@ void ChunkStreamServer::Serve(Connection* connection) {
   sigaddset(&pipe_signal, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
   const int fd = connection->fd.get();
+  TlsWire* tls = connection->tls.get();
   try {
     uint32_t sent = 0;
-    absl::Status status = ServeRequest(fd, connection->body, &sent);
+    absl::Status status = ServeRequest(fd, tls, connection->body, &sent);
     connection->body = std::string();
     if (status.ok()) {
       char end[kChunkStreamFrameHeaderBytes];
       EncodeEndFrameHeader(sent, end);
-      status = SendAll(fd, end, sizeof(end));
+      status = SendOut(fd, tls, std::string_view(end, sizeof(end)));
     } else if (!absl::IsCancelled(status) && !absl::IsDeadlineExceeded(status)) {
-      // The peer is still there to be told why (a broken connection has nobody to tell).
-      const std::string frame = EncodeErrorFrame(status);
-      (void)SendAll(fd, frame.data(), frame.size());
+      // The peer is still there to be told why (a broken connection has nobody to tell; under
+      // TLS, a send cut off inside a record leaves nothing the peer could open).
+      (void)SendOut(fd, tls, EncodeErrorFrame(status));
     }
     // The last bytes and then the FIN go out in order; the peer sent nothing but its request,
     // which was read whole, so closing does not turn into a reset. (What a peer sends beyond
@@ -490,7 +571,7 @@ void ChunkStreamServer::Serve(Connection* connection) {
   Wake(wake_fd_.get());  // so the event thread joins this one soon
 }
 
-absl::Status ChunkStreamServer::ServeRequest(int fd, const std::string& body,
+absl::Status ChunkStreamServer::ServeRequest(int fd, TlsWire* tls, const std::string& body,
                                              uint32_t* chunks_sent) {
   pb::GetChunksRequest request;
   if (!request.ParseFromString(body)) {
@@ -525,11 +606,16 @@ absl::Status ChunkStreamServer::ServeRequest(int fd, const std::string& body,
     const uint64_t size = current.size;
     char frame[kChunkStreamFrameHeaderBytes];
     EncodeChunkFrameHeader(static_cast<uint32_t>(i), static_cast<uint32_t>(size), hash, frame);
-    // The header goes out with the file's first bytes (MSG_MORE), not in a packet of its own.
-    TS_RETURN_IF_ERROR(SendAll(fd, frame, sizeof(frame), MSG_MORE));
     // The receiver hashes every chunk before storing it; as on GetChunks, serving skips a
     // second hash.
-    TS_RETURN_IF_ERROR(SendFile(fd, file.get(), size, hash));
+    if (tls != nullptr) {
+      TS_RETURN_IF_ERROR(SendFileSealed(fd, tls, std::string_view(frame, sizeof(frame)),
+                                        file.get(), size, hash));
+    } else {
+      // The header goes out with the file's first bytes (MSG_MORE), not in a packet of its own.
+      TS_RETURN_IF_ERROR(SendAll(fd, frame, sizeof(frame), MSG_MORE));
+      TS_RETURN_IF_ERROR(SendFile(fd, file.get(), size, hash));
+    }
     service->ChunkServed(request.auth().signer(), kServedOverChunkStream, size);
     *chunks_sent = static_cast<uint32_t>(i + 1);
     chunks_sent_.fetch_add(1);
@@ -568,7 +654,8 @@ absl::Status ChunkStreamCall::WaitReady(short events) {
 }
 
 absl::Status ChunkStreamCall::Start(const std::string& host, uint16_t port,
-                                    const pb::GetChunksRequest& request) {
+                                    const pb::GetChunksRequest& request,
+                                    const ChunkStreamTls& tls) {
   struct addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -601,13 +688,35 @@ absl::Status ChunkStreamCall::Start(const std::string& host, uint16_t port,
     return absl::UnavailableError(
         absl::StrCat("chunk stream: connect to ", host, ":", port, ": ", Errno(err)));
   }
+  if (tls.context != nullptr) {
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<common::TlsHandshake> handshake,
+                        common::TlsHandshake::Start(tls.context, own_fd_,
+                                                    common::TlsHandshake::Role::kClient,
+                                                    tls.peer_cert_sha256));
+    while (true) {
+      absl::StatusOr<common::TlsHandshake::Want> want = handshake->Step();
+      if (!want.ok()) {
+        if (cancelled_.load()) return absl::CancelledError("chunk stream: cancelled");
+        return absl::Status(want.status().code(),
+                            absl::StrCat("chunk stream: ", want.status().message()));
+      }
+      if (*want == common::TlsHandshake::Want::kDone) break;
+      TS_RETURN_IF_ERROR(WaitReady(*want == common::TlsHandshake::Want::kRead ? POLLIN : POLLOUT));
+    }
+    TS_ASSIGN_OR_RETURN(common::TlsRecordLayer layer, handshake->Finish());
+    tls_ = std::make_unique<TlsWire>(std::move(layer));
+  }
   std::string bytes;
   if (!request.SerializeToString(&bytes) || bytes.size() > kMaxStreamRequestBytes) {
     return absl::InvalidArgumentError(absl::StrCat("chunk stream request: ", bytes.size(),
                                                    " bytes, at most ", kMaxStreamRequestBytes));
   }
-  const std::string out =
-      EncodeChunkStreamRequestHeader(static_cast<uint32_t>(bytes.size())) + bytes;
+  std::string out = EncodeChunkStreamRequestHeader(static_cast<uint32_t>(bytes.size())) + bytes;
+  if (tls_ != nullptr) {
+    std::string sealed;
+    TS_RETURN_IF_ERROR(tls_->Seal({out}, &sealed));
+    out = std::move(sealed);
+  }
   size_t done = 0;
   while (done < out.size()) {
     TS_RETURN_IF_ERROR(WaitReady(POLLOUT));
@@ -625,7 +734,9 @@ absl::Status ChunkStreamCall::Start(const std::string& host, uint16_t port,
 absl::Status ChunkStreamCall::ReadFull(char* out, size_t size) {
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::recv(own_fd_, out + done, size - done, 0);
+    uint64_t wire_bytes = 0;
+    const ssize_t n = tls_ != nullptr ? tls_->Recv(own_fd_, out + done, size - done, &wire_bytes)
+                                      : ::recv(own_fd_, out + done, size - done, 0);
     if (n > 0) {
       done += static_cast<size_t>(n);
       continue;
@@ -641,6 +752,9 @@ absl::Status ChunkStreamCall::ReadFull(char* out, size_t size) {
       continue;
     }
     if (cancelled_.load()) return absl::CancelledError("chunk stream: cancelled");
+    if (errno == EPROTO && tls_ != nullptr && !tls_->error().ok()) {
+      return absl::UnavailableError(absl::StrCat("chunk stream: ", tls_->error().message()));
+    }
     return absl::UnavailableError(absl::StrCat("chunk stream: recv: ", Errno(errno)));
   }
   return absl::OkStatus();

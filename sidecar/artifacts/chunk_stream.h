@@ -26,6 +26,13 @@
 // ChunkStreamCall: the client side of one connection, used by the fetcher. Every read and the
 // connect honour one deadline; Cancel() from another thread makes a blocked call return.
 //
+// TLS (options.tls on the server; ChunkStreamTls on the call): the connection runs a TLS 1.3
+// handshake before the request (common/crypto/tls_session.h; the fetcher pins the server to the
+// certificate its reservation names, the server takes any client certificate — the request is
+// signed), and every byte after it travels in TLS records (sidecar/peer/tls_wire.h). The server
+// then reads each chunk file and seals it in user space instead of sendfile() (this kernel has
+// no kernel TLS). A pending connection's handshake counts against the same request deadline.
+//
 // Thread-safety: ChunkStreamServer is thread-safe. A ChunkStreamCall is used by one thread,
 // except Cancel(), which any thread may call while the call is alive.
 #ifndef TS_SIDECAR_ARTIFACTS_CHUNK_STREAM_H_
@@ -44,9 +51,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/crypto/tls_session.h"
 #include "gonka/trainshard/v1/shard.pb.h"
 #include "sidecar/artifacts/chunk_stream_wire.h"
 #include "sidecar/artifacts/safe_fs.h"
+#include "sidecar/peer/tls_wire.h"
 
 namespace ts::sidecar {
 
@@ -69,6 +78,14 @@ struct ChunkStreamServerOptions {
   // Connections with a complete request, being checked or served, one thread each.
   size_t max_connections = 64;
   int64_t send_timeout_ms = 30000;
+  // This host's TLS identity: every connection TLS; null: in the clear (the trusted network).
+  std::shared_ptr<const common::TlsContext> tls;
+};
+
+// A call's TLS: this host's identity and the certificate the peer's reservation names.
+struct ChunkStreamTls {
+  std::shared_ptr<const common::TlsContext> context;  // null: in the clear
+  std::string peer_cert_sha256;                        // 32 bytes when context is set
 };
 
 class ChunkStreamServer {
@@ -108,13 +125,18 @@ class ChunkStreamServer {
   // Accepts what the listening socket holds (a bounded number per call), making room by
   // eviction as the class comment says. False when accepting must pause (out of descriptors).
   bool AcceptNew(std::vector<std::unique_ptr<Pending>>* pending, uint64_t* next_seq);
+  // The next step of `p`: its TLS handshake while that lasts, then its request. True when it
+  // is done with (see ReadRequest).
+  bool Step(Pending* p);
+  bool AdvanceHandshake(Pending* p);
   // Reads what `p` has sent. True when it is done with (handed to a serving thread, refused or
   // failed): its descriptor is then closed or moved out.
   bool ReadRequest(Pending* p);
   // Hands a complete request to a thread of its own, or refuses it when max_connections serve.
   void Dispatch(Pending* p);
   void Serve(Connection* connection);
-  absl::Status ServeRequest(int fd, const std::string& body, uint32_t* chunks_sent);
+  absl::Status ServeRequest(int fd, TlsWire* tls, const std::string& body,
+                            uint32_t* chunks_sent);
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   common::Clock* const clock_;
@@ -145,7 +167,10 @@ class ChunkStreamCall {
   // Connects to host:port (numeric or a name) and sends `request` (already signed for
   // kMethodChunkStream). UNAVAILABLE if the host cannot be reached, DEADLINE_EXCEEDED,
   // CANCELLED.
-  absl::Status Start(const std::string& host, uint16_t port, const pb::GetChunksRequest& request);
+  // With `tls.context` set, the connection first runs a TLS handshake pinned to
+  // tls.peer_cert_sha256 (UNAUTHENTICATED naming both fingerprints for another certificate).
+  absl::Status Start(const std::string& host, uint16_t port, const pb::GetChunksRequest& request,
+                     const ChunkStreamTls& tls = {});
 
   // Reads the next frame. For a chunk frame its `size` bytes are read into buffer[0, size);
   // INVALID_ARGUMENT (a protocol violation: the peer is at fault) if size exceeds `capacity`
@@ -168,6 +193,7 @@ class ChunkStreamCall {
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   // The descriptor as seen by the owning thread (only it closes it).
   int own_fd_ = -1;
+  std::unique_ptr<TlsWire> tls_;  // after a TLS handshake
 };
 
 }  // namespace ts::sidecar

@@ -441,6 +441,7 @@ grpc::Status ArtifactOperatorService::Fetch(grpc::ServerContext* context,
         fetch_context.clock = clock_;
         fetch_context.progress = progress;
         fetch_context.cancelled = cancelled;
+        fetch_context.tls = options_.tls;
         auto result = FetchArtifact(fetch_context, fetch, fetcher_options);
         if (!result.ok()) {
           // UNAVAILABLE from the fetcher means the peers, not this host, could not be reached;
@@ -540,6 +541,7 @@ grpc::Status ArtifactOperatorService::Find(grpc::ServerContext*,
   context.store = *store;
   context.directory = directory_;
   context.clock = clock_;
+  context.tls = options_.tls;
   const std::vector<PeerArtifacts> answers = ListPeerArtifacts(
       context, request->shard_id(), peers, clock_->MonotonicMs() + kFindDeadlineMs);
   // One entry per artifact, with every member that holds it complete.

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
+#include "common/crypto/tls_session.h"
 #include "gonka/trainshard/v1/shard.grpc.pb.h"
 #include "sidecar/artifacts/file_policy.h"
 #include "sidecar/artifacts/store.h"
@@ -97,6 +98,8 @@ struct ArtifactOperatorOptions {
   // Fetches talk TLS to each peer, pinning the certificate its reservation names
   // (sidecar/peer/peer_tls.h); false: plaintext, on a trusted network only.
   bool peer_tls = false;
+  // This host's TLS identity, for fetches over peers' chunk streams under peer_tls.
+  std::shared_ptr<const common::TlsContext> tls;
 };
 
 class ArtifactOperatorService final : public pb::ArtifactOperator::Service {

@@ -852,6 +852,8 @@ void Fetcher::StreamLoop(size_t index) {
 void Fetcher::ResolveStream(size_t index) {
   Peer& peer = peers_[index];
   if (!options_.use_chunk_stream) return;
+  // A peer pinned by its certificate is streamed from over TLS, which needs this host's own.
+  if (!peer.peer.tls_cert_sha256.empty() && context_.tls == nullptr) return;
   pb::GetChunkStreamRequest request;
   request.set_shard_id(request_.shard_id);
   absl::StatusOr<pb::PeerRequestAuth> auth = SignPeerRequest(
@@ -964,7 +966,9 @@ void Fetcher::CallStream(size_t index, const pb::GetChunksRequest& request,
     if (stop_ || peer.dropped) return;
     peer.stream_calls.push_back(&call);
   }
-  result->status = call.Start(peer.stream_host, peer.stream_port, request);
+  ChunkStreamTls tls;
+  if (!peer.peer.tls_cert_sha256.empty()) tls = {context_.tls, peer.peer.tls_cert_sha256};
+  result->status = call.Start(peer.stream_host, peer.stream_port, request, tls);
   while (result->status.ok()) {
     ChunkBuffer* buffer = pipeline->buffer();
     absl::StatusOr<ChunkStreamFrame> frame = call.Next(buffer->data(), buffer->capacity());

@@ -44,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
+#include "common/crypto/tls_session.h"
 #include "common/status.h"
 #include "gonka/trainshard/v1/shard.grpc.pb.h"
 #include "gonka/trainshard/v1/shard.pb.h"
@@ -235,6 +236,9 @@ struct FetchContext {
   ShardDirectory* directory = nullptr;
   common::Clock* clock = nullptr;
   ProgressFn progress;  // may be empty; called from fetcher threads, serialised
+  // This host's TLS identity, for the chunk streams of peers pinned by tls_cert_sha256; without
+  // it such peers are fetched from over gRPC (TLS) only.
+  std::shared_ptr<const common::TlsContext> tls;
   // Polled between chunks; true stops the fetch (CANCELLED, resumable).
   std::function<bool()> cancelled;
 };

@@ -30,6 +30,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
+#include "common/crypto/tls_identity.h"
+#include "common/crypto/tls_session.h"
 #include "common/hex.h"
 #include "common/status.h"
 #include "proto/grpc_status.h"
@@ -1500,9 +1502,10 @@ class ChunkStreamAttackTest : public TransferTest {
   }
 
   // Sends `request` on a new connection; returns the chunks received, or the first failure.
-  absl::StatusOr<std::vector<std::string>> Call(const pb::GetChunksRequest& request) {
+  absl::StatusOr<std::vector<std::string>> Call(const pb::GetChunksRequest& request,
+                                                const ChunkStreamTls& tls = {}) {
     ChunkStreamCall call(Clock(), Clock()->MonotonicMs() + 10000);
-    TS_RETURN_IF_ERROR(call.Start("127.0.0.1", publisher_->chunk_stream->port(), request));
+    TS_RETURN_IF_ERROR(call.Start("127.0.0.1", publisher_->chunk_stream->port(), request, tls));
     std::vector<char> buffer(kMaxChunkSize);
     std::vector<std::string> got;
     while (true) {
@@ -1569,6 +1572,47 @@ TEST_F(ChunkStreamAttackTest, SignedMemberRequestServedInOrder) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(common::Sha256((*got)[i]), chunks_[i]);
+}
+
+std::shared_ptr<const common::TlsContext> NewTlsContext() {
+  auto identity = common::NewTlsIdentity("gonka1test");
+  TS_CHECK(identity.ok());
+  auto context = common::TlsContext::New(*identity);
+  TS_CHECK(context.ok());
+  return *context;
+}
+
+// Under TLS the same request is served to a fetcher that pins the server's certificate; a
+// fetcher pinning another one, or speaking in the clear, gets no chunk; and a refusal still
+// reaches a TLS fetcher, sealed.
+TEST_F(ChunkStreamAttackTest, TlsServesThePinnedAndNoOneElse) {
+  auto server_tls = NewTlsContext();
+  auto client_tls = NewTlsContext();
+  publisher_->Stop();
+  ChunkStreamServerOptions options;
+  options.tls = server_tls;
+  publisher_->Serve(&directory_, {}, true, options);
+
+  auto got = Call(Request(5, member_->key), {client_tls, server_tls->cert_sha256()});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(common::Sha256((*got)[i]), chunks_[i]);
+
+  auto impostor = Call(Request(1, member_->key), {client_tls, client_tls->cert_sha256()});
+  ASSERT_FALSE(impostor.ok());
+  EXPECT_EQ(impostor.status().code(), absl::StatusCode::kUnauthenticated) << impostor.status();
+  EXPECT_THAT(std::string(impostor.status().message()),
+              ::testing::HasSubstr(common::HexEncode(server_tls->cert_sha256())));
+
+  auto clear = Call(Request(1, member_->key));
+  ASSERT_FALSE(clear.ok());
+  EXPECT_EQ(clear.status().code(), absl::StatusCode::kUnavailable) << clear.status();
+
+  // A request signed by a non-member: refused by the service, the refusal in a record.
+  auto refused = Call(Request(1, KeyOf(0x77)), {client_tls, server_tls->cert_sha256()});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_EQ(publisher_->chunk_stream->chunks_sent(), 5u);
 }
 
 TEST_F(ChunkStreamAttackTest, RefusedRequests) {

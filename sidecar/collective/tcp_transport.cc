@@ -35,7 +35,7 @@
 #include "common/crypto/tls_session.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "sidecar/collective/tls_wire.h"
+#include "sidecar/peer/tls_wire.h"
 #include "sidecar/peer/peer_auth.h"
 
 namespace ts::sidecar {

@@ -56,10 +56,10 @@ struct HostConfig {
   // its own on the same host, announced to members by GetChunkStream; docs/artifacts.md).
   bool chunk_stream = true;
   // TLS on every peer-facing channel (the shard services and their clients: the artifact
-  // transfer and the round service; the shard processes' collective links), with the host's own
-  // certificate and the fingerprints reservations pin (sidecar/peer/peer_tls.h,
-  // sidecar/collective/tcp_transport.h). The chunk stream (zero-copy plain TCP) is not served
-  // while this is on. False: everything in the clear — the trusted-network switch.
+  // transfer and its chunk stream, the round service; the shard processes' collective links),
+  // with the host's own certificate and the fingerprints reservations pin
+  // (sidecar/peer/peer_tls.h, chunk_stream.h, sidecar/collective/tcp_transport.h). False:
+  // everything in the clear — the trusted-network switch.
   bool peer_tls = true;
   // Absolute directory of the shards' artifact stores. Empty: the default, <data_dir>/artifacts
   // (ArtifactsDir).

@@ -293,6 +293,15 @@ int Main(int argc, char** argv) {
   HostMetrics metrics;
   artifact_operator_options.observer = &metrics;
   artifact_operator_options.peer_tls = config.peer_tls;
+  if (config.peer_tls) {
+    // Fetches over peers' chunk streams present this host's certificate.
+    auto tls_context = common::TlsContext::New(*tls);
+    if (!tls_context.ok()) {
+      LogError("cannot load the TLS identity", tls_context.status());
+      return kExitFailure;
+    }
+    artifact_operator_options.tls = *std::move(tls_context);
+  }
   ArtifactOperatorService artifact_operator(&registry, &directory, *key, &common::SystemClock(),
                                             artifact_operator_options);
 
@@ -333,10 +342,10 @@ int Main(int argc, char** argv) {
 
   TransferServiceOptions transfer_options;
   transfer_options.observer = &metrics;
-  // Under peer_tls the listener serves TLS, and the chunk stream (plain TCP) is not served.
+  // Under peer_tls the listener and the chunk stream serve TLS.
   auto shard_server = ShardServer::Start(
       ShardListenAddress(config), &registry, &directory, address, &common::SystemClock(),
-      config.chunk_stream && !config.peer_tls, transfer_options,
+      config.chunk_stream, transfer_options,
       {static_cast<grpc::Service*>(static_cast<pb::ShardRound::Service*>(&runs))},
       config.peer_tls ? &*tls : nullptr);
   if (!shard_server.ok()) {

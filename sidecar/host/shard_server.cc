@@ -6,6 +6,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/crypto/tls_session.h"
+#include "common/status.h"
 #include "sidecar/peer/peer_tls.h"
 
 namespace ts::sidecar {
@@ -91,7 +93,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   out->address_ = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   if (chunk_stream) {
-    auto stream = ChunkStreamServer::Start(EndpointHost(listen), clock);
+    ChunkStreamServerOptions stream_options;
+    if (tls != nullptr) {
+      // The chunk stream speaks TLS with the same certificate as the listener.
+      TS_ASSIGN_OR_RETURN(stream_options.tls, common::TlsContext::New(*tls));
+    }
+    auto stream = ChunkStreamServer::Start(EndpointHost(listen), clock, stream_options);
     if (!stream.ok()) {
       return absl::UnavailableError(
           absl::StrCat("shard_listen: chunk stream: ", stream.status().message()));

@@ -1,7 +1,8 @@
 """What TLS between hosts costs an artifact transfer (docs/threat-model.md, "TLS between
 hosts"): two real trainshardd in network namespaces, A publishing and B fetching the same size
-of artifact over gRPC in plaintext and over TLS (`peer_tls`, A's certificate pinned from its
-reservation), side by side in one run, on a tbf-limited link (100 Mbit/s by default) and on the
+of artifact in plaintext and over TLS (`peer_tls`, A's certificate pinned from its reservation)
+over the chunk stream (the default fetch path; `--transport grpc`: over gRPC), side by side in
+one run, on a tbf-limited link (100 Mbit/s by default) and on the
 unlimited veth link, alternating the two modes so the machine's drift falls on both. The hosts
 are restarted between modes with the other setting; the artifact is fetched fresh each time
 (dropped on B in between).
@@ -12,6 +13,7 @@ seconds per GiB of each daemon in both modes; the difference is what TLS costs p
 line is one JSON document. Run as root:
 
   TS_BUILD_DIR=build /usr/bin/python3 tests/bench/tls_bench.py [--size-mib 256] [--rounds 2]
+      [--transport stream|grpc]
 """
 
 import argparse
@@ -69,8 +71,9 @@ class TlsBench:
         for h in self.hosts.values():
             h.process.stop()
             h.extra_config["peer_tls"] = "true" if tls else "false"
-            # Both modes over gRPC: the chunk stream (plain TCP) is not served under TLS.
-            h.extra_config["chunk_stream"] = "false"
+            # --transport stream: the chunk stream in both modes (sendfile in the clear, read and
+            # sealed under TLS); grpc: both over gRPC (HTTP/2, TLS from gRPC).
+            h.extra_config["chunk_stream"] = "true" if self.args.transport == "stream" else "false"
             h.start()
             h.wait_shard_listen()
 
@@ -123,7 +126,7 @@ class TlsBench:
         finally:
             self.net.cleanup()
             self.topo.destroy()
-        print(json.dumps(results))
+        print(json.dumps({"transport": self.args.transport, **results}))
 
 
 def main():
@@ -131,6 +134,8 @@ def main():
     p.add_argument("--size-mib", type=int, default=256)
     p.add_argument("--rate-mbit", type=int, default=100)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--transport", choices=["stream", "grpc"], default="stream",
+                   help="the chunk stream in both modes (the default fetch path), or gRPC only")
     args = p.parse_args()
     netns.require_root()
     TlsBench(args).run()

@@ -7,19 +7,19 @@ devnet and three trainshardd with `peer_tls = true` (the default, named here all
   loopback but the chain's, through the whole run, holds at least half of what the round
   certificates say was exchanged and not one collective frame header in the clear (each
   starts "TSCF" and the version byte).
-- An artifact one host publishes is fetched by another over TLS; a passive capture of the
-  publisher's peer port (tcpdump on loopback) holds none of 32 samples of the artifact's bytes
-  and no plaintext HTTP/2 preface.
+- An artifact one host publishes is fetched by another over its TLS chunk stream; a passive
+  capture of the publisher's peer port and chunk stream port (tcpdump on loopback) holds none
+  of 32 samples of the artifact's bytes and no plaintext HTTP/2 preface.
 - A host whose certificate is not the one its reservation pins (its TLS identity replaced) is
   refused by the others before any request: the fetch from it fails and the fetching host's log
   names both fingerprints.
 
-The chunk stream (plain TCP) is not served under peer_tls; docs/threat-model.md says so.
 """
 
 import base64
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +64,14 @@ def port_of(endpoint):
     return int(endpoint.rsplit(":", 1)[1])
 
 
+def chunk_stream_port(host):
+    with open(host.process.log_path, errors="replace") as f:
+        ports = re.findall(r'chunk_stream_port="?(\d+)', f.read())
+    if not ports or ports[-1] == "0":
+        raise AssertionError(f"{host.name} logged no chunk stream port")
+    return int(ports[-1])
+
+
 class TlsTest(unittest.TestCase):
     def setUp(self):
         self.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")))
@@ -102,12 +110,17 @@ class TlsTest(unittest.TestCase):
                                        max_nodes=3)
         a, b, c = net.hosts
 
-        # An artifact over TLS, captured on the publisher's peer port.
+        # An artifact over TLS (the chunk stream, sealed), captured on the publisher's peer port
+        # and its chunk stream port.
         art, content = self.publish(a, sid, "secret", 2 << 20)
-        capture = Capture(os.path.join(net.root, "tls.pcap"), port_of(a.shard_endpoint))
+        stream_port = chunk_stream_port(a)
+        capture = Capture(os.path.join(net.root, "tls.pcap"),
+                          expression=f"tcp port {port_of(a.shard_endpoint)} or "
+                                     f"tcp port {stream_port}")
         fetched = self.fetch(b, sid, art, a)
         wire = capture.stop()
         self.assertEqual(int(fetched["bytes_fetched"]), 2 << 20, fetched)
+        self.assertEqual(fetched.get("stream_fallbacks", []), [], fetched)
         # Most of the 2 MiB (tcpdump may drop some packets under load), all of it ciphertext.
         self.assertGreater(len(wire), 1 << 20, "the capture saw no transfer")
         for offset in range(0, len(content) - 64, len(content) // 32):

@@ -1,14 +1,14 @@
-// The TLS side of one collective connection (docs/threat-model.md, "TLS between hosts"): after
-// the handshake (common/crypto/tls_session.h) every byte the transport writes is sealed into
-// TLS 1.3 records and every byte it reads comes out of opened ones. The transport keeps its
-// non-blocking socket code: Recv has recv(2)'s contract, and the bytes to send are sealed first,
-// then written by the same loops as in the clear. The sender and the receiver hold separate
-// states, so a link's reader thread and its senders need no lock between them.
+// The TLS side of one raw TCP connection between hosts — a collective link, a chunk stream
+// (docs/threat-model.md, "TLS between hosts"): after the handshake
+// (common/crypto/tls_session.h) every byte the owner writes is sealed into TLS 1.3 records and
+// every byte it reads comes out of opened ones. The owner keeps its own socket code: Recv has
+// recv(2)'s contract, and the bytes to send are sealed first, then written by the same loops as
+// in the clear. The sender and the receiver hold separate states, so a reader thread and a
+// sender need no lock between them.
 //
-// Thread-safety: Recv is one thread's (the link's reader, or the handshake's before it); Seal
-// another's (whoever holds the link's send lock).
-#ifndef TS_SIDECAR_COLLECTIVE_TLS_WIRE_H_
-#define TS_SIDECAR_COLLECTIVE_TLS_WIRE_H_
+// Thread-safety: Recv is one thread's at a time, Seal another's.
+#ifndef TS_SIDECAR_PEER_TLS_WIRE_H_
+#define TS_SIDECAR_PEER_TLS_WIRE_H_
 
 #include <sys/types.h>
 
@@ -52,4 +52,4 @@ class TlsWire {
 
 }  // namespace ts::sidecar
 
-#endif  // TS_SIDECAR_COLLECTIVE_TLS_WIRE_H_
+#endif  // TS_SIDECAR_PEER_TLS_WIRE_H_

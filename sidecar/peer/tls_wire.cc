@@ -1,4 +1,4 @@
-#include "sidecar/collective/tls_wire.h"
+#include "sidecar/peer/tls_wire.h"
 
 #include <sys/socket.h>
 
