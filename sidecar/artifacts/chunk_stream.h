@@ -1,11 +1,11 @@
-// The chunk stream: chunk bodies over plain TCP beside the ArtifactTransfer gRPC service, framed
-// as chunk_stream_wire.h says (docs/artifacts.md, "Chunk stream"). The request is the same
-// signed GetChunksRequest, checked by the same ArtifactTransferService::BeginChunks (auth under
-// its own method name kMethodChunkStream, membership, caps, every hash named by a complete
-// manifest, a stream slot shared with GetChunks); only the bytes travel differently: the server
-// sendfile()s each chunk file after a 48-byte header, the fetcher receives it into its
-// page-aligned buffer, hashes it and stores it (O_DIRECT) — no HTTP/2 framing, no copies in
-// user space on the sending side.
+// The chunk stream: chunk bodies over framed TCP (TLS under peer_tls, below) beside the
+// ArtifactTransfer gRPC service, framed as chunk_stream_wire.h says (docs/artifacts.md, "Chunk
+// stream"). The request is the same signed GetChunksRequest, checked by the same
+// ArtifactTransferService::BeginChunks (auth under its own method name kMethodChunkStream,
+// membership, caps, every hash named by a complete manifest, a stream slot shared with GetChunks);
+// only the bytes travel differently: the server sendfile()s each chunk file after a 48-byte header,
+// the fetcher receives it into its page-aligned buffer, hashes it and stores it (O_DIRECT) — no
+// HTTP/2 framing, no copies in user space on the sending side.
 //
 // ChunkStreamServer: one listening socket and one event thread that accepts connections and
 // reads their requests without blocking; a connection whose whole request has arrived goes to a
@@ -85,7 +85,7 @@ struct ChunkStreamServerOptions {
 // A call's TLS: this host's identity and the certificate the peer's reservation names.
 struct ChunkStreamTls {
   std::shared_ptr<const common::TlsContext> context;  // null: in the clear
-  std::string peer_cert_sha256;                        // 32 bytes when context is set
+  std::string peer_cert_sha256;                       // 32 bytes when context is set
 };
 
 class ChunkStreamServer {
@@ -135,8 +135,7 @@ class ChunkStreamServer {
   // Hands a complete request to a thread of its own, or refuses it when max_connections serve.
   void Dispatch(Pending* p);
   void Serve(Connection* connection);
-  absl::Status ServeRequest(int fd, TlsWire* tls, const std::string& body,
-                            uint32_t* chunks_sent);
+  absl::Status ServeRequest(int fd, TlsWire* tls, const std::string& body, uint32_t* chunks_sent);
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   common::Clock* const clock_;
