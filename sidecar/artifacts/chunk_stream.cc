@@ -512,8 +512,9 @@ void ChunkStreamServer::Dispatch(Pending* p) {
     return;
   }
   if (connections_.size() >= options_.max_connections) {
-    Refuse(p->fd.get(), p->tls.get(), absl::ResourceExhaustedError(absl::StrCat(
-                            "chunk stream: ", options_.max_connections,
+    Refuse(p->fd.get(), p->tls.get(),
+           absl::ResourceExhaustedError(
+               absl::StrCat("chunk stream: ", options_.max_connections,
                             " requests already being served here; try again or use GetChunks")));
     p->fd = UniqueFd();
     return;
@@ -609,8 +610,8 @@ absl::Status ChunkStreamServer::ServeRequest(int fd, TlsWire* tls, const std::st
     // The receiver hashes every chunk before storing it; as on GetChunks, serving skips a
     // second hash.
     if (tls != nullptr) {
-      TS_RETURN_IF_ERROR(SendFileSealed(fd, tls, std::string_view(frame, sizeof(frame)),
-                                        file.get(), size, hash));
+      TS_RETURN_IF_ERROR(
+          SendFileSealed(fd, tls, std::string_view(frame, sizeof(frame)), file.get(), size, hash));
     } else {
       // The header goes out with the file's first bytes (MSG_MORE), not in a packet of its own.
       TS_RETURN_IF_ERROR(SendAll(fd, frame, sizeof(frame), MSG_MORE));
@@ -689,10 +690,10 @@ absl::Status ChunkStreamCall::Start(const std::string& host, uint16_t port,
         absl::StrCat("chunk stream: connect to ", host, ":", port, ": ", Errno(err)));
   }
   if (tls.context != nullptr) {
-    TS_ASSIGN_OR_RETURN(std::unique_ptr<common::TlsHandshake> handshake,
-                        common::TlsHandshake::Start(tls.context, own_fd_,
-                                                    common::TlsHandshake::Role::kClient,
-                                                    tls.peer_cert_sha256));
+    TS_ASSIGN_OR_RETURN(
+        std::unique_ptr<common::TlsHandshake> handshake,
+        common::TlsHandshake::Start(tls.context, own_fd_, common::TlsHandshake::Role::kClient,
+                                    tls.peer_cert_sha256));
     while (true) {
       absl::StatusOr<common::TlsHandshake::Want> want = handshake->Step();
       if (!want.ok()) {

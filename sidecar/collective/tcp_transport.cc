@@ -35,8 +35,8 @@
 #include "common/crypto/tls_session.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "sidecar/peer/tls_wire.h"
 #include "sidecar/peer/peer_auth.h"
+#include "sidecar/peer/tls_wire.h"
 
 namespace ts::sidecar {
 namespace {
