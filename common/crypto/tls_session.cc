@@ -1,5 +1,6 @@
 #include "common/crypto/tls_session.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <openssl/bio.h>
@@ -526,6 +527,18 @@ absl::StatusOr<TlsHandshake::Want> TlsHandshake::Step() {
     if (BIO_ctrl_pending(wbio_) > 0) continue;
     TS_ASSIGN_OR_RETURN(bool whole, ReadRecord());
     if (!whole) return Want::kRead;
+  }
+}
+
+absl::StatusOr<TlsRecordLayer> TlsHandshake::Connect(
+    std::shared_ptr<const TlsContext> context, int fd, std::string expect_peer_sha256,
+    const std::function<absl::Status(short poll_events)>& wait) {
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<TlsHandshake> handshake,
+                      Start(std::move(context), fd, Role::kClient, std::move(expect_peer_sha256)));
+  while (true) {
+    TS_ASSIGN_OR_RETURN(Want want, handshake->Step());
+    if (want == Want::kDone) return handshake->Finish();
+    TS_RETURN_IF_ERROR(wait(want == Want::kRead ? POLLIN : POLLOUT));
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -135,6 +136,12 @@ class TlsHandshake {
   // reports its fingerprint (peer_cert_sha256) for its owner to check.
   static absl::StatusOr<std::unique_ptr<TlsHandshake>> Start(
       std::shared_ptr<const TlsContext> context, int fd, Role role, std::string expect_peer_sha256);
+  // A client's whole handshake on `fd`, pinned to `expect_peer_sha256`: Start, then Step until
+  // done, calling `wait` with the poll events to wait for between steps (its error ends the
+  // handshake and is returned as is), then Finish.
+  static absl::StatusOr<TlsRecordLayer> Connect(
+      std::shared_ptr<const TlsContext> context, int fd, std::string expect_peer_sha256,
+      const std::function<absl::Status(short poll_events)>& wait);
   ~TlsHandshake();
   TlsHandshake(const TlsHandshake&) = delete;
   TlsHandshake& operator=(const TlsHandshake&) = delete;

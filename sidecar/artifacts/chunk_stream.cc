@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
@@ -690,22 +691,16 @@ absl::Status ChunkStreamCall::Start(const std::string& host, uint16_t port,
         absl::StrCat("chunk stream: connect to ", host, ":", port, ": ", Errno(err)));
   }
   if (tls.context != nullptr) {
-    TS_ASSIGN_OR_RETURN(
-        std::unique_ptr<common::TlsHandshake> handshake,
-        common::TlsHandshake::Start(tls.context, own_fd_, common::TlsHandshake::Role::kClient,
-                                    tls.peer_cert_sha256));
-    while (true) {
-      absl::StatusOr<common::TlsHandshake::Want> want = handshake->Step();
-      if (!want.ok()) {
-        if (cancelled_.load()) return absl::CancelledError("chunk stream: cancelled");
-        return absl::Status(want.status().code(),
-                            absl::StrCat("chunk stream: ", want.status().message()));
-      }
-      if (*want == common::TlsHandshake::Want::kDone) break;
-      TS_RETURN_IF_ERROR(WaitReady(*want == common::TlsHandshake::Want::kRead ? POLLIN : POLLOUT));
+    absl::StatusOr<common::TlsRecordLayer> layer =
+        common::TlsHandshake::Connect(tls.context, own_fd_, tls.peer_cert_sha256,
+                                      [this](short events) { return WaitReady(events); });
+    if (!layer.ok()) {
+      if (cancelled_.load()) return absl::CancelledError("chunk stream: cancelled");
+      if (absl::StartsWith(layer.status().message(), "chunk stream")) return layer.status();
+      return absl::Status(layer.status().code(),
+                          absl::StrCat("chunk stream: ", layer.status().message()));
     }
-    TS_ASSIGN_OR_RETURN(common::TlsRecordLayer layer, handshake->Finish());
-    tls_ = std::make_unique<TlsWire>(std::move(layer));
+    tls_ = std::make_unique<TlsWire>(*std::move(layer));
   }
   std::string bytes;
   if (!request.SerializeToString(&bytes) || bytes.size() > kMaxStreamRequestBytes) {

@@ -1664,27 +1664,22 @@ absl::StatusOr<std::unique_ptr<TlsWire>> TcpTransport::Impl::DialTls(MeshImpl* m
                                                                      int64_t deadline_ms,
                                                                      bool* final) {
   const GroupMember& peer = mesh->group().members[member_index];
-  TS_ASSIGN_OR_RETURN(
-      std::unique_ptr<common::TlsHandshake> handshake,
-      common::TlsHandshake::Start(options.tls, fd, common::TlsHandshake::Role::kClient,
-                                  peer.tls_cert_sha256));
-  while (true) {
-    absl::StatusOr<common::TlsHandshake::Want> want = handshake->Step();
-    if (!want.ok()) {
-      // A certificate other than the reservation's will not change by dialing again.
-      *final = absl::IsUnauthenticated(want.status());
-      return PeerFailure(want.status().code(), peer.address, Msg(want.status()));
-    }
-    if (*want == common::TlsHandshake::Want::kDone) break;
-    const int64_t left = deadline_ms - clock->MonotonicMs();
-    if (left <= 0) return absl::DeadlineExceededError("TLS handshake: not done by the deadline");
-    const short events = *want == common::TlsHandshake::Want::kRead ? POLLIN : POLLOUT;
-    if (WaitFd(fd, events, mesh->wake_fd(), left) == Wait::kCancelled) {
-      return absl::CancelledError("TLS handshake: cancelled");
-    }
+  absl::StatusOr<common::TlsRecordLayer> layer = common::TlsHandshake::Connect(
+      options.tls, fd, peer.tls_cert_sha256, [&](short events) -> absl::Status {
+        const int64_t left = deadline_ms - clock->MonotonicMs();
+        if (left <= 0)
+          return absl::DeadlineExceededError("TLS handshake: not done by the deadline");
+        if (WaitFd(fd, events, mesh->wake_fd(), left) == Wait::kCancelled) {
+          return absl::CancelledError("TLS handshake: cancelled");
+        }
+        return absl::OkStatus();
+      });
+  if (!layer.ok()) {
+    // A certificate other than the reservation's will not change by dialing again.
+    *final = absl::IsUnauthenticated(layer.status());
+    return PeerFailure(layer.status().code(), peer.address, Msg(layer.status()));
   }
-  TS_ASSIGN_OR_RETURN(common::TlsRecordLayer layer, handshake->Finish());
-  return std::make_unique<TlsWire>(std::move(layer));
+  return std::make_unique<TlsWire>(*std::move(layer));
 }
 
 absl::StatusOr<Conn> TcpTransport::Impl::DialOnce(MeshImpl* mesh, size_t member_index,
