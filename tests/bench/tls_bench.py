@@ -2,10 +2,10 @@
 hosts"): two real trainshardd in network namespaces, A publishing and B fetching the same size
 of artifact in plaintext and over TLS (`peer_tls`, A's certificate pinned from its reservation)
 over the chunk stream (the default fetch path; `--transport grpc`: over gRPC), side by side in
-one run, on a tbf-limited link (100 Mbit/s by default) and on the
-unlimited veth link, alternating the two modes so the machine's drift falls on both. The hosts
-are restarted between modes with the other setting; the artifact is fetched fresh each time
-(dropped on B in between).
+one run, on a tbf-limited link (100 Mbit/s by default), on the unlimited veth link, and with
+both hosts on loopback (a second devnet and pair of hosts in this namespace), alternating the two
+modes so the machine's drift falls on both. The hosts are restarted between modes with the
+other setting; the artifact is fetched fresh each time (dropped on B in between).
 
 Prints, per link: each fetch's throughput, the TLS / plaintext throughput ratio (target on the
 limited link: TLS at least 1/1.03 of plaintext, i.e. plaintext / TLS <= 1.03), and the CPU
@@ -41,18 +41,20 @@ class TlsBench:
         self.args = args
         self.size = args.size_mib * MIB
 
-    def setup(self):
-        self.topo = netns.Topology(["A", "B"]).create()
-        self.net = harness.Network(voting_period=10, listen_ip=self.topo.bridge_ip,
-                                   host_weights=(100, 80))
+    def setup(self, loopback=False):
+        """Two hosts in namespaces on a bridge, or (loopback) both in this one on 127.0.0.1."""
+        self.topo = None if loopback else netns.Topology(["A", "B"]).create()
+        self.net = harness.Network(voting_period=10, host_weights=(100, 80),
+                                   listen_ip="127.0.0.1" if loopback else self.topo.bridge_ip)
         net = self.net
         net.init()
         net.start_devnet()
         self.hosts = {}
         for i, name in enumerate("AB", start=1):
-            self.hosts[name] = net.add_host(name, f"host{i}", ip=self.topo.ip[name],
-                                            exec_prefix=self.topo.prefix_args(name),
-                                            shard_listen=True)
+            where = {} if loopback else dict(ip=self.topo.ip[name],
+                                             exec_prefix=self.topo.prefix_args(name),
+                                             shard_listen=True)
+            self.hosts[name] = net.add_host(name, f"host{i}", **where)
             self.hosts[name].wait_shard_listen()
         spec = net.write_spec("tls-bench", min_nodes=2, max_nodes=2, escrow=200000,
                               max_duration=100000, quota_bytes=4 * self.size + 64 * MIB,
@@ -93,13 +95,18 @@ class TlsBench:
         return self.size / seconds, {n: c / (self.size / GIB) for n, c in cpu.items()}
 
     def run(self):
-        self.setup()
         results = {"size_mib": self.args.size_mib, "rate_mbit": self.args.rate_mbit}
+        for links, loopback in ((("limited", "unlimited"), False), (("loopback",), True)):
+            self.setup(loopback)
+            self.measure(links, results)
+        print(json.dumps({"transport": self.args.transport, **results}))
+
+    def measure(self, links, results):
         try:
-            for link in ("limited", "unlimited"):
+            for link in links:
                 if link == "limited":
                     self.topo.shape("A", self.args.rate_mbit)
-                else:
+                elif link == "unlimited":
                     self.topo.unshape("A")
                 runs = {"plain": [], "tls": []}
                 for _ in range(self.args.rounds):
@@ -125,8 +132,8 @@ class TlsBench:
                                       for m, c in cpu.items()}}
         finally:
             self.net.cleanup()
-            self.topo.destroy()
-        print(json.dumps({"transport": self.args.transport, **results}))
+            if self.topo:
+                self.topo.destroy()
 
 
 def main():

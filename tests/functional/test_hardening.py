@@ -9,7 +9,9 @@ every request, some naming random shard ids; and it holds IDLE silent connection
 stream port (the old bound was 64), reopening each as A closes it. Meanwhile:
 
   - B fetches an artifact from A with the default transport (the chunk stream) and gets it
-    byte-identical (SHA-256 here), with no peer fault and no fallback to gRPC needed;
+    byte-identical (SHA-256 here), with no peer fault and no fallback to gRPC needed; a passive
+    capture on the bridge (tcpdump) of what A sends B holds none of 32 samples of the artifact's
+    bytes over TLS, and most of them in the clear (the capture's own check);
   - B's signed ListArtifacts to A (a member's listing) is answered every time, each within
     PROBE_SLOWEST_MS;
   - A's trainshardd (VmRSS from /proc) grows by at most RSS_PEAK_GROWTH_MIB over what it held
@@ -40,6 +42,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import netns  # noqa: E402
+import test_tls  # noqa: E402
 
 MIB = 1 << 20
 FLOOD_S = 20
@@ -235,8 +238,14 @@ class HardeningTest(unittest.TestCase):
         try:
             time.sleep(FETCH_AFTER_S)
             self.assertIsNone(flood.poll(), "the flood tool exited early")
+            # A passive capture on the bridge of what A sends B: the fetch's chunks.
+            capture = test_tls.Capture(
+                os.path.join(self.net.root, "fetch.pcap"), interface=self.topo.bridge,
+                expression=f"src host {a.ip} and dst host {b.ip} and "
+                           f"(tcp port {port} or tcp port {test_tls.port_of(a.shard_endpoint)})")
             res, dest, took = self.fetch_on_b(art_id, "under-flood")
             fetched_during_flood = flood.poll() is None
+            wire = capture.stop()
             listed = {x["artifact_id"]: x for x in self.a("B", "list").get("artifacts", [])}
             stdout, stderr = flood.communicate(timeout=FLOOD_S + 60)
         finally:
@@ -260,6 +269,20 @@ class HardeningTest(unittest.TestCase):
         say(f"A's RSS: before {before / 1024:.1f} MiB, peak {peak / 1024:.1f} MiB "
             f"(+{(peak - before) / 1024:.1f}), {SETTLE_S}s after {after / 1024:.1f} MiB "
             f"(+{(after - before) / 1024:.1f})")
+
+        # On the bridge: the chunks sealed under TLS (none of 32 samples of the artifact's bytes),
+        # in the clear as they are (the capture sees them: most samples found).
+        with open(os.path.join(src, "weights.bin"), "rb") as f:
+            content = f.read()
+        samples = [content[o:o + 64] for o in range(0, len(content) - 64, len(content) // 32)]
+        found = sum(1 for s in samples if s in wire)
+        say(f"capture on the bridge: {len(wire) / MIB:.1f} MiB, {found} of {len(samples)} "
+            f"samples of the artifact's bytes in it")
+        self.assertGreater(len(wire), ART_MIB * MIB // 2, "the capture saw no transfer")
+        if self.PEER_TLS:
+            self.assertEqual(found, 0, "artifact bytes in the clear on the bridge")
+        else:
+            self.assertGreater(found, len(samples) // 2)
 
         # The member was served, during the flood.
         self.assertTrue(fetched_during_flood, "the fetch outlasted the flood")

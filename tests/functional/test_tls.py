@@ -34,13 +34,13 @@ TCPDUMP = "/usr/bin/tcpdump"
 
 
 class Capture:
-    """tcpdump of loopback (TCP port `port`, or the filter `expression`) into a file, until
+    """tcpdump of `interface` (TCP port `port`, or the filter `expression`) into a file, until
     stopped."""
 
-    def __init__(self, path, port=None, expression=None):
+    def __init__(self, path, port=None, expression=None, interface="lo"):
         self.path = path
         self.process = subprocess.Popen(
-            [TCPDUMP, "-i", "lo", "-U", "-s", "0", "-B", "32768", "-w", path,
+            [TCPDUMP, "-i", interface, "-U", "-s", "0", "-B", "32768", "-w", path,
              expression or f"tcp port {port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # tcpdump says "listening on lo" once the capture runs.
