@@ -594,15 +594,19 @@ class ElasticTest(unittest.TestCase):
         planner_host = next(h for h in net.hosts if h.address == planner)
         planner_host.process.kill(signal.SIGKILL)
         survivors = [h for h in net.hosts if h is not planner_host]
-        wait_round(net, survivors, sid, min(r1 + 2, rounds), timeout_s=180)
+        wait_round(net, survivors, sid, min(r1 + 3, rounds), timeout_s=180)
         # The survivors noticed the planner gone (its plan failed, or it did not answer when
         # asked for one), unless the round it was planning was certified at its first attempt
         # without it (seen once in CI, with overlap): then no survivor needed it before the
         # next round's planner in order, and there was nothing to notice.
         t = "\n".join("\n".join(net.train_status(h, sid)["transitions"]) for h in survivors)
         after = [x for x in net.train_status(observer, sid)["rounds"] if int(x["round"]) >= r1]
+        # With overlap the round after r1 may already carry the planner's signature, given before
+        # the kill (its exchange ran during r1's inner steps and it was certified as the planner
+        # died; seen once in CI); the rounds after that cannot.
+        in_flight = 1 if overlap else 0
         for x in after:
-            if int(x["round"]) > r1:
+            if int(x["round"]) > r1 + in_flight:
                 self.assertNotIn(planner, x["members"], f"round {x['round']} after the kill")
         planned_without = any(int(x["round"]) == r1 and int(x.get("attempt", 0)) == 0 and
                               planner not in x["members"] for x in after)
