@@ -14,6 +14,12 @@ using Handler =
 
 TxServiceBase::TxServiceBase() {
   AddMethod(new grpc::internal::RpcServiceMethod(
+      kSimulatePath, grpc::internal::RpcMethod::NORMAL_RPC,
+      new Handler<SimulateRequest, SimulateResponse>(
+          [](TxServiceBase* service, grpc::ServerContext* ctx, const SimulateRequest* req,
+             SimulateResponse* resp) { return service->Simulate(ctx, req, resp); },
+          this)));
+  AddMethod(new grpc::internal::RpcServiceMethod(
       kBroadcastTxPath, grpc::internal::RpcMethod::NORMAL_RPC,
       new Handler<BroadcastTxRequest, BroadcastTxResponse>(
           [](TxServiceBase* service, grpc::ServerContext* ctx, const BroadcastTxRequest* req,
@@ -35,6 +41,10 @@ TxServiceBase::TxServiceBase() {
 
 TxServiceBase::~TxServiceBase() = default;
 
+grpc::Status TxServiceBase::Simulate(grpc::ServerContext*, const SimulateRequest*,
+                                     SimulateResponse*) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "Simulate");
+}
 grpc::Status TxServiceBase::BroadcastTx(grpc::ServerContext*, const BroadcastTxRequest*,
                                         BroadcastTxResponse*) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "BroadcastTx");
@@ -49,9 +59,17 @@ grpc::Status TxServiceBase::GetBlockWithTxs(grpc::ServerContext*, const GetBlock
 
 TxServiceStub::TxServiceStub(std::shared_ptr<grpc::ChannelInterface> channel)
     : channel_(std::move(channel)),
+      simulate_(kSimulatePath, grpc::internal::RpcMethod::NORMAL_RPC, channel_),
       broadcast_tx_(kBroadcastTxPath, grpc::internal::RpcMethod::NORMAL_RPC, channel_),
       get_tx_(kGetTxPath, grpc::internal::RpcMethod::NORMAL_RPC, channel_),
       get_block_with_txs_(kGetBlockWithTxsPath, grpc::internal::RpcMethod::NORMAL_RPC, channel_) {}
+
+grpc::Status TxServiceStub::Simulate(grpc::ClientContext* context, const SimulateRequest& request,
+                                     SimulateResponse* response) {
+  return grpc::internal::BlockingUnaryCall<
+      SimulateRequest, SimulateResponse, grpc::protobuf::MessageLite, grpc::protobuf::MessageLite>(
+      channel_.get(), simulate_, context, request, response);
+}
 
 grpc::Status TxServiceStub::BroadcastTx(grpc::ClientContext* context,
                                         const BroadcastTxRequest& request,

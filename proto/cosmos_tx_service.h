@@ -1,4 +1,4 @@
-// Server base and client stub for `cosmos.tx.v1beta1.Service` (BroadcastTx, GetTx,
+// Server base and client stub for `cosmos.tx.v1beta1.Service` (Simulate, BroadcastTx, GetTx,
 // GetBlockWithTxs), written by hand because gRPC's C++ generator cannot emit a service named
 // "Service". Method paths and messages are those of the Cosmos SDK, so the wire is identical.
 //
@@ -20,17 +20,20 @@
 
 namespace cosmos::tx::v1beta1 {
 
+inline constexpr char kSimulatePath[] = "/cosmos.tx.v1beta1.Service/Simulate";
 inline constexpr char kBroadcastTxPath[] = "/cosmos.tx.v1beta1.Service/BroadcastTx";
 inline constexpr char kGetTxPath[] = "/cosmos.tx.v1beta1.Service/GetTx";
 inline constexpr char kGetBlockWithTxsPath[] = "/cosmos.tx.v1beta1.Service/GetBlockWithTxs";
 
-// Derive, override the three calls, and register with grpc::ServerBuilder::RegisterService.
+// Derive, override the four calls, and register with grpc::ServerBuilder::RegisterService.
 // The defaults answer UNIMPLEMENTED.
 class TxServiceBase : public grpc::Service {
  public:
   TxServiceBase();
   ~TxServiceBase() override;
 
+  virtual grpc::Status Simulate(grpc::ServerContext* context, const SimulateRequest* request,
+                                SimulateResponse* response);
   virtual grpc::Status BroadcastTx(grpc::ServerContext* context, const BroadcastTxRequest* request,
                                    BroadcastTxResponse* response);
   virtual grpc::Status GetTx(grpc::ServerContext* context, const GetTxRequest* request,
@@ -44,6 +47,8 @@ class TxServiceStub {
  public:
   explicit TxServiceStub(std::shared_ptr<grpc::ChannelInterface> channel);
 
+  grpc::Status Simulate(grpc::ClientContext* context, const SimulateRequest& request,
+                        SimulateResponse* response);
   grpc::Status BroadcastTx(grpc::ClientContext* context, const BroadcastTxRequest& request,
                            BroadcastTxResponse* response);
   grpc::Status GetTx(grpc::ClientContext* context, const GetTxRequest& request,
@@ -53,6 +58,7 @@ class TxServiceStub {
 
  private:
   std::shared_ptr<grpc::ChannelInterface> channel_;
+  grpc::internal::RpcMethod simulate_;
   grpc::internal::RpcMethod broadcast_tx_;
   grpc::internal::RpcMethod get_tx_;
   grpc::internal::RpcMethod get_block_with_txs_;

@@ -69,16 +69,40 @@ class ChainClient {
   // accepted it into its mempool; a non-zero code is returned as OK with that response.
   virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> BroadcastRaw(
       const std::string& tx_bytes) = 0;
+  // Simulates a tx (one BuildSimulateTx built) against the chain's pending state: the response
+  // carries gas_used, and a non-zero code with its log for a tx the chain would refuse.
+  virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> Simulate(
+      const std::string& tx_bytes) = 0;
+
   // NOT_FOUND until the tx is in a block.
   virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> GetTx(
       const std::string& txhash) = 0;
 
-  // Signs `msgs` with `key` (account number and sequence fetched from the chain), broadcasts,
+  // Signs `msgs` with `key` (account number and sequence fetched from the chain, fee and gas
+  // as BuildPaidTx), broadcasts,
   // retries with a fresh sequence on a sequence mismatch, and, if `wait` is set, waits until the
   // tx is in a block and returns its delivered response (whose code may be non-zero).
   virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> SignAndBroadcast(
       const common::PrivateKey& key, const std::vector<google::protobuf::Any>& msgs, bool wait) = 0;
 };
+
+// What a client asks for: the gas a simulation used times kGasAdjustmentPercent / 100 plus
+// kGasMargin (a simulated tx lacks its signature and fee bytes, and the state may move before
+// delivery); kDefaultGasLimit when the chain refuses the simulation.
+inline constexpr uint64_t kGasAdjustmentPercent = 130;
+inline constexpr uint64_t kGasMargin = 5000;
+inline constexpr uint64_t kDefaultGasLimit = 200000;
+
+// Builds and signs `msgs` paying for their gas, as Cosmos clients do with "auto" gas: simulates
+// them, asks for the gas above, and pays the chain's minimum gas price (Params) for it. A
+// simulation the chain refuses (a sequence mismatch, a message it would reject) falls back to
+// kDefaultGasLimit, so that the broadcast reports the refusal as any tx's. Errors: the chain's
+// (UNAVAILABLE, DEADLINE_EXCEEDED) from Simulate or Params, INVALID_ARGUMENT for a minimum gas
+// price that does not parse.
+absl::StatusOr<std::string> BuildPaidTx(ChainClient& chain, const common::PrivateKey& key,
+                                        const std::string& chain_id, uint64_t account_number,
+                                        uint64_t sequence,
+                                        const std::vector<google::protobuf::Any>& msgs);
 
 // Connects (lazily) to `target` ("host:port"). Never fails at construction.
 std::unique_ptr<ChainClient> NewGrpcChainClient(const std::string& target,

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "chain-bridge/client/chain_client.h"
@@ -54,10 +55,32 @@ bool IsSequenceMismatch(const TxResponse& r) {
   return LogSays(r, "sequence mismatch");
 }
 
-// The same bytes were already accepted (a retry after a lost answer).
-bool IsAlreadyQueued(const TxResponse& r) {
-  return r.code() == static_cast<uint32_t>(absl::StatusCode::kAlreadyExists) &&
-         LogSays(r, "mempool");
+// The same bytes were already accepted (a retry after a lost answer): the SDK's code 19.
+bool IsAlreadyQueued(const TxResponse& r) { return r.codespace() == "sdk" && r.code() == 19; }
+
+// A refused simulation as a response: the devnet ends its error with "(codespace C, code N)";
+// another node's error is reported with code 1 (the SDK's "internal") and its message.
+TxResponse SimulationRefused(const absl::Status& status) {
+  TxResponse r;
+  std::string message(status.message());
+  r.set_code(1);
+  r.set_raw_log(message);
+  size_t open = message.rfind(" (codespace ");
+  if (open != std::string::npos && !message.empty() && message.back() == ')') {
+    std::string_view tail = std::string_view(message).substr(open + 12);
+    tail.remove_suffix(1);
+    size_t comma = tail.find(", code ");
+    uint32_t code = 0;
+    if (comma != std::string_view::npos &&
+        absl::SimpleAtoi(absl::string_view(tail.data() + comma + 7, tail.size() - comma - 7),
+                         &code) &&
+        code != 0) {
+      r.set_codespace(std::string(tail.substr(0, comma)));
+      r.set_code(code);
+      r.set_raw_log(message.substr(0, open));
+    }
+  }
+  return r;
 }
 
 class GrpcChainClient final : public ChainClient {
@@ -221,6 +244,24 @@ class GrpcChainClient final : public ChainClient {
     return resp.tx_response();
   }
 
+  absl::StatusOr<TxResponse> Simulate(const std::string& tx_bytes) override {
+    cosmos::tx::v1beta1::SimulateRequest req;
+    req.set_tx_bytes(tx_bytes);
+    cosmos::tx::v1beta1::SimulateResponse resp;
+    absl::Status status = Call("tx.Service/Simulate", [&](grpc::ClientContext* ctx) {
+      return tx_->Simulate(ctx, req, &resp);
+    });
+    if (absl::IsInvalidArgument(status) || absl::IsUnknown(status)) {
+      return SimulationRefused(status);
+    }
+    TS_RETURN_IF_ERROR(status);
+    TxResponse r;
+    r.set_gas_wanted(static_cast<int64_t>(resp.gas_info().gas_wanted()));
+    r.set_gas_used(static_cast<int64_t>(resp.gas_info().gas_used()));
+    for (const auto& event : resp.result().events()) *r.add_events() = event;
+    return r;
+  }
+
   absl::StatusOr<TxResponse> GetTx(const std::string& txhash) override {
     cosmos::tx::v1beta1::GetTxRequest req;
     req.set_hash(txhash);
@@ -310,7 +351,14 @@ class GrpcChainClient final : public ChainClient {
       }
       if (tx_bytes.empty()) {
         sequence = signer->next_sequence;
-        tx_bytes = BuildSignedTx(key, chain_id, signer->account_number, sequence, msgs);
+        absl::StatusOr<std::string> paid =
+            BuildPaidTx(*this, key, chain_id, signer->account_number, sequence, msgs);
+        if (!paid.ok()) {
+          if (!Retryable(paid.status())) return paid.status();
+          last = paid.status();
+          continue;
+        }
+        tx_bytes = *std::move(paid);
       }
       absl::StatusOr<TxResponse> resp = BroadcastRaw(tx_bytes);
       if (!resp.ok()) {

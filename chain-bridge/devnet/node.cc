@@ -18,6 +18,7 @@
 #include "chain-bridge/devnet/store.h"
 #include "chain-bridge/module/app.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/log.h"
@@ -34,13 +35,14 @@ namespace {
 constexpr std::string_view kComponent = "devnet";
 // Recent blocks kept parsed in memory: followers read the newest heights over and over.
 constexpr size_t kBlockCacheSize = 32;
-constexpr char kCodespace[] = "trainshard";
-
-TxResponse Refused(std::string_view tx_bytes, absl::StatusCode code, std::string log) {
+// A refusal before CheckTx, reported as the SDK reports it (tx_errors.h).
+TxResponse Refused(std::string_view tx_bytes, SdkCode code, std::string_view detail) {
+  absl::Status status = SdkError(code, detail);
+  TxCode tx_code = TxCodeOf(status);
   TxResponse r;
-  r.set_code(static_cast<uint32_t>(code));
-  r.set_codespace(kCodespace);
-  r.set_raw_log(std::move(log));
+  r.set_code(tx_code.code);
+  r.set_codespace(tx_code.codespace);
+  r.set_raw_log(std::string(status.message()));
   r.set_txhash(TxHash(tx_bytes));
   return r;
 }
@@ -216,11 +218,11 @@ struct DevnetNode::Impl final : public devnet::Backend {
       // Refusals before CheckTx answer as the chain refuses a tx (docs/protocol.md, "Error
       // codes"): a TxResponse with the canonical code, so every client handles them alike.
       if (mempool_hashes.contains(hash)) {
-        return Refused(tx_bytes, absl::StatusCode::kAlreadyExists, "tx: already in the mempool");
+        return Refused(tx_bytes, SdkCode::kTxInMempoolCache, "tx: already in the mempool");
       }
       if (mempool.size() >= options.mempool_max_txs) {
         return Refused(
-            tx_bytes, absl::StatusCode::kResourceExhausted,
+            tx_bytes, SdkCode::kMempoolIsFull,
             absl::StrCat("mempool: full at ", mempool.size(), " txs (options.mempool_max_txs)"));
       }
       const absl::Time check_start = absl::Now();
@@ -331,6 +333,15 @@ struct DevnetNode::Impl final : public devnet::Backend {
                                               " txs"));
     }
     return std::make_pair(std::move(block), loc->index);
+  }
+
+  absl::StatusOr<TxResponse> Simulate(std::string_view tx_bytes) override {
+    absl::MutexLock lock(&mu);
+    if (!producer_error.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("the node stopped producing blocks: ", producer_error.ToString()));
+    }
+    return app->Simulate(tx_bytes);
   }
 
   absl::Status WithApp(const std::function<void(const App&)>& fn) override {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "chain-bridge/client/chain_client.h"
 #include "chain-bridge/devnet/store.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
@@ -33,6 +35,8 @@ using cosmos::base::abci::v1beta1::TxResponse;
 
 constexpr char kChainId[] = "devnet-test-1";
 constexpr uint64_t kInitialBalance = 1'000'000;
+// The genesis asks for no fee; each tx asks for this much gas.
+constexpr uint64_t kGasLimit = 1'000'000;
 
 class TempDir {
  public:
@@ -139,7 +143,8 @@ class DevnetTest : public ::testing::Test {
 
   std::string Signed(int signer, uint64_t sequence, const google::protobuf::Any& msg) {
     // Genesis accounts are numbered in genesis order from 0.
-    return BuildSignedTx(Key(signer), kChainId, static_cast<uint64_t>(signer), sequence, {msg});
+    return BuildSignedTx(Key(signer), kChainId, static_cast<uint64_t>(signer), sequence, {msg},
+                         TxFee{kGasLimit, 0});
   }
 
   TempDir dir_;
@@ -265,8 +270,8 @@ TEST_F(DevnetTest, ForgedSignatureRefusedAndStateUnchanged) {
   raw.set_signatures(0, sig);
   auto r = client_->BroadcastRaw(raw.SerializeAsString());
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->code(), static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) << r->raw_log();
-  EXPECT_EQ(r->codespace(), "trainshard");
+  EXPECT_EQ(r->code(), static_cast<uint32_t>(SdkCode::kUnauthorized)) << r->raw_log();
+  EXPECT_EQ(r->codespace(), "sdk");
   EXPECT_EQ(node_->mempool_size(), 0u);
 
   WaitHeight(node_->height() + 2);
@@ -308,7 +313,9 @@ TEST_F(DevnetTest, TxFindableByHashAfterInclusion) {
   EXPECT_FALSE(found->timestamp().empty());
   EXPECT_EQ(found->tx().type_url(), "/cosmos.tx.v1beta1.Tx");
   ASSERT_FALSE(found->events().empty());
-  EXPECT_EQ(found->events(0).type(), "bank.transfer");
+  EXPECT_EQ(found->events(0).type(), "tx");
+  EXPECT_GT(found->gas_used(), 0);
+  EXPECT_EQ(found->gas_wanted(), static_cast<int64_t>(kGasLimit));
 
   // GetBlockWithTxs serves the block with the tx decoded.
   auto channel = grpc::CreateChannel(node_->listen_address(), grpc::InsecureChannelCredentials());
@@ -345,7 +352,8 @@ TEST_F(DevnetTest, BroadcastBlockModeReturnsDeliveredResponse) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.tx_response().code(), 0u);
   EXPECT_GT(resp.tx_response().height(), 0);
-  EXPECT_EQ(resp.tx_response().events(0).type(), "bank.transfer");
+  EXPECT_TRUE(std::any_of(resp.tx_response().events().begin(), resp.tx_response().events().end(),
+                          [](const auto& e) { return e.type() == "transfer"; }));
 
   req.set_mode(cosmos::tx::v1beta1::BROADCAST_MODE_UNSPECIFIED);
   grpc::ClientContext ctx2;
@@ -371,13 +379,14 @@ TEST_F(DevnetTest, BlockEventsInTxOrder) {
     auto events = client_->EventsAt(h);
     ASSERT_TRUE(events.ok()) << events.status();
     for (const auto& e : *events) {
-      if (e.type() != "bank.transfer") continue;
+      if (e.type() != "transfer") continue;
       for (const auto& a : e.attributes()) {
         if (a.key() == "amount") amounts.push_back(a.value());
       }
     }
   }
-  EXPECT_EQ(amounts, (std::vector<std::string>{"101", "102", "103", "104"}));
+  EXPECT_EQ(amounts,
+            (std::vector<std::string>{"101ngonka", "102ngonka", "103ngonka", "104ngonka"}));
   EXPECT_EQ(client_->EventsAt(node_->height() + 1000).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client_->EventsAt(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -468,6 +477,52 @@ TEST_F(DevnetTest, CorruptedBlockMakesReplayReportItsHeight) {
   EXPECT_EQ(report->blocks_replayed, tx_height + 1);
 }
 
+// A chain with a minimum gas price: the client simulates, asks for the gas with its margin
+// and pays for it; the fee goes to the fee collector; a tx that pays too little is refused
+// with the SDK's code; a simulation that would fail says why.
+TEST_F(DevnetTest, ClientsSimulateAndPayTheMinimumGasPrice) {
+  home_ = dir_.path() + "/priced";
+  pb::Genesis genesis = TestGenesis(6);
+  genesis.mutable_params()->set_min_gas_price("0.5");
+  ASSERT_TRUE(InitHome(home_, genesis).ok());
+  StartNode();
+  auto sent = client_->SignAndBroadcast(Key(1), {Send(1, 2, 1000)}, /*wait=*/true);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  ASSERT_EQ(sent->code(), 0u) << sent->raw_log();
+  const uint64_t wanted = static_cast<uint64_t>(sent->gas_wanted());
+  EXPECT_GT(sent->gas_used(), 0);
+  EXPECT_LE(static_cast<uint64_t>(sent->gas_used()), wanted);
+  // The margin: 30% and 5,000 over what the simulation measured.
+  EXPECT_GE(wanted, static_cast<uint64_t>(sent->gas_used()) * 13 / 10);
+  const uint64_t fee = (wanted + 1) / 2;
+  EXPECT_EQ(*client_->Balance(Addr(1)), kInitialBalance - 1000 - fee);
+  EXPECT_EQ(*client_->Balance(Addr(2)), kInitialBalance + 1000);
+  EXPECT_EQ(*client_->Balance(common::ModuleAddress("fee_collector")), fee);
+
+  auto simulated = client_->Simulate(BuildSimulateTx(Key(3).public_key(), 0, {Send(3, 4, 5)}));
+  ASSERT_TRUE(simulated.ok()) << simulated.status();
+  EXPECT_EQ(simulated->code(), 0u) << simulated->raw_log();
+  EXPECT_GT(simulated->gas_used(), 0);
+  auto refused =
+      client_->Simulate(BuildSimulateTx(Key(3).public_key(), 0, {Send(3, 4, kInitialBalance + 1)}));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->codespace(), "sdk");
+  EXPECT_EQ(refused->code(), static_cast<uint32_t>(SdkCode::kInsufficientFunds))
+      << refused->raw_log();
+  EXPECT_NE(refused->raw_log().find("insufficient funds"), std::string::npos);
+
+  auto cheap = client_->BroadcastRaw(
+      BuildSignedTx(Key(3), kChainId, 3, 0, {Send(3, 4, 5)}, TxFee{100'000, 49'999}));
+  ASSERT_TRUE(cheap.ok()) << cheap.status();
+  EXPECT_EQ(cheap->codespace(), "sdk");
+  EXPECT_EQ(cheap->code(), static_cast<uint32_t>(SdkCode::kInsufficientFee)) << cheap->raw_log();
+  // A message the chain would refuse is refused at CheckTx: nothing is paid.
+  auto broke = client_->SignAndBroadcast(Key(3), {Send(3, 4, kInitialBalance * 2)}, true);
+  ASSERT_TRUE(broke.ok()) << broke.status();
+  EXPECT_EQ(broke->code(), static_cast<uint32_t>(SdkCode::kInsufficientFunds));
+  EXPECT_EQ(*client_->Balance(Addr(3)), kInitialBalance);
+}
+
 TEST_F(DevnetTest, MempoolCapRefusesBeyondIt) {
   DevnetOptions o;
   o.block_interval_ms = 60'000;  // no block during the test
@@ -481,7 +536,8 @@ TEST_F(DevnetTest, MempoolCapRefusesBeyondIt) {
   EXPECT_EQ(node_->mempool_size(), 3u);
   auto full = client_->BroadcastRaw(Signed(2, 0, Send(2, 1, 1)));
   ASSERT_TRUE(full.ok());
-  EXPECT_EQ(full->code(), static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(full->code(), static_cast<uint32_t>(SdkCode::kMempoolIsFull));
+  EXPECT_EQ(full->codespace(), "sdk");
   EXPECT_EQ(node_->mempool_size(), 3u);
 }
 

@@ -73,6 +73,37 @@ class TxService final : public cosmos::tx::v1beta1::TxServiceBase {
  public:
   explicit TxService(Backend* backend) : backend_(backend) {}
 
+  // A tx that would fail is INVALID_ARGUMENT whose message is its raw log followed by
+  // "(codespace C, code N)", as a Cosmos node answers Simulate with an error.
+  grpc::Status Simulate(grpc::ServerContext*, const cosmos::tx::v1beta1::SimulateRequest* request,
+                        cosmos::tx::v1beta1::SimulateResponse* response) override {
+    return Serve("Simulate", [&]() -> absl::Status {
+      std::string tx_bytes = request->tx_bytes();
+      if (tx_bytes.empty() && request->has_tx()) {
+        // The deprecated field: a Tx is a TxRaw with its parts as messages.
+        cosmos::tx::v1beta1::TxRaw raw;
+        raw.set_body_bytes(request->tx().body().SerializeAsString());
+        raw.set_auth_info_bytes(request->tx().auth_info().SerializeAsString());
+        for (const auto& signature : request->tx().signatures()) raw.add_signatures(signature);
+        tx_bytes = raw.SerializeAsString();
+      }
+      if (tx_bytes.empty()) return absl::InvalidArgumentError("tx_bytes: empty");
+      TS_ASSIGN_OR_RETURN(cosmos::base::abci::v1beta1::TxResponse simulated,
+                          backend_->Simulate(tx_bytes));
+      if (simulated.code() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(simulated.raw_log(), " (codespace ",
+                                                       simulated.codespace(), ", code ",
+                                                       simulated.code(), ")"));
+      }
+      response->mutable_gas_info()->set_gas_wanted(static_cast<uint64_t>(simulated.gas_wanted()));
+      response->mutable_gas_info()->set_gas_used(static_cast<uint64_t>(simulated.gas_used()));
+      for (auto& event : *simulated.mutable_events()) {
+        *response->mutable_result()->add_events() = std::move(event);
+      }
+      return absl::OkStatus();
+    });
+  }
+
   grpc::Status BroadcastTx(grpc::ServerContext* context,
                            const cosmos::tx::v1beta1::BroadcastTxRequest* request,
                            cosmos::tx::v1beta1::BroadcastTxResponse* response) override {
@@ -316,6 +347,7 @@ class ModuleQuery final : public pb::Query::Service {
         resp->set_chain_id(app.chain_id());
         resp->set_gov_address(app.GovAddress());
         resp->set_escrow_address(app.EscrowAddress());
+        resp->set_fee_collector_address(app.FeeCollectorAddress());
         return absl::OkStatus();
       });
     });

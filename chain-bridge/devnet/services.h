@@ -1,6 +1,6 @@
-// The devnet's gRPC services (internal to ts_bridge_devnet): cosmos.tx.v1beta1.Service,
-// cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query and gonka.trainshard.v1.Query, written
-// against the small Backend interface the node implements, so the RPC edge (request checks,
+// The devnet's gRPC services (internal to ts_bridge_devnet): cosmos.tx.v1beta1.Service (Simulate
+// included), cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query and gonka.trainshard.v1.Query,
+// written against the small Backend interface the node implements, so the RPC edge (request checks,
 // caps, status mapping) stays apart from block production.
 //
 // Thread-safety: the services are called on gRPC's threads; Backend implementations must be
@@ -45,6 +45,10 @@ class Backend {
   virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> Broadcast(
       std::string tx_bytes, cosmos::tx::v1beta1::BroadcastMode mode,
       std::chrono::system_clock::time_point deadline) = 0;
+
+  // App::Simulate over the check state. UNAVAILABLE if the node stopped producing blocks.
+  virtual absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> Simulate(
+      std::string_view tx_bytes) = 0;
 
   // The stored block at `height`; NOT_FOUND past the latest height, DATA_LOSS if unreadable.
   virtual absl::StatusOr<std::shared_ptr<const pb::StoredBlock>> Block(int64_t height) = 0;

@@ -2,11 +2,16 @@
 
 #include <utility>
 
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "chain-bridge/module/gas.h"
 #include "chain-bridge/module/keeper.h"
 #include "chain-bridge/module/kv_overlay.h"
 #include "chain-bridge/module/proto_util.h"
 #include "chain-bridge/module/str_cat.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "chain-bridge/module/validation.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
@@ -62,12 +67,18 @@ absl::StatusOr<ChainEnv> MakeEnv(const pb::Genesis& genesis) {
   env.gov_address = common::ModuleAddress(kGovModule);
   env.escrow_address = common::ModuleAddress(kEscrowModule);
   env.community_pool_address = common::ModuleAddress(kCommunityPoolModule);
+  env.fee_collector_address = common::ModuleAddress(kFeeCollectorModule);
+  TS_ASSIGN_OR_RETURN(env.min_gas_price,
+                      ParseGasPrice("params.min_gas_price", genesis.params().min_gas_price()));
   return env;
 }
 
+enum class RunMode { kCheck, kDeliver, kSimulate };
+
 void SetError(TxResponse* response, const absl::Status& status) {
-  response->set_codespace(std::string(kCodespace));
-  response->set_code(static_cast<uint32_t>(status.code()));
+  TxCode code = TxCodeOf(status);
+  response->set_codespace(code.codespace);
+  response->set_code(code.code);
   response->set_raw_log(std::string(status.message()));
   response->clear_events();
 }
@@ -83,31 +94,52 @@ struct App::Impl {
   // Txs accepted by CheckTx since the last Commit, over the finalized state.
   std::unique_ptr<KvOverlay> check;
 
-  // Runs one tx in branches of `parent` at `height`. On success the tx's writes are folded
-  // into `parent`; on a message failure only the ante writes (sequence bump) are, and only
-  // when `keep_ante_on_failure` (delivery; CheckTx refuses such a tx outright).
-  TxResponse RunTx(KvOverlay* parent, std::string_view tx_bytes, int64_t height,
-                   bool keep_ante_on_failure);
-  absl::Status Ante(Keeper& keeper, const DecodedTx& tx, int64_t height, std::vector<TxMsg>* msgs);
+  // Runs one tx in branches of `parent` at `height`, metering its gas. On success the tx's
+  // writes are folded into `parent`; on a message failure only the ante writes (the fee and
+  // the sequence bump) are, and only in delivery (CheckTx refuses such a tx outright).
+  TxResponse RunTx(KvOverlay* parent, std::string_view tx_bytes, int64_t height, RunMode mode);
+  // The ante step: caps, fee, account, sequence, signature (not in a simulation: its gas is
+  // charged all the same), then the fee paid and the sequence bumped; `msgs` gets the parsed
+  // messages.
+  absl::Status Ante(Keeper& keeper, KvOverlay& kv, const DecodedTx& tx, size_t tx_size,
+                    int64_t height, RunMode mode, std::vector<TxMsg>* msgs);
   // Queries read through a keeper that emits nothing.
   mutable Events query_events;
   Keeper ReadKeeper(KvOverlay* kv) const { return Keeper(env, kv, height, &query_events); }
 };
 
-absl::Status App::Impl::Ante(Keeper& keeper, const DecodedTx& tx, int64_t height,
-                             std::vector<TxMsg>* msgs) {
+absl::Status App::Impl::Ante(Keeper& keeper, KvOverlay& kv, const DecodedTx& tx, size_t tx_size,
+                             int64_t height, RunMode mode, std::vector<TxMsg>* msgs) {
+  const bool simulate = mode == RunMode::kSimulate;
   if (tx.body.memo().size() > kMaxMemoBytes) {
-    return absl::InvalidArgumentError(
-        Cat("tx.body.memo: ", tx.body.memo().size(), " bytes exceed ", kMaxMemoBytes));
+    return SdkError(SdkCode::kMemoTooLarge,
+                    Cat("tx.body.memo: ", tx.body.memo().size(), " bytes exceed ", kMaxMemoBytes));
   }
   if (tx.body.timeout_height() != 0 && static_cast<uint64_t>(height) > tx.body.timeout_height()) {
-    return absl::FailedPreconditionError(
+    return SdkError(
+        SdkCode::kTxTimeoutHeight,
         Cat("tx.body.timeout_height: ", tx.body.timeout_height(), " is below height ", height));
   }
+  const uint64_t gas_limit = tx.auth_info.fee().gas_limit();
+  if (!simulate) {
+    if (gas_limit > kMaxTxGas) {
+      return SdkError(SdkCode::kInvalidGasLimit, Cat("tx.auth_info.fee.gas_limit: ", gas_limit,
+                                                     " exceeds the cap of ", kMaxTxGas));
+    }
+    uint64_t required = RequiredFee(env.min_gas_price, gas_limit);
+    if (tx.fee_amount < required) {
+      return SdkError(
+          SdkCode::kInsufficientFee,
+          Cat("insufficient fees; got: ", tx.fee_amount, common::kDenom, " required: ", required,
+              common::kDenom, " (gas limit ", gas_limit, " at the minimum gas price of ",
+              env.genesis.params().min_gas_price(), common::kDenom, ")"));
+    }
+  }
+  kv.ConsumeGas(gas::kTxSizePerByte * tx_size, "txSize");
   for (int i = 0; i < tx.body.messages_size(); ++i) {
-    TS_ASSIGN_OR_RETURN(TxMsg msg,
-                        ParseTxMsg(Cat("tx.body.messages[", i, "]"), tx.body.messages(i)));
-    msgs->push_back(std::move(msg));
+    auto msg = ParseTxMsg(Cat("tx.body.messages[", i, "]"), tx.body.messages(i));
+    if (!msg.ok()) return SdkError(SdkCode::kTxDecode, msg.status());
+    msgs->push_back(*std::move(msg));
   }
   const auto& signer_info = tx.auth_info.signer_infos(0);
   cosmos::crypto::secp256k1::PubKey pub;
@@ -116,78 +148,122 @@ absl::Status App::Impl::Ante(Keeper& keeper, const DecodedTx& tx, int64_t height
 
   TS_ASSIGN_OR_RETURN(auto account, keeper.GetAccount(signer));
   if (!account.has_value()) {
-    return absl::NotFoundError(
+    return SdkError(
+        SdkCode::kUnknownAddress,
         Cat("account ", signer, " not found: it must receive funds before it can sign"));
   }
   if (account->has_pub_key()) {
     cosmos::crypto::secp256k1::PubKey stored;
     if (!stored.ParseFromString(account->pub_key().value()) || stored.key() != pub.key()) {
-      return absl::UnauthenticatedError(
-          Cat("public key does not match the one recorded for ", signer));
+      return SdkError(SdkCode::kInvalidPubKey,
+                      Cat("public key does not match the one recorded for ", signer));
     }
   }
   if (signer_info.sequence() != account->sequence()) {
-    return absl::FailedPreconditionError(Cat("account sequence mismatch, expected ",
-                                             account->sequence(), ", got ",
-                                             signer_info.sequence()));
-  }
-  std::string digest =
-      common::Sha256(DirectSignBytes(tx.raw.body_bytes(), tx.raw.auth_info_bytes(),
-                                     env.genesis.chain_id(), account->account_number()));
-  if (!common::VerifyCompact(pub.key(), digest, tx.raw.signatures(0)).ok()) {
-    return absl::UnauthenticatedError(Cat("signature verification failed for ", signer,
-                                          " (account number ", account->account_number(),
-                                          ", chain-id ", env.genesis.chain_id(), ")"));
+    return SdkError(SdkCode::kWrongSequence,
+                    Cat("account sequence mismatch, expected ", account->sequence(), ", got ",
+                        signer_info.sequence()));
   }
   for (size_t i = 0; i < msgs->size(); ++i) {
     const TxMsg& msg = (*msgs)[i];
     if (msg.signer != signer) {
-      return absl::UnauthenticatedError(Cat("tx.body.messages[", i, "] (", msg.type_url,
-                                            "): signer '", msg.signer.substr(0, 128),
-                                            "' is not the tx signer ", signer));
+      return SdkError(SdkCode::kUnauthorized,
+                      Cat("tx.body.messages[", i, "] (", msg.type_url, "): signer '",
+                          msg.signer.substr(0, 128), "' is not the tx signer ", signer));
+    }
+  }
+  kv.ConsumeGas(gas::kDeductFee, "DeductFee");
+  if (tx.fee_amount > 0) {
+    GasMeter* meter = kv.gas_meter();
+    kv.set_gas_meter(nullptr);  // charged flat above
+    absl::Status paid = keeper.Transfer(signer, env.fee_collector_address, tx.fee_amount);
+    kv.set_gas_meter(meter);
+    if (!paid.ok()) return PrefixStatus("fee: ", paid);
+  }
+  kv.ConsumeGas(gas::kSigVerifySecp256k1, "ante verify: secp256k1");
+  if (!simulate) {
+    std::string digest =
+        common::Sha256(DirectSignBytes(tx.raw.body_bytes(), tx.raw.auth_info_bytes(),
+                                       env.genesis.chain_id(), account->account_number()));
+    if (!common::VerifyCompact(pub.key(), digest, tx.raw.signatures(0)).ok()) {
+      return SdkError(SdkCode::kUnauthorized,
+                      Cat("signature verification failed; please verify account number (",
+                          account->account_number(), ") and chain-id (", env.genesis.chain_id(),
+                          ") for ", signer));
     }
   }
   if (!account->has_pub_key()) *account->mutable_pub_key() = PackMsg(pub);
   account->set_sequence(account->sequence() + 1);
   keeper.PutAccount(*account);
+  keeper.Emit("tx", {{"fee", tx.fee_amount == 0 ? "" : Cat(tx.fee_amount, common::kDenom)},
+                     {"fee_payer", signer}});
+  keeper.Emit("tx", {{"acc_seq", Cat(signer, "/", signer_info.sequence())}});
+  keeper.Emit("tx", {{"signature", absl::Base64Escape(tx.raw.signatures(0))}});
   return absl::OkStatus();
 }
 
 TxResponse App::Impl::RunTx(KvOverlay* parent, std::string_view tx_bytes, int64_t height,
-                            bool keep_ante_on_failure) {
+                            RunMode mode) {
   TxResponse response;
   response.set_txhash(TxHash(tx_bytes));
-  auto decoded = DecodeTx(tx_bytes);
+  auto decoded =
+      DecodeTx(tx_bytes, mode == RunMode::kSimulate ? DecodeMode::kSimulate : DecodeMode::kSigned);
   if (!decoded.ok()) {
     SetError(&response, decoded.status());
     return response;
   }
+  const uint64_t gas_limit = decoded->auth_info.fee().gas_limit();
+  response.set_gas_wanted(static_cast<int64_t>(std::min<uint64_t>(gas_limit, INT64_MAX)));
+  // A simulation measures: its meter has no limit.
+  GasMeter meter(mode == RunMode::kSimulate ? UINT64_MAX : gas_limit);
+  auto finish = [&](const absl::Status& status) {
+    response.set_gas_used(static_cast<int64_t>(std::min<uint64_t>(meter.consumed(), INT64_MAX)));
+    if (!status.ok()) SetError(&response, status);
+  };
   KvOverlay ante_kv(parent);
+  ante_kv.set_gas_meter(&meter);
   Events ante_events;
   Keeper ante_keeper(env, &ante_kv, height, &ante_events);
   std::vector<TxMsg> msgs;
-  absl::Status ante = Ante(ante_keeper, *decoded, height, &msgs);
+  absl::Status ante = Ante(ante_keeper, ante_kv, *decoded, tx_bytes.size(), height, mode, &msgs);
+  if (ante.ok() && meter.exhausted()) ante = meter.OutOfGas();
   if (!ante.ok()) {
-    SetError(&response, ante);
+    finish(ante);
     return response;
   }
   KvOverlay msg_kv(&ante_kv);
   Events events;
   Keeper keeper(env, &msg_kv, height, &events);
   for (size_t i = 0; i < msgs.size(); ++i) {
+    const size_t first = events.size();
+    keeper.EmitMessage(msgs[i], i);
     absl::Status status = keeper.Execute(&msgs[i]);
+    if (status.ok() && meter.exhausted()) status = meter.OutOfGas();
     if (!status.ok()) {
       if (msgs.size() > 1) {
-        status = absl::Status(status.code(),
-                              Cat("message ", i, " (", msgs[i].type_url, "): ", status.message()));
+        status = PrefixStatus(Cat("message ", i, " (", msgs[i].type_url, "): "), status);
       }
-      SetError(&response, status);
-      if (keep_ante_on_failure) ante_kv.Commit();
+      finish(status);
+      // Delivery keeps what the ante step did (the fee and the sequence), as Cosmos does, and
+      // reports its events.
+      if (mode == RunMode::kDeliver) {
+        ante_kv.Commit();
+        for (auto& event : ante_events) *response.add_events() = std::move(event);
+      }
       return response;
     }
+    // The SDK marks every event a message emitted with the message's index.
+    for (size_t e = first + 1; e < events.size(); ++e) {
+      auto* attribute = events[e].add_attributes();
+      attribute->set_key("msg_index");
+      attribute->set_value(Cat(i));
+      attribute->set_index(true);
+    }
   }
+  finish(absl::OkStatus());
   msg_kv.Commit();
   ante_kv.Commit();
+  for (auto& event : ante_events) *response.add_events() = std::move(event);
   for (auto& event : events) *response.add_events() = std::move(event);
   return response;
 }
@@ -236,9 +312,12 @@ absl::StatusOr<std::unique_ptr<App>> App::Restore(const pb::Genesis& genesis,
 }
 
 cosmos::base::abci::v1beta1::TxResponse App::CheckTx(std::string_view tx_bytes) {
-  TxResponse response =
-      impl_->RunTx(impl_->check.get(), tx_bytes, impl_->height + 1, /*keep_ante_on_failure=*/false);
-  return response;
+  return impl_->RunTx(impl_->check.get(), tx_bytes, impl_->height + 1, RunMode::kCheck);
+}
+
+cosmos::base::abci::v1beta1::TxResponse App::Simulate(std::string_view tx_bytes) {
+  KvOverlay scratch(impl_->check.get());
+  return impl_->RunTx(&scratch, tx_bytes, impl_->height + 1, RunMode::kSimulate);
 }
 
 absl::StatusOr<BlockOutcome> App::FinalizeBlock(const tendermint::types::Header& header,
@@ -262,7 +341,7 @@ absl::StatusOr<BlockOutcome> App::FinalizeBlock(const tendermint::types::Header&
   outcome.results.set_height(height);
   KvOverlay block(&impl.state);
   for (const auto& tx : txs) {
-    TxResponse response = impl.RunTx(&block, tx, height, /*keep_ante_on_failure=*/true);
+    TxResponse response = impl.RunTx(&block, tx, height, RunMode::kDeliver);
     response.set_height(height);
     *outcome.results.add_tx_results() = std::move(response);
   }
@@ -378,6 +457,7 @@ std::string App::AccountPublicKey(std::string_view address) const {
 
 std::string App::GovAddress() const { return impl_->env.gov_address; }
 std::string App::EscrowAddress() const { return impl_->env.escrow_address; }
+std::string App::FeeCollectorAddress() const { return impl_->env.fee_collector_address; }
 
 const std::map<std::string, std::string>& App::state() const { return impl_->state.map(); }
 

@@ -55,6 +55,12 @@ class App {
   // Accepted txs advance the check state's sequences, so several txs of one account may queue.
   cosmos::base::abci::v1beta1::TxResponse CheckTx(std::string_view tx_bytes);
 
+  // Runs a tx as the SDK's Simulate does, over the check state, and drops its writes: the
+  // signature is not checked (its gas is charged all the same), may be empty, and the sign mode
+  // may be unspecified; no gas limit or minimum fee applies; a fee given is paid. The response
+  // carries gas_used, the events, and a non-zero code for a tx that would fail.
+  cosmos::base::abci::v1beta1::TxResponse Simulate(std::string_view tx_bytes);
+
   // Executes a block: header.height must be height()+1. Each tx runs in its own branch; a
   // failing tx leaves no state change except its signer's sequence bump (as Cosmos), and is
   // reported with its code and log. Then the end-block logic runs (tallies, expiries).
@@ -85,6 +91,7 @@ class App {
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Account(std::string_view address) const;
   std::string AccountPublicKey(std::string_view address) const;  // empty if not yet known
   std::string GovAddress() const;
+  std::string FeeCollectorAddress() const;
   std::string EscrowAddress() const;
 
   // The whole state map (for tests and consistency checks).

@@ -229,7 +229,7 @@ TEST_F(ChainTest, ReservationRefusals) {
                 "shard " + std::to_string(shard) + " is full: max_nodes 3");
   // A reservation whose host is not the tx signer is refused before execution.
   ExpectRefusedTx(SignTx(hosts_[3], {ReserveMsg(SignedReservation(hosts_[0], shard))}),
-                  Addr(hosts_[3]), kUnauthenticated, "is not the tx signer",
+                  Addr(hosts_[3]), Sdk(SdkCode::kUnauthorized), "is not the tx signer",
                   /*bumps_sequence=*/false);
 }
 
@@ -402,7 +402,7 @@ TEST_F(ChainTest, MalformedSpecsAreRefusedNamingTheField) {
   *wrong.add_messages() = PackMsg(create);
   ExpectRefused(creator_, {PackMsg(wrong)}, kInvalidArgument, "is not the gov account");
   // Shard creation outside a proposal.
-  ExpectRefusedTx(SignTx(creator_, {PackMsg(create)}), Addr(creator_), kInvalidArgument,
+  ExpectRefusedTx(SignTx(creator_, {PackMsg(create)}), Addr(creator_), Sdk(SdkCode::kTxDecode),
                   "executed by governance only", /*bumps_sequence=*/false);
 }
 
@@ -593,73 +593,100 @@ TEST_F(ChainTest, TxLevelRefusals) {
   std::string sig = raw.signatures(0);
   sig[5] ^= 0x40;
   raw.set_signatures(0, sig);
-  ExpectRefusedTx(DeterministicBytes(raw), Addr(creator_), kUnauthenticated,
+  ExpectRefusedTx(DeterministicBytes(raw), Addr(creator_), Sdk(SdkCode::kUnauthorized),
                   "signature verification failed", /*bumps_sequence=*/false);
   // Signed for another chain.
   ExpectRefusedTx(SignTx(creator_, {send}, 0, "trainshard-other-2"), Addr(creator_),
-                  kUnauthenticated, "signature verification failed", /*bumps_sequence=*/false);
+                  Sdk(SdkCode::kUnauthorized), "signature verification failed",
+                  /*bumps_sequence=*/false);
   // A wrong sequence.
-  ExpectRefusedTx(SignTx(creator_, {send}, 1), Addr(creator_), kFailedPrecondition,
+  ExpectRefusedTx(SignTx(creator_, {send}, 1), Addr(creator_), Sdk(SdkCode::kWrongSequence),
                   "account sequence mismatch, expected 0, got 1", /*bumps_sequence=*/false);
   // A replayed tx.
   std::string once = SignTx(creator_, {send});
   ASSERT_EQ(app_->CheckTx(once).code(), kOk);
   Block({once});
   ASSERT_EQ(last_.results.tx_results(0).code(), kOk);
-  ExpectRefusedTx(once, Addr(creator_), kFailedPrecondition,
+  ExpectRefusedTx(once, Addr(creator_), Sdk(SdkCode::kWrongSequence),
                   "account sequence mismatch, expected 1, got 0", /*bumps_sequence=*/false);
   // Oversize and garbage bytes.
-  ExpectRefusedTx(std::string(kMaxTxBytes + 1, 'x'), "", kInvalidArgument,
+  ExpectRefusedTx(std::string(kMaxTxBytes + 1, 'x'), "", Sdk(SdkCode::kTxTooLarge),
                   "exceeds the cap of 1048576 bytes", /*bumps_sequence=*/false);
-  ExpectRefusedTx("\xff\xff\xff garbage", "", kInvalidArgument, "not a valid",
+  ExpectRefusedTx("\xff\xff\xff garbage", "", Sdk(SdkCode::kTxDecode), "not a valid",
                   /*bumps_sequence=*/false);
-  ExpectRefusedTx("", "", kInvalidArgument, "tx: empty", /*bumps_sequence=*/false);
+  ExpectRefusedTx("", "", Sdk(SdkCode::kTxDecode), "tx: empty", /*bumps_sequence=*/false);
   // An unknown account.
   common::PrivateKey stranger = Key("stranger");
-  ExpectRefusedTx(BuildSignedTx(stranger, kChainId, 0, 0, {SendMsg(stranger, Addr(creator_), "1")}),
-                  Addr(stranger), kNotFound, "not found", /*bumps_sequence=*/false);
+  ExpectRefusedTx(
+      BuildSignedTx(stranger, kChainId, 0, 0, {SendMsg(stranger, Addr(creator_), "1")}, TestFee()),
+      Addr(stranger), Sdk(SdkCode::kUnknownAddress), "not found", /*bumps_sequence=*/false);
   // An unknown message type.
   google::protobuf::Any unknown;
   unknown.set_type_url("/cosmos.staking.v1beta1.MsgDelegate");
-  ExpectRefusedTx(SignTx(creator_, {unknown}), Addr(creator_), kInvalidArgument,
+  ExpectRefusedTx(SignTx(creator_, {unknown}), Addr(creator_), Sdk(SdkCode::kTxDecode),
                   "is not a message this chain accepts", /*bumps_sequence=*/false);
   // A message with an unknown field appended.
   google::protobuf::Any extra = SendMsg(creator_, Addr(hosts_[0]), "10");
   extra.mutable_value()->append("\xa0\x06\x01");  // field 100, varint 1
-  ExpectRefusedTx(SignTx(creator_, {extra}), Addr(creator_), kInvalidArgument, "unknown field 100",
+  ExpectRefusedTx(SignTx(creator_, {extra}), Addr(creator_), Sdk(SdkCode::kTxDecode),
+                  "unknown field 100",
                   /*bumps_sequence=*/false);
 }
 
 TEST_F(ChainTest, TransfersCreateAccountsAndFailuresOnlyBumpTheSequence) {
   common::PrivateKey fresh = Key("fresh");
   TxResponse sent = Deliver(creator_, {SendMsg(creator_, Addr(fresh), "5000")});
-  auto transfer = EventsOf(sent.events(), "bank.transfer");
+  // The bank's events as the SDK emits them, after the message event and marked with its index.
+  auto transfer = EventsOf(sent.events(), "transfer");
   ASSERT_EQ(transfer.size(), 1u);
-  EXPECT_EQ(transfer[0]["from"], Addr(creator_));
-  EXPECT_EQ(transfer[0]["to"], Addr(fresh));
-  EXPECT_EQ(transfer[0]["amount"], "5000");
+  EXPECT_EQ(transfer[0]["sender"], Addr(creator_));
+  EXPECT_EQ(transfer[0]["recipient"], Addr(fresh));
+  EXPECT_EQ(transfer[0]["amount"], "5000ngonka");
+  EXPECT_EQ(transfer[0]["msg_index"], "0");
+  auto spent = EventsOf(sent.events(), "coin_spent");
+  ASSERT_EQ(spent.size(), 1u);
+  EXPECT_EQ(spent[0]["spender"], Addr(creator_));
+  EXPECT_EQ(spent[0]["amount"], "5000ngonka");
+  auto received = EventsOf(sent.events(), "coin_received");
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0]["receiver"], Addr(fresh));
+  auto message = EventsOf(sent.events(), "message");
+  ASSERT_EQ(message.size(), 1u);
+  EXPECT_EQ(message[0]["action"], "/cosmos.bank.v1beta1.MsgSend");
+  EXPECT_EQ(message[0]["sender"], Addr(creator_));
+  EXPECT_EQ(message[0]["module"], "bank");
+  EXPECT_EQ(message[0]["msg_index"], "0");
+  auto tx = EventsOf(sent.events(), "tx");
+  ASSERT_EQ(tx.size(), 3u);
+  EXPECT_EQ(tx[0]["fee_payer"], Addr(creator_));
+  EXPECT_EQ(tx[1]["acc_seq"], Addr(creator_) + "/0");
+  EXPECT_FALSE(tx[2]["signature"].empty());
   EXPECT_EQ(app_->Account(Addr(fresh))->first, 12u);  // after 9 genesis and 3 module accounts
   Deliver(fresh, {SendMsg(fresh, Addr(creator_), "1")});
   EXPECT_EQ(app_->Account(Addr(fresh))->second, 1u);
-  ExpectRefused(fresh, {SendMsg(fresh, Addr(creator_), "5000")}, kFailedPrecondition,
+  ExpectRefused(fresh, {SendMsg(fresh, Addr(creator_), "5000")}, Sdk(SdkCode::kInsufficientFunds),
                 "insufficient funds");
-  ExpectRefused(fresh, {SendMsg(fresh, Addr(creator_), "0")}, kInvalidArgument,
+  ExpectRefused(fresh, {SendMsg(fresh, Addr(creator_), "0")}, Sdk(SdkCode::kInvalidCoins),
                 "amount: amount 0 must be positive");
-  ExpectRefused(fresh, {SendMsg(fresh, app_->EscrowAddress(), "1")}, kInvalidArgument,
+  ExpectRefused(fresh, {SendMsg(fresh, app_->EscrowAddress(), "1")}, Sdk(SdkCode::kUnauthorized),
                 "is a module account");
-  ExpectRefused(fresh, {SendMsg(fresh, "GONKA1XYZ", "1")}, kInvalidArgument, "to_address");
+  ExpectRefused(fresh, {SendMsg(fresh, "GONKA1XYZ", "1")}, Sdk(SdkCode::kInvalidAddress),
+                "to_address");
   // Two messages: the second fails, so the first is undone too.
-  ExpectRefused(
-      fresh, {SendMsg(fresh, Addr(hosts_[0]), "10"), SendMsg(fresh, Addr(hosts_[0]), "9999")},
-      kFailedPrecondition, "message 1 (/cosmos.bank.v1beta1.MsgSend): insufficient funds");
+  ExpectRefused(fresh,
+                {SendMsg(fresh, Addr(hosts_[0]), "10"), SendMsg(fresh, Addr(hosts_[0]), "9999")},
+                Sdk(SdkCode::kInsufficientFunds),
+                "message 1 (/cosmos.bank.v1beta1.MsgSend): spendable balance");
   // CheckTx queues several txs of one account.
   ASSERT_EQ(app_->CheckTx(SignTx(fresh, {SendMsg(fresh, Addr(creator_), "1")})).code(), kOk);
   ASSERT_EQ(app_->CheckTx(SignTx(fresh, {SendMsg(fresh, Addr(creator_), "1")}, 1)).code(), kOk);
   TxResponse stale = app_->CheckTx(SignTx(fresh, {SendMsg(fresh, Addr(creator_), "1")}));
-  EXPECT_EQ(stale.code(), kFailedPrecondition);
+  EXPECT_EQ(stale.code(), static_cast<uint32_t>(SdkCode::kWrongSequence));
+  EXPECT_EQ(stale.codespace(), "sdk");
   // The check state also holds the balance effects: a spend beyond what is left is refused.
   TxResponse overspend = app_->CheckTx(SignTx(fresh, {SendMsg(fresh, Addr(creator_), "4998")}, 2));
-  EXPECT_EQ(overspend.code(), kFailedPrecondition) << overspend.raw_log();
+  EXPECT_EQ(overspend.code(), static_cast<uint32_t>(SdkCode::kInsufficientFunds))
+      << overspend.raw_log();
   app_->Commit();
   EXPECT_EQ(app_->CheckTx(SignTx(fresh, {SendMsg(fresh, Addr(creator_), "1")})).code(), kOk);
 }

@@ -5,6 +5,7 @@
 #define TS_CHAIN_BRIDGE_MODULE_CHAIN_TEST_UTIL_H_
 
 #include "chain-bridge/module/app.h"
+#include "chain-bridge/module/gas.h"
 
 #include <functional>
 #include <map>
@@ -30,6 +31,7 @@ using cosmos::base::abci::v1beta1::TxResponse;
 using ::testing::HasSubstr;
 
 constexpr char kChainId[] = "trainshard-test-1";
+constexpr uint64_t kTestGasLimit = 2'000'000;
 constexpr uint32_t kOk = 0;
 constexpr uint32_t kInvalidArgument = 3;
 constexpr uint32_t kNotFound = 5;
@@ -38,6 +40,16 @@ constexpr uint32_t kPermissionDenied = 7;
 constexpr uint32_t kResourceExhausted = 8;
 constexpr uint32_t kFailedPrecondition = 9;
 constexpr uint32_t kUnauthenticated = 16;
+
+// What a refused tx reports: this module's codespace and an absl::StatusCode number, or the
+// SDK's codespace and number (Sdk()).
+struct Refusal {
+  Refusal(uint32_t module_code) : codespace(kCodespace), code(module_code) {}  // NOLINT
+  Refusal(std::string_view space, uint32_t number) : codespace(space), code(number) {}
+  std::string codespace;
+  uint32_t code;
+};
+inline Refusal Sdk(SdkCode code) { return Refusal(kSdkCodespace, static_cast<uint32_t>(code)); }
 
 inline common::PrivateKey Key(const std::string& name) {
   return common::PrivateKey::FromBytes(common::Sha256("test-key/" + name)).value();
@@ -135,6 +147,13 @@ class ChainTest : public ::testing::Test {
     return genesis;
   }
 
+  // The test's txs ask for kTestGasLimit and pay the genesis's minimum gas price for it.
+  TxFee TestFee() const {
+    auto price = ParseGasPrice("min_gas_price", genesis_.params().min_gas_price());
+    EXPECT_TRUE(price.ok()) << price.status();
+    return TxFee{kTestGasLimit, price.ok() ? RequiredFee(*price, kTestGasLimit) : 0};
+  }
+
   // Signs msgs with the account's number and finalized sequence (plus `sequence_offset`).
   std::string SignTx(const common::PrivateKey& key, const std::vector<google::protobuf::Any>& msgs,
                      int64_t sequence_offset = 0, const std::string& chain_id = kChainId) {
@@ -142,7 +161,7 @@ class ChainTest : public ::testing::Test {
     EXPECT_TRUE(account.ok()) << account.status();
     if (!account.ok()) return "";
     return BuildSignedTx(key, chain_id, account->first,
-                         account->second + static_cast<uint64_t>(sequence_offset), msgs);
+                         account->second + static_cast<uint64_t>(sequence_offset), msgs, TestFee());
   }
 
   // Finalizes a block of txs, commits, and checks the invariants.
@@ -181,12 +200,12 @@ class ChainTest : public ::testing::Test {
   // The tx must be refused by CheckTx and by FinalizeBlock with `code` and a raw_log holding
   // `fragment`, and leave the state as it was except the signer's sequence (bumped by one when
   // `bumps_sequence`, i.e. when the refusal comes after the ante checks).
-  void ExpectRefusedTx(const std::string& tx, const std::string& signer, uint32_t code,
+  void ExpectRefusedTx(const std::string& tx, const std::string& signer, const Refusal& refusal,
                        const std::string& fragment, bool bumps_sequence) {
     TxResponse checked = app_->CheckTx(tx);
-    EXPECT_EQ(checked.code(), code) << checked.raw_log();
+    EXPECT_EQ(checked.code(), refusal.code) << checked.raw_log();
     EXPECT_THAT(checked.raw_log(), HasSubstr(fragment));
-    EXPECT_EQ(checked.codespace(), "trainshard");
+    EXPECT_EQ(checked.codespace(), refusal.codespace) << checked.raw_log();
     std::map<std::string, std::string> before = app_->state();
     uint64_t sequence_before = 0;
     if (!signer.empty() && app_->Account(signer).ok()) {
@@ -195,12 +214,25 @@ class ChainTest : public ::testing::Test {
     BlockOutcome outcome = Block({tx});
     ASSERT_EQ(outcome.results.tx_results_size(), 1);
     const TxResponse& response = outcome.results.tx_results(0);
-    EXPECT_EQ(response.code(), code) << response.raw_log();
+    EXPECT_EQ(response.code(), refusal.code) << response.raw_log();
     EXPECT_THAT(response.raw_log(), HasSubstr(fragment));
-    EXPECT_EQ(response.codespace(), "trainshard");
-    EXPECT_EQ(response.events_size(), 0);
+    EXPECT_EQ(response.codespace(), refusal.codespace) << response.raw_log();
+    // A tx refused after its ante step reports that step's events (the fee, the sequence, the
+    // signature) and nothing of its messages; one refused before reports none.
+    for (const auto& event : response.events()) {
+      EXPECT_TRUE(bumps_sequence) << event.type();
+      EXPECT_NE(event.type(), "message");
+    }
     std::map<std::string, std::string> after = app_->state();
     std::string account_key = keys::Account(signer);
+    // The fee is paid all the same.
+    const TxFee fee = TestFee();
+    if (bumps_sequence && fee.amount > 0) {
+      for (const std::string& address : {signer, app_->FeeCollectorAddress()}) {
+        before.erase(keys::Balance(address));
+        after.erase(keys::Balance(address));
+      }
+    }
     if (bumps_sequence) {
       ASSERT_TRUE(app_->Account(signer).ok());
       EXPECT_EQ(app_->Account(signer)->second, sequence_before + 1);
@@ -211,8 +243,8 @@ class ChainTest : public ::testing::Test {
   }
 
   void ExpectRefused(const common::PrivateKey& key, const std::vector<google::protobuf::Any>& msgs,
-                     uint32_t code, const std::string& fragment) {
-    ExpectRefusedTx(SignTx(key, msgs), Addr(key), code, fragment, /*bumps_sequence=*/true);
+                     const Refusal& refusal, const std::string& fragment) {
+    ExpectRefusedTx(SignTx(key, msgs), Addr(key), refusal, fragment, /*bumps_sequence=*/true);
   }
 
   // sum(balances) == supply; escrow account == sum(escrow_held); gov account == deposits of

@@ -383,13 +383,41 @@ absl::Status Keeper::Transfer(std::string_view from, std::string_view to, uint64
   const std::string from_key = keys::Balance(from);
   TS_ASSIGN_OR_RETURN(uint64_t have, BalanceAt(from_key));
   if (have < amount) {
-    return absl::FailedPreconditionError(
-        Cat("insufficient funds: ", from, " holds ", have, " ngonka, needs ", amount));
+    return SdkError(SdkCode::kInsufficientFunds,
+                    Cat("spendable balance of ", from, " is ", have, common::kDenom,
+                        ", smaller than ", amount, common::kDenom));
   }
   SetBalanceAt(from_key, have - amount);
   TS_RETURN_IF_ERROR(Credit(to, amount));
-  Emit("bank.transfer", {{"from", from}, {"to", to}, {"amount", Cat(amount)}});
+  EmitTransfer(from, to, amount);
   return absl::OkStatus();
+}
+
+void Keeper::EmitTransfer(std::string_view from, std::string_view to, uint64_t amount) {
+  const std::string coins = Cat(amount, common::kDenom);
+  Emit("coin_spent", {{"spender", from}, {"amount", coins}});
+  Emit("coin_received", {{"receiver", to}, {"amount", coins}});
+  Emit("transfer", {{"recipient", to}, {"sender", from}, {"amount", coins}});
+}
+
+void Keeper::EmitMessage(const TxMsg& msg, size_t index) {
+  std::string_view module = "trainshard";
+  switch (msg.kind) {
+    case MsgKind::kSend:
+      module = "bank";
+      break;
+    case MsgKind::kSubmitProposal:
+    case MsgKind::kVote:
+    case MsgKind::kDeposit:
+      module = "gov";
+      break;
+    default:
+      break;
+  }
+  Emit("message", {{"action", msg.type_url},
+                   {"sender", msg.signer},
+                   {"module", module},
+                   {"msg_index", Cat(index)}});
 }
 
 absl::Status Keeper::Credit(std::string_view to, uint64_t amount) {
@@ -405,15 +433,22 @@ absl::Status Keeper::Credit(std::string_view to, uint64_t amount) {
 }
 
 absl::Status Keeper::Send(const cosmos::bank::v1beta1::MsgSend& msg) {
-  TS_RETURN_IF_ERROR(ValidateAddress("from_address", msg.from_address()));
-  TS_RETURN_IF_ERROR(ValidateAddress("to_address", msg.to_address()));
-  if (msg.to_address() == env_.gov_address || msg.to_address() == env_.escrow_address ||
-      msg.to_address() == env_.community_pool_address) {
-    return Invalid("to_address", msg.to_address(),
-                   " is a module account and cannot receive transfers");
+  // The bank's refusals report as the SDK's (invalid address, invalid coins, unauthorized).
+  for (auto [field, address] : {std::pair{"from_address", &msg.from_address()},
+                                std::pair{"to_address", &msg.to_address()}}) {
+    absl::Status valid = ValidateAddress(field, *address);
+    if (!valid.ok()) return SdkError(SdkCode::kInvalidAddress, valid);
   }
-  TS_ASSIGN_OR_RETURN(uint64_t amount, ParseCoins("amount", msg.amount(), /*positive=*/true));
-  return Transfer(msg.from_address(), msg.to_address(), amount);
+  if (msg.to_address() == env_.gov_address || msg.to_address() == env_.escrow_address ||
+      msg.to_address() == env_.community_pool_address ||
+      msg.to_address() == env_.fee_collector_address) {
+    return SdkError(SdkCode::kUnauthorized,
+                    Cat("to_address: ", msg.to_address(),
+                        " is a module account and is not allowed to receive funds"));
+  }
+  auto amount = ParseCoins("amount", msg.amount(), /*positive=*/true);
+  if (!amount.ok()) return SdkError(SdkCode::kInvalidCoins, amount.status());
+  return Transfer(msg.from_address(), msg.to_address(), *amount);
 }
 
 // ---------------------------------------------------------------------------------------------

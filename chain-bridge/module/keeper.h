@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "chain-bridge/module/kv_overlay.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "cosmos/auth/v1beta1/auth.pb.h"
 #include "cosmos/bank/v1beta1/tx.pb.h"
 #include "cosmos/gov/v1/tx.pb.h"
@@ -33,9 +34,6 @@
 namespace ts::bridge {
 
 namespace pb = ::gonka::trainshard::v1;
-
-// Codespace of every non-zero TxResponse code; the code is the absl::StatusCode number.
-inline constexpr std::string_view kCodespace = "trainshard";
 
 // Type URLs of the messages a tx may carry.
 inline constexpr std::string_view kMsgSendType = "/cosmos.bank.v1beta1.MsgSend";
@@ -54,6 +52,8 @@ inline constexpr std::string_view kMsgCreateTrainshardProposalType =
 inline constexpr std::string_view kGovModule = "gov";
 inline constexpr std::string_view kEscrowModule = "trainshard";
 inline constexpr std::string_view kCommunityPoolModule = "distribution";
+// Where tx fees go (the SDK's auth fee collector; the devnet has no validators to pay them to).
+inline constexpr std::string_view kFeeCollectorModule = "fee_collector";
 
 // Big-endian fixed-width encoding of ids, heights and amounts in keys and values, so that the
 // map's byte order is the numeric order.
@@ -139,6 +139,8 @@ struct ChainEnv {
   std::string gov_address;
   std::string escrow_address;
   std::string community_pool_address;
+  std::string fee_collector_address;
+  GasPrice min_gas_price;
   SigCache* sig_cache = nullptr;
 };
 
@@ -184,12 +186,20 @@ class Keeper {
   // --- bank
   absl::StatusOr<uint64_t> Balance(std::string_view address) const;
   absl::StatusOr<uint64_t> Supply() const;
-  // Moves `amount` and emits bank.transfer; the recipient's account is created if new.
-  // FAILED_PRECONDITION "insufficient funds" if `from` holds less.
+  // Moves `amount` and emits the bank's coin_spent, coin_received and transfer events; the
+  // recipient's account is created if new. SDK code 5 (insufficient funds) if `from` holds less.
   absl::Status Transfer(std::string_view from, std::string_view to, uint64_t amount);
   // The credit half of a Transfer (no event): adds `amount` to `to`, creating its account if
   // new. INTERNAL if the balance would overflow (impossible below the total supply).
   absl::Status Credit(std::string_view to, uint64_t amount);
+
+  // The bank's events for `amount` moved from `from` to `to`, as the SDK emits them.
+  void EmitTransfer(std::string_view from, std::string_view to, uint64_t amount);
+  // A `message` event for message `index` of a tx: action (its type URL), sender, module.
+  void EmitMessage(const TxMsg& msg, size_t index);
+  // Appends an event (every attribute indexed).
+  void Emit(std::string_view type,
+            std::initializer_list<std::pair<std::string_view, std::string_view>> attributes);
 
   // --- poc
   absl::StatusOr<uint64_t> LatestEpoch() const;
@@ -254,9 +264,6 @@ class Keeper {
   absl::Status StartShard(pb::Shard* shard, uint64_t members);
   // Ends an OPEN or RUNNING shard: refunds what it holds, drops its deadlines.
   absl::Status ExpireShard(pb::Shard* shard, pb::CloseReason reason);
-
-  void Emit(std::string_view type,
-            std::initializer_list<std::pair<std::string_view, std::string_view>> attributes);
 
   const pb::Params& params() const { return env_.genesis.params(); }
 

@@ -148,6 +148,7 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   TS_ASSIGN_OR_RETURN(std::string sign_bytes,
                       common::SignBytes(protocol::kSignReservation, env_.genesis.chain_id(),
                                         shard.id(), DeterministicBytes(statement)));
+  kv_->ConsumeGas(gas::kSigVerifySecp256k1, "reservation signature: secp256k1");
   auto recovered = env_.sig_cache->Recover(common::Sha256(sign_bytes), r.signature());
   if (!recovered.ok() || recovered->address != r.host()) {
     return absl::UnauthenticatedError(
@@ -396,16 +397,16 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
     const std::string amount_text = Cat(amount);
     if (amount > 0) {
       if (escrow_balance < amount) {
-        return absl::FailedPreconditionError(Cat("insufficient funds: ", escrow_address, " holds ",
-                                                 escrow_balance, " ngonka, needs ", amount));
+        return SdkError(SdkCode::kInsufficientFunds,
+                        Cat("spendable balance of ", escrow_address, " is ", escrow_balance,
+                            common::kDenom, ", smaller than ", amount, common::kDenom));
       }
       // A transfer to the sender itself moves nothing (but is still reported).
       if (payout.host() != escrow_address) {
         escrow_balance -= amount;
         TS_RETURN_IF_ERROR(Credit(payout.host(), amount));
       }
-      Emit("bank.transfer",
-           {{"from", escrow_address}, {"to", payout.host()}, {"amount", amount_text}});
+      EmitTransfer(escrow_address, payout.host(), amount);
     }
     Emit(protocol::kEventPayout,
          {{"shard_id", shard_id}, {"host", payout.host()}, {"amount", amount_text}});
@@ -439,6 +440,7 @@ absl::Status Keeper::Settle(pb::MsgSettleTrainshard* msg) {
 
 absl::StatusOr<bool> Keeper::SignedByMember(std::string_view key_name, std::string_view host,
                                             std::string_view digest, std::string_view signature) {
+  kv_->ConsumeGas(gas::kSigVerifySecp256k1, "member signature: secp256k1");
   const std::string* member_key = kv_->Find(key_name);
   if (member_key != nullptr) {
     if (member_key->size() != kMemberKeySize) {

@@ -35,6 +35,12 @@ bool KvState::Apply(const std::string& key, const std::optional<std::string>& va
   return true;
 }
 
+void KvOverlay::ChargeRead(std::string_view key, const std::string* value) const {
+  if (gas_ == nullptr) return;
+  size_t bytes = key.size() + (value == nullptr ? 0 : value->size());
+  gas_->Consume(gas::kReadFlat + gas::kReadPerByte * bytes, "ReadFlat");
+}
+
 std::optional<std::string> KvOverlay::Get(std::string_view key) const {
   const std::string* value = Find(key);
   if (value == nullptr) return std::nullopt;
@@ -42,6 +48,17 @@ std::optional<std::string> KvOverlay::Get(std::string_view key) const {
 }
 
 const std::string* KvOverlay::Find(std::string_view key) const {
+  const std::string* value = FindUncharged(key);
+  ChargeRead(key, value);
+  return value;
+}
+
+bool KvOverlay::Contains(std::string_view key) const {
+  ConsumeGas(gas::kHasFlat, "HasFlat");
+  return FindUncharged(key) != nullptr;
+}
+
+const std::string* KvOverlay::FindUncharged(std::string_view key) const {
   const KvOverlay* layer = this;
   for (;;) {
     auto it = layer->writes_.find(key);
@@ -53,6 +70,7 @@ const std::string* KvOverlay::Find(std::string_view key) const {
 }
 
 void KvOverlay::Set(std::string_view key, std::string value) {
+  ConsumeGas(gas::kWriteFlat + gas::kWritePerByte * (key.size() + value.size()), "WriteFlat");
   auto it = writes_.lower_bound(key);
   if (it != writes_.end() && it->first == key) {
     it->second = std::move(value);
@@ -62,6 +80,7 @@ void KvOverlay::Set(std::string_view key, std::string value) {
 }
 
 void KvOverlay::Delete(std::string_view key) {
+  ConsumeGas(gas::kDeleteFlat, "DeleteFlat");
   auto it = writes_.lower_bound(key);
   if (it != writes_.end() && it->first == key) {
     it->second = std::nullopt;
@@ -73,6 +92,20 @@ void KvOverlay::Delete(std::string_view key) {
 std::vector<std::pair<std::string, std::string>> KvOverlay::Scan(std::string_view prefix,
                                                                  std::string_view start,
                                                                  size_t limit) const {
+  auto entries = ScanUncharged(prefix, start, limit);
+  if (gas_ != nullptr) {
+    gas_->Consume(gas::kReadFlat, "IterFlat");
+    for (const auto& [key, value] : entries) {
+      gas_->Consume(gas::kIterNextFlat + gas::kReadPerByte * (key.size() + value.size()),
+                    "IterNextFlat");
+    }
+  }
+  return entries;
+}
+
+std::vector<std::pair<std::string, std::string>> KvOverlay::ScanUncharged(std::string_view prefix,
+                                                                          std::string_view start,
+                                                                          size_t limit) const {
   std::string from = start.empty() || start < prefix ? std::string(prefix) : std::string(start);
   auto in_range = [&](const std::string& key) {
     return key.size() >= prefix.size() && std::string_view(key).substr(0, prefix.size()) == prefix;
@@ -85,7 +118,7 @@ std::vector<std::pair<std::string, std::string>> KvOverlay::Scan(std::string_vie
   std::vector<std::pair<std::string, std::string>> below;
   size_t want = limit == SIZE_MAX ? SIZE_MAX : limit + mine.size();
   if (parent_ != nullptr) {
-    below = parent_->Scan(prefix, from, want);
+    below = parent_->ScanUncharged(prefix, from, want);
   } else {
     const KvState::Map& base = base_->map();
     for (auto it = base.lower_bound(from); it != base.end() && in_range(it->first); ++it) {

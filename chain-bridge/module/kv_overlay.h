@@ -20,6 +20,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "chain-bridge/module/gas.h"
 
 namespace ts::bridge {
 
@@ -54,17 +55,28 @@ class KvOverlay {
 
   // A view over the finalized state, which must outlive the overlay and not change under it.
   explicit KvOverlay(const KvState* base) : base_(base) {}
-  // A branch of `parent`, which must outlive the overlay.
-  explicit KvOverlay(KvOverlay* parent) : parent_(parent) {}
+  // A branch of `parent`, which must outlive the overlay. It charges the parent's gas meter.
+  explicit KvOverlay(KvOverlay* parent) : parent_(parent), gas_(parent->gas_) {}
 
   KvOverlay(const KvOverlay&) = delete;
   KvOverlay& operator=(const KvOverlay&) = delete;
+
+  // Charges every read, write, delete and scanned entry to `meter` (gas.h's costs) from now on,
+  // and so do branches made of this overlay afterwards; nullptr stops charging. The meter must
+  // outlive the overlay.
+  void set_gas_meter(GasMeter* meter) { gas_ = meter; }
+  GasMeter* gas_meter() const { return gas_; }
+  // Charges `amount` to the meter, if there is one (for work that is not a state access, such
+  // as a signature check).
+  void ConsumeGas(uint64_t amount, std::string_view descriptor) const {
+    if (gas_ != nullptr) gas_->Consume(amount, descriptor);
+  }
 
   std::optional<std::string> Get(std::string_view key) const;
   // The value of `key` in the merged view without copying it, or nullptr when absent. The
   // pointer is valid until the next write to this overlay or any of its parents.
   const std::string* Find(std::string_view key) const;
-  bool Contains(std::string_view key) const { return Find(key) != nullptr; }
+  bool Contains(std::string_view key) const;
   void Set(std::string_view key, std::string value);
   void Delete(std::string_view key);
 
@@ -85,8 +97,15 @@ class KvOverlay {
   void Clear() { writes_.clear(); }
 
  private:
+  const std::string* FindUncharged(std::string_view key) const;
+  std::vector<std::pair<std::string, std::string>> ScanUncharged(std::string_view prefix,
+                                                                 std::string_view start,
+                                                                 size_t limit) const;
+  void ChargeRead(std::string_view key, const std::string* value) const;
+
   const KvState* base_ = nullptr;
   KvOverlay* parent_ = nullptr;
+  GasMeter* gas_ = nullptr;
   Writes writes_;
 };
 

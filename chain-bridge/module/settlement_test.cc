@@ -261,7 +261,7 @@ TEST_F(SettlementRefusals, SubmitterMustSignTheTx) {
   *msg.mutable_settlement() = s_;
   for (const auto& sig : AllThree(s_)) *msg.add_signatures() = sig;
   // Signed by the creator while naming host 1 as submitter: refused before execution.
-  ExpectRefusedTx(SignTx(creator_, {PackMsg(msg)}), Addr(creator_), kUnauthenticated,
+  ExpectRefusedTx(SignTx(creator_, {PackMsg(msg)}), Addr(creator_), Sdk(SdkCode::kUnauthorized),
                   "is not the tx signer", /*bumps_sequence=*/false);
 }
 

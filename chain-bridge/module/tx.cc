@@ -4,6 +4,9 @@
 
 #include "chain-bridge/module/proto_util.h"
 #include "chain-bridge/module/str_cat.h"
+#include "chain-bridge/module/tx_errors.h"
+#include "common/amount.h"
+#include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "common/status.h"
@@ -18,21 +21,53 @@ using cosmos::tx::v1beta1::SignDoc;
 using cosmos::tx::v1beta1::TxBody;
 using cosmos::tx::v1beta1::TxRaw;
 
-absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(Cat(field, ": ", why));
+absl::Status Invalid(std::string_view field, std::string_view why,
+                     SdkCode code = SdkCode::kTxDecode) {
+  return SdkError(code, Cat(field, ": ", why));
+}
+
+// A parse failure reports as the SDK's decode error, naming the field as before.
+absl::Status Decode(absl::Status parsed) {
+  if (parsed.ok()) return parsed;
+  return SdkError(SdkCode::kTxDecode, parsed);
+}
+
+absl::StatusOr<uint64_t> FeeAmount(const AuthInfo& auth) {
+  const auto& fee = auth.fee();
+  if (!fee.granter().empty()) {
+    return Invalid("tx.auth_info.fee.granter", "fee grants are not supported",
+                   SdkCode::kInvalidRequest);
+  }
+  if (fee.amount_size() == 0) return 0;
+  if (fee.amount_size() > 1) {
+    return Invalid("tx.auth_info.fee.amount",
+                   Cat(fee.amount_size(), " coins, want at most one (", common::kDenom, ")"),
+                   SdkCode::kInvalidCoins);
+  }
+  if (fee.amount(0).denom() != common::kDenom) {
+    return Invalid("tx.auth_info.fee.amount[0].denom",
+                   Cat("'", fee.amount(0).denom().substr(0, 64), "' is not ", common::kDenom),
+                   SdkCode::kInvalidCoins);
+  }
+  auto amount = common::ParseAmount("tx.auth_info.fee.amount[0].amount", fee.amount(0).amount());
+  if (!amount.ok()) return SdkError(SdkCode::kInvalidCoins, amount.status());
+  return *amount;
 }
 
 }  // namespace
 
-absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes) {
+absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes, DecodeMode mode) {
+  const bool simulate = mode == DecodeMode::kSimulate;
   if (tx_bytes.empty()) return Invalid("tx", "empty");
   if (tx_bytes.size() > kMaxTxBytes) {
-    return Invalid("tx", Cat(tx_bytes.size(), " bytes exceeds the cap of ", kMaxTxBytes, " bytes"));
+    return Invalid("tx", Cat(tx_bytes.size(), " bytes exceeds the cap of ", kMaxTxBytes, " bytes"),
+                   SdkCode::kTxTooLarge);
   }
   DecodedTx tx;
-  TS_RETURN_IF_ERROR(ParseMessageStrict("tx", tx_bytes, &tx.raw));
-  TS_RETURN_IF_ERROR(ParseMessageStrict("tx.body", tx.raw.body_bytes(), &tx.body));
-  TS_RETURN_IF_ERROR(ParseMessageStrict("tx.auth_info", tx.raw.auth_info_bytes(), &tx.auth_info));
+  TS_RETURN_IF_ERROR(Decode(ParseMessageStrict("tx", tx_bytes, &tx.raw)));
+  TS_RETURN_IF_ERROR(Decode(ParseMessageStrict("tx.body", tx.raw.body_bytes(), &tx.body)));
+  TS_RETURN_IF_ERROR(
+      Decode(ParseMessageStrict("tx.auth_info", tx.raw.auth_info_bytes(), &tx.auth_info)));
 
   const TxBody& body = tx.body;
   if (body.messages_size() == 0) return Invalid("tx.body.messages", "no messages");
@@ -50,9 +85,12 @@ absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes) {
                    Cat(auth.signer_infos_size(), " signer infos, want exactly 1"));
   }
   if (tx.raw.signatures_size() != 1) {
-    return Invalid("tx.signatures", Cat(tx.raw.signatures_size(), " signatures, want exactly 1"));
+    return Invalid(
+        "tx.signatures", Cat(tx.raw.signatures_size(), " signatures, want exactly 1"),
+        tx.raw.signatures_size() == 0 ? SdkCode::kNoSignatures : SdkCode::kTooManySignatures);
   }
-  if (tx.raw.signatures(0).size() != common::kCompactSignatureSize) {
+  if (!(simulate && tx.raw.signatures(0).empty()) &&
+      tx.raw.signatures(0).size() != common::kCompactSignatureSize) {
     return Invalid("tx.signatures[0]", Cat(tx.raw.signatures(0).size(), " bytes, want ",
                                            common::kCompactSignatureSize));
   }
@@ -60,26 +98,39 @@ absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes) {
   if (!signer.mode_info().has_single()) {
     return Invalid("tx.auth_info.signer_infos[0].mode_info", "not a single-signer mode");
   }
-  if (signer.mode_info().single().mode() != cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT) {
+  const auto sign_mode = signer.mode_info().single().mode();
+  if (sign_mode != cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT &&
+      !(simulate && sign_mode == cosmos::tx::signing::v1beta1::SIGN_MODE_UNSPECIFIED)) {
     return Invalid(
         "tx.auth_info.signer_infos[0].mode_info.single.mode",
         Cat(static_cast<int>(signer.mode_info().single().mode()), " is not SIGN_MODE_DIRECT"));
   }
   if (!signer.has_public_key()) {
-    return Invalid("tx.auth_info.signer_infos[0].public_key", "missing");
+    return Invalid("tx.auth_info.signer_infos[0].public_key", "missing", SdkCode::kInvalidPubKey);
   }
   if (signer.public_key().type_url() != kSecp256k1PubKeyType) {
     return Invalid(
         "tx.auth_info.signer_infos[0].public_key.type_url",
-        Cat("'", signer.public_key().type_url().substr(0, 128), "' is not ", kSecp256k1PubKeyType));
+        Cat("'", signer.public_key().type_url().substr(0, 128), "' is not ", kSecp256k1PubKeyType),
+        SdkCode::kInvalidPubKey);
   }
   cosmos::crypto::secp256k1::PubKey pub;
-  TS_RETURN_IF_ERROR(ParseMessageStrict("tx.auth_info.signer_infos[0].public_key",
-                                        signer.public_key().value(), &pub));
+  absl::Status parsed = ParseMessageStrict("tx.auth_info.signer_infos[0].public_key",
+                                           signer.public_key().value(), &pub);
+  if (!parsed.ok()) return SdkError(SdkCode::kInvalidPubKey, parsed);
   if (pub.key().size() != common::kPublicKeySize) {
     return Invalid("tx.auth_info.signer_infos[0].public_key.key",
-                   Cat(pub.key().size(), " bytes, want ", common::kPublicKeySize));
+                   Cat(pub.key().size(), " bytes, want ", common::kPublicKeySize),
+                   SdkCode::kInvalidPubKey);
   }
+  if (!auth.fee().payer().empty() &&
+      auth.fee().payer() != common::AddressFromPublicKey(pub.key())) {
+    return Invalid(
+        "tx.auth_info.fee.payer",
+        Cat("'", auth.fee().payer().substr(0, 128), "' is not the signer: only the signer may pay"),
+        SdkCode::kInvalidRequest);
+  }
+  TS_ASSIGN_OR_RETURN(tx.fee_amount, FeeAmount(auth));
   return tx;
 }
 
@@ -104,9 +155,12 @@ google::protobuf::Any PackMsg(const google::protobuf::Message& msg) {
   return any;
 }
 
-std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_id,
-                          uint64_t account_number, uint64_t sequence,
-                          const std::vector<google::protobuf::Any>& msgs, std::string_view memo) {
+namespace {
+
+// The unsigned parts of a one-signer tx.
+TxRaw UnsignedTx(std::string_view public_key, uint64_t sequence,
+                 const std::vector<google::protobuf::Any>& msgs, std::string_view memo,
+                 cosmos::tx::signing::v1beta1::SignMode mode, TxFee fee) {
   TxBody body;
   for (const auto& msg : msgs) *body.add_messages() = msg;
   body.set_memo(std::string(memo));
@@ -114,16 +168,40 @@ std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_
   AuthInfo auth;
   auto* signer = auth.add_signer_infos();
   cosmos::crypto::secp256k1::PubKey pub;
-  pub.set_key(key.public_key());
+  pub.set_key(std::string(public_key));
   *signer->mutable_public_key() = PackMsg(pub);
-  signer->mutable_mode_info()->mutable_single()->set_mode(
-      cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT);
+  signer->mutable_mode_info()->mutable_single()->set_mode(mode);
   signer->set_sequence(sequence);
-  auth.mutable_fee();  // present and empty: this chain charges no fees
+  auto* tx_fee = auth.mutable_fee();
+  tx_fee->set_gas_limit(fee.gas_limit);
+  if (fee.amount > 0) {
+    auto* coin = tx_fee->add_amount();
+    coin->set_denom(std::string(common::kDenom));
+    coin->set_amount(common::FormatAmount(fee.amount));
+  }
 
   TxRaw raw;
   raw.set_body_bytes(DeterministicBytes(body));
   raw.set_auth_info_bytes(DeterministicBytes(auth));
+  return raw;
+}
+
+}  // namespace
+
+std::string BuildSimulateTx(std::string_view public_key, uint64_t sequence,
+                            const std::vector<google::protobuf::Any>& msgs, std::string_view memo) {
+  TxRaw raw = UnsignedTx(public_key, sequence, msgs, memo,
+                         cosmos::tx::signing::v1beta1::SIGN_MODE_UNSPECIFIED, TxFee{});
+  raw.add_signatures("");
+  return DeterministicBytes(raw);
+}
+
+std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_id,
+                          uint64_t account_number, uint64_t sequence,
+                          const std::vector<google::protobuf::Any>& msgs, TxFee fee,
+                          std::string_view memo) {
+  TxRaw raw = UnsignedTx(key.public_key(), sequence, msgs, memo,
+                         cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT, fee);
   std::string digest = common::Sha256(
       DirectSignBytes(raw.body_bytes(), raw.auth_info_bytes(), chain_id, account_number));
   raw.add_signatures(key.SignCompact(digest));

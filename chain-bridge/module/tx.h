@@ -28,13 +28,28 @@ struct DecodedTx {
   cosmos::tx::v1beta1::TxRaw raw;
   cosmos::tx::v1beta1::TxBody body;
   cosmos::tx::v1beta1::AuthInfo auth_info;
+  uint64_t fee_amount = 0;  // ngonka, from auth_info.fee.amount
 };
 
-// Decodes a TxRaw and its body and auth info, within the caps above. INVALID_ARGUMENT naming
-// the field for anything malformed: oversize, unparsable, unknown fields in the signed parts,
-// no messages, more than kMaxMsgsPerTx, not exactly one signer and one signature, a sign mode
-// other than SIGN_MODE_DIRECT, a public key that is not a 33-byte secp256k1 key.
-absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes);
+// What a tx pays: its gas limit and its fee in ngonka.
+struct TxFee {
+  uint64_t gas_limit = 0;
+  uint64_t amount = 0;
+};
+
+enum class DecodeMode {
+  kSigned,    // a tx for the mempool or a block
+  kSimulate,  // a tx to simulate: its signature may be empty and its sign mode unspecified
+};
+
+// Decodes a TxRaw and its body and auth info, within the caps above. Errors name the field and
+// report as the SDK's (tx_errors.h): tx too large (21); no signature (15) or more than one (14);
+// an unparsable tx, unknown fields in the signed parts, no messages, more than kMaxMsgsPerTx,
+// not exactly one signer, a sign mode other than SIGN_MODE_DIRECT (2); a public key that is not
+// a 33-byte secp256k1 key (8); a fee that is not at most one coin of ngonka (10); a fee payer
+// other than the signer or a fee granter (18).
+absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes,
+                                   DecodeMode mode = DecodeMode::kSigned);
 
 // The bytes SIGN_MODE_DIRECT signs (a serialized SignDoc).
 std::string DirectSignBytes(std::string_view body_bytes, std::string_view auth_info_bytes,
@@ -46,11 +61,17 @@ std::string TxHash(std::string_view tx_bytes);
 // Packs a message as google.protobuf.Any with type URL "/<full message name>".
 google::protobuf::Any PackMsg(const google::protobuf::Message& msg);
 
-// Builds and signs a one-signer TxRaw (SIGN_MODE_DIRECT, no fee) and returns its bytes.
+// Builds and signs a one-signer TxRaw (SIGN_MODE_DIRECT, paying `fee`) and returns its bytes.
 std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_id,
                           uint64_t account_number, uint64_t sequence,
-                          const std::vector<google::protobuf::Any>& msgs,
+                          const std::vector<google::protobuf::Any>& msgs, TxFee fee,
                           std::string_view memo = "");
+
+// The tx a client simulates before signing, as Cosmos clients build it: the same body and
+// signer (33-byte `public_key`, `sequence`), sign mode unspecified, an empty signature, no fee.
+std::string BuildSimulateTx(std::string_view public_key, uint64_t sequence,
+                            const std::vector<google::protobuf::Any>& msgs,
+                            std::string_view memo = "");
 
 }  // namespace ts::bridge
 

@@ -15,6 +15,8 @@
 namespace ts::bridge {
 namespace {
 
+constexpr TxFee kFee{200000, 250};
+
 using cosmos::tx::v1beta1::AuthInfo;
 using cosmos::tx::v1beta1::TxBody;
 using cosmos::tx::v1beta1::TxRaw;
@@ -46,7 +48,7 @@ TEST(TxTest, PackMsgUsesTheFullNameAsTypeUrl) {
 
 TEST(TxTest, BuildSignedTxDecodesAndItsSignatureVerifies) {
   common::PrivateKey key = TestKey();
-  std::string bytes = BuildSignedTx(key, "chain-a", 7, 3, {Send("1"), Send("2")}, "memo");
+  std::string bytes = BuildSignedTx(key, "chain-a", 7, 3, {Send("1"), Send("2")}, kFee, "memo");
   auto tx = DecodeTx(bytes);
   ASSERT_TRUE(tx.ok()) << tx.status();
   EXPECT_EQ(tx->body.messages_size(), 2);
@@ -93,7 +95,7 @@ TEST(TxTest, TxHashIsUpperCaseHexSha256) {
 
 // Re-encodes a decoded tx after `mutate` changes its parts (signature left as it was).
 std::string Mutated(const std::function<void(TxRaw*, TxBody*, AuthInfo*)>& mutate) {
-  auto tx = DecodeTx(BuildSignedTx(TestKey(), "chain-a", 0, 0, {Send("1")}));
+  auto tx = DecodeTx(BuildSignedTx(TestKey(), "chain-a", 0, 0, {Send("1")}, kFee));
   EXPECT_TRUE(tx.ok());
   TxRaw raw = tx->raw;
   TxBody body = tx->body;
@@ -153,7 +155,7 @@ TEST(TxTest, DecodeRefusesMalformedTxsNamingTheField) {
 }
 
 TEST(TxTest, DecodeRefusesUnknownFieldsInTheSignedParts) {
-  auto tx = DecodeTx(BuildSignedTx(TestKey(), "chain-a", 0, 0, {Send("1")}));
+  auto tx = DecodeTx(BuildSignedTx(TestKey(), "chain-a", 0, 0, {Send("1")}, kFee));
   ASSERT_TRUE(tx.ok());
   // Field 99 (varint) appended to the body, to the auth info, and to the envelope.
   const std::string extra = "\x98\x06\x01";

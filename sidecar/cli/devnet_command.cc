@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "chain-bridge/devnet/node.h"
+#include "chain-bridge/module/gas.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "google/protobuf/util/json_util.h"
@@ -33,6 +34,7 @@ struct InitArgs {
   uint64_t epoch_length = 1000;
   uint64_t voting_period = 10;
   std::string min_deposit = "1000";
+  std::string min_gas_price = "0";
   uint32_t max_nodes_limit = 1000;
   uint64_t max_duration_limit = 1000000;
   std::string genesis_file;
@@ -51,6 +53,9 @@ absl::StatusOr<pb::Genesis> GenesisFromFlags(const InitArgs& args) {
   auto min_deposit = ParseAmountFlag("--min-deposit", args.min_deposit);
   if (!min_deposit.ok()) return min_deposit.status();
   params->set_min_deposit(common::FormatAmount(*min_deposit));
+  auto min_gas_price = bridge::ParseGasPrice("--min-gas-price", args.min_gas_price);
+  if (!min_gas_price.ok()) return min_gas_price.status();
+  params->set_min_gas_price(args.min_gas_price);
   params->set_quorum_ppm(kQuorumPpm);
   params->set_threshold_ppm(kThresholdPpm);
   params->set_veto_threshold_ppm(kVetoThresholdPpm);
@@ -243,6 +248,9 @@ void AddDevnetCommands(CLI::App& root, CommandTable& table) {
           ->transform(UnsignedInteger())
           ->capture_default_str(),
       init->add_option("--min-deposit", init_args->min_deposit, "minimum deposit, ngonka")
+          ->capture_default_str(),
+      init->add_option("--min-gas-price", init_args->min_gas_price,
+                       "fee a tx pays per unit of gas, ngonka (a decimal; 0: no fee)")
           ->capture_default_str(),
       init->add_option("--max-nodes-limit", init_args->max_nodes_limit,
                        "largest max_nodes a spec may ask")

@@ -217,8 +217,23 @@ class FakeChainClient final : public bridge::ChainClient {
   absl::StatusOr<pb::SettlementRecord> Settlement(uint64_t) override {
     return absl::UnimplementedError("fake");
   }
+  // Fees of 0.001 ngonka per unit of gas.
   absl::StatusOr<pb::QueryParamsResponse> Params() override {
-    return absl::UnimplementedError("fake");
+    absl::MutexLock l(&mu_);
+    if (unavailable_) return Down();
+    pb::QueryParamsResponse r;
+    r.mutable_params()->set_min_gas_price("0.001");
+    return r;
+  }
+
+  // Every tx uses kSimulatedGas.
+  static constexpr int64_t kSimulatedGas = 100000;
+  absl::StatusOr<TxResponse> Simulate(const std::string&) override {
+    absl::MutexLock l(&mu_);
+    if (unavailable_) return Down();
+    TxResponse r;
+    r.set_gas_used(kSimulatedGas);
+    return r;
   }
 
   absl::StatusOr<TxResponse> BroadcastRaw(const std::string& tx_bytes) override {

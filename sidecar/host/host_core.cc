@@ -610,8 +610,9 @@ absl::StatusOr<HostCore::SignedReservation> HostCore::BuildReservationTx(uint64_
   r.set_signature(signature);
   pb::MsgReserveTrainshard msg;
   *msg.mutable_reservation() = r;
-  std::string tx_bytes =
-      bridge::BuildSignedTx(key_, chain_id_, account_number, sequence, {bridge::PackMsg(msg)});
+  TS_ASSIGN_OR_RETURN(std::string tx_bytes,
+                      bridge::BuildPaidTx(*chain_, key_, chain_id_, account_number, sequence,
+                                          {bridge::PackMsg(msg)}));
   out.pending.set_txhash(bridge::TxHash(tx_bytes));
   out.pending.set_tx_bytes(std::move(tx_bytes));
   out.pending.set_purpose(absl::StrCat(common::AsAbsl(kPurposeReservePrefix), shard_id));
@@ -690,7 +691,8 @@ absl::Status HostCore::Resign(const pb::PendingTx& tx, uint64_t expected_hint, b
                   return m;
                 }()));
   }
-  std::string bytes = bridge::BuildSignedTx(key_, chain_id_, account.first, sequence, msgs);
+  TS_ASSIGN_OR_RETURN(std::string bytes,
+                      bridge::BuildPaidTx(*chain_, key_, chain_id_, account.first, sequence, msgs));
   pb::PendingTx replacement = tx;
   replacement.set_txhash(bridge::TxHash(bytes));
   replacement.set_tx_bytes(std::move(bytes));

@@ -98,6 +98,9 @@ class ShardChain final : public bridge::ChainClient {
       const std::string&) override {
     return Unimplemented();
   }
+  absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> Simulate(const std::string&) override {
+    return Unimplemented();
+  }
   absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> GetTx(const std::string&) override {
     return Unimplemented();
   }

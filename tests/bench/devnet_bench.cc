@@ -32,6 +32,8 @@ namespace {
 
 constexpr double kTargetTxPerS = 2000;
 constexpr char kChainId[] = "devnet-bench-1";
+// The genesis asks for no fee; each tx asks for this much gas.
+constexpr uint64_t kGasLimit = 1'000'000;
 
 struct Flags {
   int txs = 10000;
@@ -155,9 +157,9 @@ int Run(const Flags& flags) {
       auto* coin = msg.add_amount();
       coin->set_denom("ngonka");
       coin->set_amount("1");
-      txs[static_cast<size_t>(i)].push_back(
-          BuildSignedTx(keys[static_cast<size_t>(i)], kChainId, acc->account_number,
-                        acc->sequence + static_cast<uint64_t>(s), {PackMsg(msg)}));
+      txs[static_cast<size_t>(i)].push_back(BuildSignedTx(
+          keys[static_cast<size_t>(i)], kChainId, acc->account_number,
+          acc->sequence + static_cast<uint64_t>(s), {PackMsg(msg)}, TxFee{kGasLimit, 0}));
     }
   }
   const int64_t start_height = (*node)->height();

@@ -280,12 +280,13 @@ class Network:
 
     def __init__(self, root=None, chain_id="trainshard-devnet-1", block_interval_ms=200,
                  voting_period=20, host_weights=(100, 80, 60), keep=False,
-                 listen_ip="127.0.0.1"):
+                 listen_ip="127.0.0.1", min_gas_price="0"):
         self.root = root or tempfile.mkdtemp(prefix="ts-net-")
         self.keep = keep
         self.chain_id = chain_id
         self.block_interval_ms = block_interval_ms
         self.voting_period = voting_period
+        self.min_gas_price = min_gas_price
         self.home = os.path.join(self.root, "devnet")
         self.chain = None
         self.devnet = None
@@ -354,7 +355,7 @@ class Network:
         args = ["devnet", "init", "--home", self.home, "--chain-id", self.chain_id,
                 "--poc-authority", self.address("authority"),
                 "--voting-period", str(self.voting_period), "--epoch-length", "1000000",
-                "--min-deposit", "1000"]
+                "--min-deposit", "1000", "--min-gas-price", self.min_gas_price]
         for name in self.keys:
             args += ["--account", f"{self.address(name)}=1000000000"]
         for i, w in enumerate(self.host_weights, start=1):

@@ -35,8 +35,13 @@ def assert_events_seen_once(test, net, host):
 
 
 class LifecycleTest(unittest.TestCase):
+    # The first test runs on a chain that asks a fee (every tx the sidecars and the CLI send
+    # simulates, then pays); the others on one that asks none, so balances move by payouts only.
+    MIN_GAS_PRICE = {"test_open_reserve_refuse_and_expire": "0.002"}
+
     def setUp(self):
-        self.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")))
+        self.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")),
+                                   min_gas_price=self.MIN_GAS_PRICE.get(self._testMethodName, "0"))
         self.net.init()
         self.net.start_devnet()
         self.net.add_hosts()
@@ -86,8 +91,10 @@ class LifecycleTest(unittest.TestCase):
             self.assertIn(f"host {h.operator} did not sign", out.stderr)
         self.assertIn("no training records", out.stderr)
         self.assertEqual(net.shard(sid)["status"], "SHARD_STATUS_RUNNING")
-        for name, address in hosts.items():
-            self.assertEqual(net.balance(address), before[name])
+        # Each host paid the fees of its vote and its reservation, and nothing else moved.
+        paid_fees = {name: before[name] - net.balance(address) for name, address in hosts.items()}
+        for name, fee in paid_fees.items():
+            self.assertGreater(fee, 0, f"{name} paid no fee for its reservation")
         for h in net.hosts:
             r = net.cli("host", "settlement", "--host", h.operator, "--id", sid, check=False)
             self.assertNotEqual(r.returncode, 0, f"{h.name} stored a signature: {r.stdout}")
@@ -95,13 +102,18 @@ class LifecycleTest(unittest.TestCase):
         # Nobody settles: the shard expires at its deadline and the creator gets the escrow back.
         net.wait_shard_status(sid, "SHARD_STATUS_EXPIRED", 120)
         for name, address in hosts.items():
-            self.assertEqual(net.balance(address), before[name])
-        # The deposit was refunded on passing; the escrow on expiry.
-        self.assertEqual(net.balance(creator), creator_before)
+            self.assertEqual(net.balance(address), before[name] - paid_fees[name])
+        # The deposit was refunded on passing; the escrow on expiry; the creator paid the fees
+        # of its proposal and its vote; every fee is in the fee collector.
+        params = net.cli("chain", "params")
+        self.assertEqual(params["params"]["min_gas_price"], "0.002")
+        creator_fees = creator_before - net.balance(creator)
+        self.assertGreater(creator_fees, 0)
+        collected = net.balance(params["fee_collector_address"])
+        self.assertGreaterEqual(collected, creator_fees + sum(paid_fees.values()))
         self.assertEqual(int(net.cli("chain", "status")["total_supply"]), supply)
         total = sum(net.balance(net.address(k)) for k in net.keys)
-        params = net.cli("chain", "params")
-        for module in ("gov_address", "escrow_address"):
+        for module in ("gov_address", "escrow_address", "fee_collector_address"):
             total += net.balance(params[module])
         self.assertEqual(total, supply, "balances do not add up to the total supply")
         for h in net.hosts:

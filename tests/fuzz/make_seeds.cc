@@ -74,7 +74,7 @@ void WriteTxSeeds(const fs::path& dir) {
   coin->set_amount("1000000");
   WriteTx(dir, "msg_send",
           ts::bridge::BuildSignedTx(alice, "gonka-devnet", /*account_number=*/7, /*sequence=*/3,
-                                    {ts::bridge::PackMsg(send)}),
+                                    {ts::bridge::PackMsg(send)}, ts::bridge::TxFee{200000, 200}),
           "gonka-devnet", 7);
 
   gonka::trainshard::v1::MsgReserveTrainshard reserve;
@@ -86,7 +86,8 @@ void WriteTxSeeds(const fs::path& dir) {
   reservation->set_valid_until_height(1000);
   WriteTx(dir, "msg_reserve_with_memo",
           ts::bridge::BuildSignedTx(bob, "gonka-devnet", /*account_number=*/8, /*sequence=*/0,
-                                    {ts::bridge::PackMsg(reserve)}, "reserve shard 1"),
+                                    {ts::bridge::PackMsg(reserve)}, ts::bridge::TxFee{150000, 0},
+                                    "reserve shard 1"),
           "gonka-devnet", 8);
 
   gonka::trainshard::v1::MsgAssembleTrainshard assemble;
@@ -94,7 +95,8 @@ void WriteTxSeeds(const fs::path& dir) {
   assemble.set_shard_id(1);
   WriteTx(dir, "two_msgs",
           ts::bridge::BuildSignedTx(alice, "gonka-devnet", /*account_number=*/7, /*sequence=*/4,
-                                    {ts::bridge::PackMsg(assemble), ts::bridge::PackMsg(send)}),
+                                    {ts::bridge::PackMsg(assemble), ts::bridge::PackMsg(send)},
+                                    ts::bridge::TxFee{300000, 3}),
           "gonka-devnet", 7);
 }
 

@@ -1,0 +1,110 @@
+#include "chain-bridge/module/tx_errors.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "chain-bridge/module/str_cat.h"
+
+namespace ts::bridge {
+namespace {
+
+// Where an SDK status keeps its code: a payload, so the code survives copies of the status.
+constexpr absl::string_view kSdkCodePayload = "type.googleapis.com/trainshard.SdkCode";
+
+absl::StatusCode NearestCode(SdkCode code) {
+  switch (code) {
+    case SdkCode::kUnauthorized:
+      return absl::StatusCode::kUnauthenticated;
+    case SdkCode::kInsufficientFunds:
+    case SdkCode::kInsufficientFee:
+    case SdkCode::kWrongSequence:
+    case SdkCode::kTxTimeoutHeight:
+      return absl::StatusCode::kFailedPrecondition;
+    case SdkCode::kUnknownAddress:
+      return absl::StatusCode::kNotFound;
+    case SdkCode::kOutOfGas:
+    case SdkCode::kMempoolIsFull:
+      return absl::StatusCode::kResourceExhausted;
+    case SdkCode::kTxInMempoolCache:
+      return absl::StatusCode::kAlreadyExists;
+    default:
+      return absl::StatusCode::kInvalidArgument;
+  }
+}
+
+}  // namespace
+
+std::string_view SdkDescription(SdkCode code) {
+  switch (code) {
+    case SdkCode::kTxDecode:
+      return "tx parse error";
+    case SdkCode::kUnauthorized:
+      return "unauthorized";
+    case SdkCode::kInsufficientFunds:
+      return "insufficient funds";
+    case SdkCode::kUnknownRequest:
+      return "unknown request";
+    case SdkCode::kInvalidAddress:
+      return "invalid address";
+    case SdkCode::kInvalidPubKey:
+      return "invalid pubkey";
+    case SdkCode::kUnknownAddress:
+      return "unknown address";
+    case SdkCode::kInvalidCoins:
+      return "invalid coins";
+    case SdkCode::kOutOfGas:
+      return "out of gas";
+    case SdkCode::kMemoTooLarge:
+      return "memo too large";
+    case SdkCode::kInsufficientFee:
+      return "insufficient fee";
+    case SdkCode::kTooManySignatures:
+      return "maximum number of signatures exceeded";
+    case SdkCode::kNoSignatures:
+      return "no signatures supplied";
+    case SdkCode::kInvalidRequest:
+      return "invalid request";
+    case SdkCode::kTxInMempoolCache:
+      return "tx already in mempool";
+    case SdkCode::kMempoolIsFull:
+      return "mempool is full";
+    case SdkCode::kTxTooLarge:
+      return "tx too large";
+    case SdkCode::kTxTimeoutHeight:
+      return "tx timeout height";
+    case SdkCode::kWrongSequence:
+      return "incorrect account sequence";
+    case SdkCode::kInvalidGasLimit:
+      return "invalid gas limit";
+  }
+  return "unknown";
+}
+
+absl::Status SdkError(SdkCode code, std::string_view detail) {
+  absl::Status status(NearestCode(code), Cat(detail, ": ", SdkDescription(code)));
+  status.SetPayload(kSdkCodePayload, absl::Cord(absl::StrCat(static_cast<uint32_t>(code))));
+  return status;
+}
+
+absl::Status SdkError(SdkCode code, const absl::Status& cause) {
+  absl::string_view message = cause.message();
+  return SdkError(code, std::string_view(message.data(), message.size()));
+}
+
+TxCode TxCodeOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kSdkCodePayload);
+  uint32_t sdk_code = 0;
+  if (payload.has_value() && absl::SimpleAtoi(std::string(*payload), &sdk_code)) {
+    return TxCode{std::string(kSdkCodespace), sdk_code};
+  }
+  return TxCode{std::string(kCodespace), static_cast<uint32_t>(status.code())};
+}
+
+absl::Status PrefixStatus(std::string_view prefix, const absl::Status& status) {
+  absl::Status out(status.code(), Cat(prefix, status.message()));
+  status.ForEachPayload([&](absl::string_view type_url, const absl::Cord& payload) {
+    out.SetPayload(type_url, payload);
+  });
+  return out;
+}
+
+}  // namespace ts::bridge
