@@ -11,11 +11,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "chain-bridge/client/chain_client.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/status.h"
@@ -58,27 +58,20 @@ bool IsSequenceMismatch(const TxResponse& r) {
 // The same bytes were already accepted (a retry after a lost answer): the SDK's code 19.
 bool IsAlreadyQueued(const TxResponse& r) { return r.codespace() == "sdk" && r.code() == 19; }
 
-// A refused simulation as a response: the devnet ends its error with "(codespace C, code N)";
-// another node's error is reported with code 1 (the SDK's "internal") and its message.
+// A refused simulation as a response: the devnet ends its error with "(codespace C, code N)"
+// (RefusalMessage); another node's error is reported with code 1 (the SDK's "internal").
 TxResponse SimulationRefused(const absl::Status& status) {
   TxResponse r;
-  std::string message(status.message());
-  r.set_code(1);
-  r.set_raw_log(message);
-  size_t open = message.rfind(" (codespace ");
-  if (open != std::string::npos && !message.empty() && message.back() == ')') {
-    std::string_view tail = std::string_view(message).substr(open + 12);
-    tail.remove_suffix(1);
-    size_t comma = tail.find(", code ");
-    uint32_t code = 0;
-    if (comma != std::string_view::npos &&
-        absl::SimpleAtoi(absl::string_view(tail.data() + comma + 7, tail.size() - comma - 7),
-                         &code) &&
-        code != 0) {
-      r.set_codespace(std::string(tail.substr(0, comma)));
-      r.set_code(code);
-      r.set_raw_log(message.substr(0, open));
-    }
+  std::string log;
+  TxCode code;
+  absl::string_view message = status.message();
+  if (ParseRefusalMessage(std::string_view(message.data(), message.size()), &log, &code)) {
+    r.set_codespace(code.codespace);
+    r.set_code(code.code);
+    r.set_raw_log(log);
+  } else {
+    r.set_code(1);
+    r.set_raw_log(std::string(message));
   }
   return r;
 }

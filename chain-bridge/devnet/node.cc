@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "chain-bridge/devnet/rpc_server.h"
 #include "chain-bridge/devnet/services.h"
 #include "chain-bridge/devnet/store.h"
 #include "chain-bridge/module/app.h"
@@ -190,6 +191,9 @@ struct DevnetNode::Impl final : public devnet::Backend {
   int64_t latest_height ABSL_GUARDED_BY(blocks_mu) = 0;
   std::string latest_app_hash ABSL_GUARDED_BY(blocks_mu);
   std::map<int64_t, std::shared_ptr<const pb::StoredBlock>> block_cache ABSL_GUARDED_BY(blocks_mu);
+  // CometBFT JSON-RPC, when options.rpc_listen_address is set: started before the producer and
+  // stopped after it, so the producer may use it without a lock.
+  std::unique_ptr<devnet::RpcServer> rpc;
   int block_waiters ABSL_GUARDED_BY(blocks_mu) = 0;
   bool stopping ABSL_GUARDED_BY(blocks_mu) = false;
 
@@ -534,10 +538,12 @@ struct DevnetNode::Impl final : public devnet::Backend {
       absl::MutexLock blocks_lock(&blocks_mu);
       latest_height = height;
       latest_app_hash = stored->results().app_hash();
-      block_cache.emplace(height, std::move(stored));
+      block_cache.emplace(height, stored);
       while (block_cache.size() > kBlockCacheSize) block_cache.erase(block_cache.begin());
       block_done.SignalAll();
     }
+    // The JSON-RPC server indexes it and tells its subscribers (it never waits on them).
+    if (rpc != nullptr) rpc->Publish(std::move(stored));
     return absl::OkStatus();
   }
 };
@@ -650,6 +656,23 @@ absl::Status DevnetNode::Start() {
     s.server.reset();
     return written;
   }
+  if (!s.options.rpc_listen_address.empty()) {
+    devnet::RpcServerOptions rpc_options;
+    rpc_options.listen_address = s.options.rpc_listen_address;
+    rpc_options.grpc_target = s.listen_address;
+    rpc_options.commit_timeout_ms = s.options.broadcast_block_timeout_ms;
+    auto rpc = devnet::RpcServer::Start(&s, rpc_options);
+    absl::Status rpc_written =
+        rpc.ok() ? devnet::WriteFileAtomic(s.home + "/" + devnet::kRpcAddrFile,
+                                           (*rpc)->listen_address() + "\n")
+                 : rpc.status();
+    if (!rpc_written.ok()) {
+      s.server->Shutdown();
+      s.server.reset();
+      return rpc_written;
+    }
+    s.rpc = *std::move(rpc);
+  }
   s.started = true;
   s.producer = std::thread([&s] { s.ProducerLoop(); });
   common::Log(common::LogLevel::kInfo, kComponent, "listening",
@@ -670,12 +693,18 @@ void DevnetNode::Shutdown() {
     s.block_done.SignalAll();
   }
   if (s.producer.joinable()) s.producer.join();
+  s.rpc.reset();
   if (s.server != nullptr) {
     // Calls in flight get a moment to finish; block waiters were woken above.
     s.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     s.server->Wait();
     s.server.reset();
   }
+}
+
+std::string DevnetNode::rpc_listen_address() const {
+  absl::MutexLock lock(&impl_->life_mu);
+  return impl_->rpc == nullptr ? "" : impl_->rpc->listen_address();
 }
 
 std::string DevnetNode::listen_address() const {

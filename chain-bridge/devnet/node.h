@@ -30,6 +30,9 @@ namespace pb = ::gonka::trainshard::v1;
 struct DevnetOptions {
   // "host:port"; port 0 picks a free port (the bound one is in node.addr and listen_address()).
   std::string listen_address = "127.0.0.1:0";
+  // The CometBFT JSON-RPC and WebSocket ("host:port", docs/devnet.md); empty serves none. The
+  // bound address is in rpc.addr and rpc_listen_address().
+  std::string rpc_listen_address;
   // A block is produced every interval, with or without txs: end-block deadlines need heights.
   int64_t block_interval_ms = 500;
   // Caps on one block; a block always takes at least one tx when the mempool has one.
@@ -95,6 +98,8 @@ class DevnetNode {
 
   // "127.0.0.1:PORT" once started; empty before.
   std::string listen_address() const;
+  // The JSON-RPC's "host:port" once started; empty before or without one.
+  std::string rpc_listen_address() const;
   // Latest persisted height and the app hash after it.
   int64_t height() const;
   std::string app_hash() const;

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "chain-bridge/devnet/store.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
@@ -91,9 +92,8 @@ class TxService final : public cosmos::tx::v1beta1::TxServiceBase {
       TS_ASSIGN_OR_RETURN(cosmos::base::abci::v1beta1::TxResponse simulated,
                           backend_->Simulate(tx_bytes));
       if (simulated.code() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(simulated.raw_log(), " (codespace ",
-                                                       simulated.codespace(), ", code ",
-                                                       simulated.code(), ")"));
+        return absl::InvalidArgumentError(RefusalMessage(
+            simulated.raw_log(), TxCode{simulated.codespace(), simulated.code()}));
       }
       response->mutable_gas_info()->set_gas_wanted(static_cast<uint64_t>(simulated.gas_wanted()));
       response->mutable_gas_info()->set_gas_used(static_cast<uint64_t>(simulated.gas_used()));

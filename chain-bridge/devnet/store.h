@@ -36,6 +36,7 @@ inline constexpr uint32_t kSchemaVersion = 1;
 
 inline constexpr char kGenesisFile[] = "genesis.json";
 inline constexpr char kAddrFile[] = "node.addr";
+inline constexpr char kRpcAddrFile[] = "rpc.addr";  // the CometBFT JSON-RPC's bound address
 inline constexpr char kDataDir[] = "data";
 
 struct Meta {

@@ -182,10 +182,10 @@ absl::Status App::Impl::Ante(Keeper& keeper, KvOverlay& kv, const DecodedTx& tx,
   }
   kv.ConsumeGas(gas::kSigVerifySecp256k1, "ante verify: secp256k1");
   if (!simulate) {
-    std::string digest =
-        common::Sha256(DirectSignBytes(tx.raw.body_bytes(), tx.raw.auth_info_bytes(),
-                                       env.genesis.chain_id(), account->account_number()));
-    if (!common::VerifyCompact(pub.key(), digest, tx.raw.signatures(0)).ok()) {
+    auto sign_bytes = SignBytes(tx, env.genesis.chain_id(), account->account_number());
+    if (!sign_bytes.ok()) return SdkError(SdkCode::kTxDecode, sign_bytes.status());
+    if (!common::VerifyCompact(pub.key(), common::Sha256(*sign_bytes), tx.raw.signatures(0))
+             .ok()) {
       return SdkError(SdkCode::kUnauthorized,
                       Cat("signature verification failed; please verify account number (",
                           account->account_number(), ") and chain-id (", env.genesis.chain_id(),

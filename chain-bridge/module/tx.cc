@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "chain-bridge/module/amino_json.h"
 #include "chain-bridge/module/proto_util.h"
 #include "chain-bridge/module/str_cat.h"
 #include "chain-bridge/module/tx_errors.h"
@@ -99,11 +100,14 @@ absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes, DecodeMode mode) {
     return Invalid("tx.auth_info.signer_infos[0].mode_info", "not a single-signer mode");
   }
   const auto sign_mode = signer.mode_info().single().mode();
+  tx.sign_mode = sign_mode;
   if (sign_mode != cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT &&
+      sign_mode != cosmos::tx::signing::v1beta1::SIGN_MODE_LEGACY_AMINO_JSON &&
       !(simulate && sign_mode == cosmos::tx::signing::v1beta1::SIGN_MODE_UNSPECIFIED)) {
     return Invalid(
         "tx.auth_info.signer_infos[0].mode_info.single.mode",
-        Cat(static_cast<int>(signer.mode_info().single().mode()), " is not SIGN_MODE_DIRECT"));
+        Cat(static_cast<int>(signer.mode_info().single().mode()),
+            " is not SIGN_MODE_DIRECT or SIGN_MODE_LEGACY_AMINO_JSON"));
   }
   if (!signer.has_public_key()) {
     return Invalid("tx.auth_info.signer_infos[0].public_key", "missing", SdkCode::kInvalidPubKey);
@@ -196,12 +200,31 @@ std::string BuildSimulateTx(std::string_view public_key, uint64_t sequence,
   return DeterministicBytes(raw);
 }
 
+absl::StatusOr<std::string> SignBytes(const DecodedTx& tx, std::string_view chain_id,
+                                      uint64_t account_number) {
+  if (tx.sign_mode == cosmos::tx::signing::v1beta1::SIGN_MODE_LEGACY_AMINO_JSON) {
+    return AminoJsonSignBytes(tx.body, tx.auth_info, chain_id, account_number,
+                              tx.auth_info.signer_infos(0).sequence());
+  }
+  return DirectSignBytes(tx.raw.body_bytes(), tx.raw.auth_info_bytes(), chain_id,
+                         account_number);
+}
+
 std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_id,
                           uint64_t account_number, uint64_t sequence,
                           const std::vector<google::protobuf::Any>& msgs, TxFee fee,
-                          std::string_view memo) {
-  TxRaw raw = UnsignedTx(key.public_key(), sequence, msgs, memo,
-                         cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT, fee);
+                          std::string_view memo, cosmos::tx::signing::v1beta1::SignMode mode) {
+  TxRaw raw = UnsignedTx(key.public_key(), sequence, msgs, memo, mode, fee);
+  if (mode == cosmos::tx::signing::v1beta1::SIGN_MODE_LEGACY_AMINO_JSON) {
+    DecodedTx parts;
+    parts.body.ParseFromString(raw.body_bytes());
+    parts.auth_info.ParseFromString(raw.auth_info_bytes());
+    // A message without an amino form signs nothing; the chain refuses the tx, naming it.
+    auto bytes = AminoJsonSignBytes(parts.body, parts.auth_info, chain_id, account_number,
+                                    sequence);
+    raw.add_signatures(key.SignCompact(common::Sha256(bytes.ok() ? *bytes : "")));
+    return DeterministicBytes(raw);
+  }
   std::string digest = common::Sha256(
       DirectSignBytes(raw.body_bytes(), raw.auth_info_bytes(), chain_id, account_number));
   raw.add_signatures(key.SignCompact(digest));

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/crypto/secp256k1.h"
+#include "cosmos/tx/signing/v1beta1/signing.pb.h"
 #include "cosmos/tx/v1beta1/tx.pb.h"
 #include "google/protobuf/any.pb.h"
 #include "google/protobuf/message.h"
@@ -29,6 +30,8 @@ struct DecodedTx {
   cosmos::tx::v1beta1::TxBody body;
   cosmos::tx::v1beta1::AuthInfo auth_info;
   uint64_t fee_amount = 0;  // ngonka, from auth_info.fee.amount
+  cosmos::tx::signing::v1beta1::SignMode sign_mode =
+      cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT;
 };
 
 // What a tx pays: its gas limit and its fee in ngonka.
@@ -45,7 +48,8 @@ enum class DecodeMode {
 // Decodes a TxRaw and its body and auth info, within the caps above. Errors name the field and
 // report as the SDK's (tx_errors.h): tx too large (21); no signature (15) or more than one (14);
 // an unparsable tx, unknown fields in the signed parts, no messages, more than kMaxMsgsPerTx,
-// not exactly one signer, a sign mode other than SIGN_MODE_DIRECT (2); a public key that is not
+// not exactly one signer, a sign mode other than SIGN_MODE_DIRECT or SIGN_MODE_LEGACY_AMINO_JSON
+// (2); a public key that is not
 // a 33-byte secp256k1 key (8); a fee that is not at most one coin of ngonka (10); a fee payer
 // other than the signer or a fee granter (18).
 absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes,
@@ -61,11 +65,19 @@ std::string TxHash(std::string_view tx_bytes);
 // Packs a message as google.protobuf.Any with type URL "/<full message name>".
 google::protobuf::Any PackMsg(const google::protobuf::Message& msg);
 
-// Builds and signs a one-signer TxRaw (SIGN_MODE_DIRECT, paying `fee`) and returns its bytes.
+// The bytes whose SHA-256 the signer signed, for its sign mode (DirectSignBytes, or
+// AminoJsonSignBytes: INVALID_ARGUMENT for a message without an amino JSON form).
+absl::StatusOr<std::string> SignBytes(const DecodedTx& tx, std::string_view chain_id,
+                                      uint64_t account_number);
+
+// Builds and signs a one-signer TxRaw (paying `fee`, in `mode`: SIGN_MODE_DIRECT, or
+// SIGN_MODE_LEGACY_AMINO_JSON for messages with an amino JSON form) and returns its bytes.
 std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_id,
                           uint64_t account_number, uint64_t sequence,
                           const std::vector<google::protobuf::Any>& msgs, TxFee fee,
-                          std::string_view memo = "");
+                          std::string_view memo = "",
+                          cosmos::tx::signing::v1beta1::SignMode mode =
+                              cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT);
 
 // The tx a client simulates before signing, as Cosmos clients build it: the same body and
 // signer (33-byte `public_key`, `sequence`), sign mode unspecified, an empty signature, no fee.

@@ -99,6 +99,30 @@ TxCode TxCodeOf(const absl::Status& status) {
   return TxCode{std::string(kCodespace), static_cast<uint32_t>(status.code())};
 }
 
+std::string RefusalMessage(std::string_view log, const TxCode& code) {
+  return Cat(log, " (codespace ", code.codespace, ", code ", code.code, ")");
+}
+
+bool ParseRefusalMessage(std::string_view message, std::string* log, TxCode* code) {
+  constexpr std::string_view kOpen = " (codespace ";
+  constexpr std::string_view kCode = ", code ";
+  size_t open = message.rfind(kOpen);
+  if (open == std::string_view::npos || !message.ends_with(")")) return false;
+  std::string_view tail = message.substr(open + kOpen.size());
+  tail.remove_suffix(1);
+  size_t comma = tail.find(kCode);
+  if (comma == std::string_view::npos) return false;
+  std::string_view number = tail.substr(comma + kCode.size());
+  uint32_t value = 0;
+  if (!absl::SimpleAtoi(absl::string_view(number.data(), number.size()), &value) || value == 0) {
+    return false;
+  }
+  *log = std::string(message.substr(0, open));
+  code->codespace = std::string(tail.substr(0, comma));
+  code->code = value;
+  return true;
+}
+
 absl::Status PrefixStatus(std::string_view prefix, const absl::Status& status) {
   absl::Status out(status.code(), Cat(prefix, status.message()));
   status.ForEachPayload([&](absl::string_view type_url, const absl::Cord& payload) {

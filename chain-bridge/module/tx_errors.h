@@ -60,6 +60,12 @@ struct TxCode {
 };
 TxCode TxCodeOf(const absl::Status& status);
 
+// How a refusal travels in the message of a gRPC error (the devnet's Simulate answers a tx that
+// would fail so): "<log> (codespace C, code N)".
+std::string RefusalMessage(std::string_view log, const TxCode& code);
+// The inverse: false when `message` does not end that way (or names code 0).
+bool ParseRefusalMessage(std::string_view message, std::string* log, TxCode* code);
+
 // `status` with `prefix` before its message, keeping what it reports as (its payloads).
 absl::Status PrefixStatus(std::string_view prefix, const absl::Status& status);
 

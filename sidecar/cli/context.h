@@ -31,7 +31,7 @@ inline constexpr int kExitRefused = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnreachable = 3;
 
-inline constexpr std::string_view kDefaultChain = "127.0.0.1:26657";
+inline constexpr std::string_view kDefaultChain = "127.0.0.1:9090";
 inline constexpr std::string_view kChainEnv = "TRAINSHARD_CHAIN";
 inline constexpr int64_t kDefaultTimeoutMs = 30000;
 

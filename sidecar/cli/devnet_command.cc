@@ -127,7 +127,8 @@ int RunInit(Context& ctx, const InitArgs& args) {
 
 struct StartArgs {
   std::string home;
-  std::string listen = "127.0.0.1:26657";
+  std::string listen = "127.0.0.1:9090";
+  std::string rpc_listen = "127.0.0.1:26657";
   int64_t block_interval_ms = 500;
 };
 
@@ -160,6 +161,12 @@ class ScopedSignalBlock {
 int RunStart(Context& ctx, const StartArgs& args) {
   auto listen = ParseListenAddress("--listen", args.listen);
   if (!listen.ok()) return ctx.BadInput(listen.status());
+  std::string rpc_listen;
+  if (!args.rpc_listen.empty()) {
+    auto parsed = ParseListenAddress("--rpc-listen", args.rpc_listen);
+    if (!parsed.ok()) return ctx.BadInput(parsed.status());
+    rpc_listen = *parsed;
+  }
   if (args.block_interval_ms < 1) {
     return ctx.BadInput(absl::InvalidArgumentError(
         absl::StrCat("--block-interval-ms ", args.block_interval_ms, ": must be at least 1")));
@@ -167,6 +174,7 @@ int RunStart(Context& ctx, const StartArgs& args) {
   ScopedSignalBlock signals;
   bridge::DevnetOptions options;
   options.listen_address = *listen;
+  options.rpc_listen_address = rpc_listen;
   options.block_interval_ms = args.block_interval_ms;
   auto node = bridge::DevnetNode::Open(args.home, options);
   if (!node.ok()) return ctx.LocalFailed(node.status());
@@ -175,12 +183,16 @@ int RunStart(Context& ctx, const StartArgs& args) {
   std::string address = (*node)->listen_address();
   if (ctx.json()) {
     ctx.PrintJson({{"listen", address},
+                   {"rpc_listen", (*node)->rpc_listen_address()},
                    {"home", args.home},
                    {"chain_id", (*node)->chain_id()},
                    {"height", std::to_string((*node)->height())}});
   } else {
     ctx.out() << "devnet " << (*node)->chain_id() << " listening on " << address << " (height "
               << (*node)->height() << ", home " << args.home << ")\n";
+    if (!(*node)->rpc_listen_address().empty()) {
+      ctx.out() << "CometBFT JSON-RPC on " << (*node)->rpc_listen_address() << "\n";
+    }
     ctx.out().flush();
   }
   int signal_number = signals.Wait();
@@ -269,6 +281,10 @@ void AddDevnetCommands(CLI::App& root, CommandTable& table) {
       devnet->add_subcommand("start", "run the node in the foreground until SIGTERM or SIGINT");
   start->add_option("--home", start_args->home, "node home directory")->required();
   start->add_option("--listen", start_args->listen, "gRPC listen address (port 0: any free)")
+      ->capture_default_str();
+  start
+      ->add_option("--rpc-listen", start_args->rpc_listen,
+                   "CometBFT JSON-RPC and WebSocket listen address (port 0: any free; \"\": none)")
       ->capture_default_str();
   start
       ->add_option("--block-interval-ms", start_args->block_interval_ms,

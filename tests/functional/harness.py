@@ -295,6 +295,7 @@ class Network:
         self.keys = {}
         self.listen_ip = listen_ip
         self.devnet_port = free_port()
+        self.rpc_port = free_port()
         # While nodes are being killed, a CLI call that cannot reach them (exit 3) is retried
         # for this long.
         self.retry_unreachable_s = 0
@@ -368,6 +369,7 @@ class Network:
             os.unlink(addr_file)
         self.devnet = Process("devnet", [CLI, "devnet", "start", "--home", self.home,
                                          "--listen", f"{self.listen_ip}:{self.devnet_port}",
+                                         "--rpc-listen", f"{self.listen_ip}:{self.rpc_port}",
                                          "--block-interval-ms", str(self.block_interval_ms)],
                               os.path.join(self.root, "devnet.log"))
         self.devnet.start()

@@ -225,12 +225,14 @@ class ComposeFirstStartTest(unittest.TestCase):
         self.run_init()
         self.assertEqual(harness.tree_sha256(os.path.join(self.root, "var")), made)
 
-        # The devnet service's command, on a free loopback port instead of 0.0.0.0:26657.
+        # The devnet service's command, on free loopback ports instead of 0.0.0.0:9090 and
+        # 0.0.0.0:26657.
         command = list(document["services"]["devnet"]["command"])
         self.assertEqual(command[:3], ["trainshard", "devnet", "start"])
         command[0] = harness.CLI
         command[command.index("--home") + 1] = home
         command[command.index("--listen") + 1] = "127.0.0.1:0"
+        command[command.index("--rpc-listen") + 1] = "127.0.0.1:0"
         devnet = self.start("devnet", command)
         addr_file = os.path.join(home, "node.addr")
 
