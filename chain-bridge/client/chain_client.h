@@ -39,6 +39,9 @@ struct AccountInfo {
 };
 
 struct ChainClientOptions {
+  // The node's CometBFT JSON-RPC ("host:port"): when set, EventsAt reads `block_results` there,
+  // as from any CometBFT node; empty reads the module's Query/BlockEvents over gRPC.
+  std::string rpc_target;
   int64_t call_timeout_ms = 5000;
   // Retries of a broadcast after a sequence mismatch or UNAVAILABLE, each with a fresh sequence.
   int broadcast_attempts = 5;
@@ -52,7 +55,8 @@ class ChainClient {
   virtual ~ChainClient() = default;
 
   virtual absl::StatusOr<ChainStatus> Status() = 0;
-  // All events at `height`, in order (each tx's events, then end-block events).
+  // All events at `height`, in order (each tx's events, then end-block events). NOT_FOUND past
+  // the latest height.
   virtual absl::StatusOr<std::vector<tendermint::abci::Event>> EventsAt(int64_t height) = 0;
   // NOT_FOUND if the account never appeared on chain.
   virtual absl::StatusOr<AccountInfo> Account(const std::string& address) = 0;

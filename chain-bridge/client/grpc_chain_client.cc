@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "chain-bridge/client/chain_client.h"
+#include "chain-bridge/client/comet_rpc.h"
 #include "chain-bridge/module/tx.h"
 #include "chain-bridge/module/tx_errors.h"
 #include "common/amount.h"
@@ -102,6 +103,9 @@ class GrpcChainClient final : public ChainClient {
   }
 
   absl::StatusOr<std::vector<tendermint::abci::Event>> EventsAt(int64_t height) override {
+    if (!options_.rpc_target.empty()) {
+      return CometBlockEvents(options_.rpc_target, height, options_.call_timeout_ms);
+    }
     pb::QueryBlockEventsRequest req;
     req.set_height(height);
     pb::QueryBlockEventsResponse resp;

@@ -77,7 +77,8 @@ class Parser {
       while (!AtEnd() && std::isdigit(static_cast<unsigned char>(Peek()))) ++pos_;
       c.text = std::string(text_.substr(begin, pos_ - begin));
       int64_t value = 0;
-      if (!absl::SimpleAtoi(Absl(c.text), &value)) return Error("expected a 'string' or an integer");
+      if (!absl::SimpleAtoi(Absl(c.text), &value))
+        return Error("expected a 'string' or an integer");
       if (c.op == Op::kContains) return Error("CONTAINS takes a 'string'");
     }
     int64_t value = 0;

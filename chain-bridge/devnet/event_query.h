@@ -28,8 +28,8 @@ struct QueryCondition {
   enum class Op { kEq, kLt, kLe, kGt, kGe, kContains, kExists };
   std::string key;  // "type.attribute", or a reserved key
   Op op = Op::kEq;
-  std::string text;                 // the operand as written (unquoted)
-  std::optional<int64_t> number;    // the operand when it is an integer
+  std::string text;               // the operand as written (unquoted)
+  std::optional<int64_t> number;  // the operand when it is an integer
 };
 
 struct EventQuery {
@@ -41,9 +41,9 @@ absl::StatusOr<EventQuery> ParseEventQuery(std::string_view text);
 
 // What a query is matched against: the events and the reserved keys' values.
 struct EventSubject {
-  std::string_view tm_event;   // "Tx" or "NewBlock"
-  int64_t height = 0;          // tx.height and block.height
-  std::string_view tx_hash;    // upper-case hex, empty for a block
+  std::string_view tm_event;  // "Tx" or "NewBlock"
+  int64_t height = 0;         // tx.height and block.height
+  std::string_view tx_hash;   // upper-case hex, empty for a block
   const google::protobuf::RepeatedPtrField<tendermint::abci::Event>* events = nullptr;
   const google::protobuf::RepeatedPtrField<tendermint::abci::Event>* more_events = nullptr;
 };

@@ -662,10 +662,10 @@ absl::Status DevnetNode::Start() {
     rpc_options.grpc_target = s.listen_address;
     rpc_options.commit_timeout_ms = s.options.broadcast_block_timeout_ms;
     auto rpc = devnet::RpcServer::Start(&s, rpc_options);
-    absl::Status rpc_written =
-        rpc.ok() ? devnet::WriteFileAtomic(s.home + "/" + devnet::kRpcAddrFile,
-                                           (*rpc)->listen_address() + "\n")
-                 : rpc.status();
+    absl::Status rpc_written = rpc.ok()
+                                   ? devnet::WriteFileAtomic(s.home + "/" + devnet::kRpcAddrFile,
+                                                             (*rpc)->listen_address() + "\n")
+                                   : rpc.status();
     if (!rpc_written.ok()) {
       s.server->Shutdown();
       s.server.reset();

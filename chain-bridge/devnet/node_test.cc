@@ -16,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "chain-bridge/client/chain_client.h"
+#include "chain-bridge/devnet/devnet_test_util.h"
 #include "chain-bridge/devnet/store.h"
 #include "chain-bridge/module/tx.h"
 #include "chain-bridge/module/tx_errors.h"
@@ -31,86 +32,9 @@
 namespace ts::bridge {
 namespace {
 
+using namespace devnet_test;  // NOLINT: the fixture's helpers
+
 using cosmos::base::abci::v1beta1::TxResponse;
-
-constexpr char kChainId[] = "devnet-test-1";
-constexpr uint64_t kInitialBalance = 1'000'000;
-// The genesis asks for no fee; each tx asks for this much gas.
-constexpr uint64_t kGasLimit = 1'000'000;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ts_devnet_test.XXXXXX").string();
-    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-common::PrivateKey Key(int i) {
-  auto key = common::PrivateKey::FromBytes(common::Sha256("devnet-test-key-" + std::to_string(i)));
-  EXPECT_TRUE(key.ok());
-  return *key;
-}
-
-std::string Addr(int i) { return common::AddressFromPublicKey(Key(i).public_key()); }
-
-pb::Genesis TestGenesis(int accounts) {
-  pb::Genesis g;
-  g.set_chain_id(kChainId);
-  pb::Params* p = g.mutable_params();
-  p->set_epoch_length_blocks(1000);
-  p->set_voting_period_blocks(10);
-  p->set_min_deposit("1000");
-  p->set_quorum_ppm(334000);
-  p->set_threshold_ppm(500000);
-  p->set_veto_threshold_ppm(334000);
-  p->set_poc_authority(Addr(0));
-  p->set_max_nodes_limit(16);
-  p->set_max_weights_per_submission(100);
-  p->set_max_duration_blocks_limit(100000);
-  for (int i = 0; i < accounts; ++i) {
-    pb::GenesisAccount* a = g.add_accounts();
-    a->set_address(Addr(i));
-    a->set_balance(std::to_string(kInitialBalance));
-  }
-  pb::HostWeight* w = g.add_poc_weights();
-  w->set_host(Addr(1));
-  w->set_weight(100);
-  return g;
-}
-
-google::protobuf::Any Send(int from, int to, uint64_t amount) {
-  cosmos::bank::v1beta1::MsgSend msg;
-  msg.set_from_address(Addr(from));
-  msg.set_to_address(Addr(to));
-  auto* coin = msg.add_amount();
-  coin->set_denom("ngonka");
-  coin->set_amount(std::to_string(amount));
-  return PackMsg(msg);
-}
-
-ChainClientOptions FastClient() {
-  ChainClientOptions o;
-  o.call_timeout_ms = 5000;
-  o.retry_backoff_ms = 20;
-  o.inclusion_timeout_ms = 15000;
-  return o;
-}
-
-DevnetOptions FastNode() {
-  DevnetOptions o;
-  o.block_interval_ms = 40;
-  return o;
-}
 
 // A node on 127.0.0.1:0 in a fresh home, with a client connected to it.
 class DevnetTest : public ::testing::Test {

@@ -68,15 +68,14 @@ Json Block(const pb::StoredBlock& stored, std::string_view proposer_address) {
   const auto& header = stored.block().header();
   Json txs = Json::array();
   for (const auto& tx : stored.block().data().txs()) txs.push_back(Base64(tx));
-  Json last_commit = {
-      {"height", absl::StrCat(header.height() > 1 ? header.height() - 1 : 0)},
-      {"round", 0},
-      {"block_id",
-       {{"hash", Hex(header.last_block_id().hash())},
-        {"parts", PartSet(header.last_block_id().hash().empty()
-                              ? ""
-                              : common::Sha256(header.last_block_id().hash()))}}},
-      {"signatures", Json::array()}};
+  Json last_commit = {{"height", absl::StrCat(header.height() > 1 ? header.height() - 1 : 0)},
+                      {"round", 0},
+                      {"block_id",
+                       {{"hash", Hex(header.last_block_id().hash())},
+                        {"parts", PartSet(header.last_block_id().hash().empty()
+                                              ? ""
+                                              : common::Sha256(header.last_block_id().hash()))}}},
+                      {"signatures", Json::array()}};
   return Json{{"block_id", BlockId(header)},
               {"block",
                {{"header", Header(header, proposer_address)},

@@ -25,8 +25,8 @@ std::string PercentDecode(std::string_view text) {
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] == '+') {
       out.push_back(' ');
-    } else if (text[i] == '%' && i + 2 < text.size() &&
-               HexValue(text[i + 1]) >= 0 && HexValue(text[i + 2]) >= 0) {
+    } else if (text[i] == '%' && i + 2 < text.size() && HexValue(text[i + 1]) >= 0 &&
+               HexValue(text[i + 2]) >= 0) {
       out.push_back(static_cast<char>(HexValue(text[i + 1]) * 16 + HexValue(text[i + 2])));
       i += 2;
     } else {
@@ -36,7 +36,40 @@ std::string PercentDecode(std::string_view text) {
   return out;
 }
 
+// The deepest nesting of arrays and objects in `text`, brackets inside strings not counted;
+// stops counting past `limit`.
+int Depth(std::string_view text, int limit) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
+
+Json ParseBoundedJson(std::string_view text) {
+  if (Depth(text, kMaxJsonDepth) > kMaxJsonDepth) return Json(Json::value_t::discarded);
+  return Json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
 
 absl::StatusOr<RpcRequest> ParseRpcRequest(const Json& request) {
   if (!request.is_object()) {
@@ -66,6 +99,10 @@ absl::StatusOr<RpcRequest> ParseRpcRequest(const Json& request) {
 }
 
 absl::StatusOr<std::vector<RpcRequest>> ParseRpcBody(std::string_view body, bool* batch) {
+  if (Depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("-32700 Parse error: nested deeper than ", kMaxJsonDepth));
+  }
   Json parsed = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return absl::InvalidArgumentError("-32700 Parse error: not JSON");
   *batch = parsed.is_array();
@@ -76,9 +113,8 @@ absl::StatusOr<std::vector<RpcRequest>> ParseRpcBody(std::string_view body, bool
     return out;
   }
   if (parsed.empty() || parsed.size() > kMaxBatch) {
-    return absl::InvalidArgumentError(absl::StrCat("-32600 Invalid Request: a batch of ",
-                                                   parsed.size(), " requests (1..", kMaxBatch,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "-32600 Invalid Request: a batch of ", parsed.size(), " requests (1..", kMaxBatch, ")"));
   }
   for (const auto& one : parsed) {
     TS_ASSIGN_OR_RETURN(RpcRequest request, ParseRpcRequest(one));
@@ -105,7 +141,9 @@ Json UriParams(std::string_view query) {
   return params;
 }
 
-std::string Dump(const Json& json) { return json.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string Dump(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 std::string Param(const Json& params, const char* name) {
   if (!params.is_object()) return "";
@@ -120,9 +158,8 @@ absl::StatusOr<int64_t> IntParam(const Json& params, const char* name, int64_t a
   if (text.empty()) return absent;
   int64_t value = 0;
   if (!absl::SimpleAtoi(Absl(text), &value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": \"", absl::CHexEscape(Absl(text).substr(0, 40)),
-                     "\" is not an integer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": \"", absl::CHexEscape(Absl(text).substr(0, 40)), "\" is not an integer"));
   }
   return value;
 }

@@ -24,6 +24,8 @@ inline constexpr int kMaxPerPage = 100;
 inline constexpr int kDefaultPerPage = 30;
 // Parameters of the URI form at most.
 inline constexpr size_t kMaxUriParams = 16;
+// Arrays and objects nested in a request at most (copying and writing JSON recurse per level).
+inline constexpr int kMaxJsonDepth = 32;
 
 struct RpcRequest {
   Json id = -1;
@@ -32,9 +34,14 @@ struct RpcRequest {
 };
 
 // A body's requests. Errors carry the JSON-RPC code in their message's first word:
-// INVALID_ARGUMENT "-32700 ..." (not JSON), "-32600 ..." (not a request, an empty or too big
-// batch). A single request is a batch of one; `batch` says which it was.
+// INVALID_ARGUMENT "-32700 ..." (not JSON, or nested deeper than kMaxJsonDepth), "-32600 ..."
+// (not a request, an empty or too big batch). A single request is a batch of one; `batch` says
+// which it was.
 absl::StatusOr<std::vector<RpcRequest>> ParseRpcBody(std::string_view body, bool* batch);
+// JSON text parsed only if it nests at most kMaxJsonDepth deep (a discarded value otherwise, or
+// for text that is not JSON).
+Json ParseBoundedJson(std::string_view text);
+
 // One request (a WebSocket message, or an element of a batch).
 absl::StatusOr<RpcRequest> ParseRpcRequest(const Json& request);
 

@@ -77,23 +77,11 @@ Json Reply(const Json& id, const Result& result) {
 
 // The status an abci_query reports for a gRPC error, as the SDK converts one.
 Json QueryError(const grpc::Status& status, int64_t height) {
-  static const char* kNames[] = {"OK",
-                                 "Canceled",
-                                 "Unknown",
-                                 "InvalidArgument",
-                                 "DeadlineExceeded",
-                                 "NotFound",
-                                 "AlreadyExists",
-                                 "PermissionDenied",
-                                 "ResourceExhausted",
-                                 "FailedPrecondition",
-                                 "Aborted",
-                                 "OutOfRange",
-                                 "Unimplemented",
-                                 "Internal",
-                                 "Unavailable",
-                                 "DataLoss",
-                                 "Unauthenticated"};
+  static const char* kNames[] = {
+      "OK",       "Canceled",       "Unknown",          "InvalidArgument",   "DeadlineExceeded",
+      "NotFound", "AlreadyExists",  "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
+      "Aborted",  "OutOfRange",     "Unimplemented",    "Internal",          "Unavailable",
+      "DataLoss", "Unauthenticated"};
   int code = static_cast<int>(status.error_code());
   std::string log;
   TxCode tx_code;
@@ -239,9 +227,9 @@ absl::StatusOr<int64_t> RpcServer::Impl::HeightParam(const Json& params) {
   TS_ASSIGN_OR_RETURN(int64_t height, IntParam(params, "height", 0));
   if (height == 0) height = latest;
   if (height < 1 || height > latest) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "height ", height, " must be less than or equal to the current blockchain height ",
-        latest));
+    return absl::InvalidArgumentError(
+        absl::StrCat("height ", height,
+                     " must be less than or equal to the current blockchain height ", latest));
   }
   return height;
 }
@@ -334,9 +322,8 @@ Result RpcServer::Impl::AbciQuery(const Json& params) {
   grpc::Slice slice(*data);
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
-  grpc::Status status =
-      grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-          channel.get(), method, &context, request, &response);
+  grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel.get(), method, &context, request, &response);
   if (!status.ok()) return QueryError(status, *latest);
   std::vector<grpc::Slice> slices;
   std::string value;
@@ -355,8 +342,7 @@ Result RpcServer::Impl::AbciQuery(const Json& params) {
                 {"codespace", ""}}}};
 }
 
-Result RpcServer::Impl::BroadcastTx(const Json& params,
-                                    cosmos::tx::v1beta1::BroadcastMode mode) {
+Result RpcServer::Impl::BroadcastTx(const Json& params, cosmos::tx::v1beta1::BroadcastMode mode) {
   auto tx = Base64Param(params, "tx");
   if (!tx.ok()) return FromStatus(tx.status());
   if (tx->empty()) return InvalidParams("tx: empty");
@@ -486,8 +472,7 @@ Result RpcServer::Impl::BlockSearch(const Json& params) {
     // Reserved-key-only queries need no block: test them on an empty event list first.
     auto loaded = backend->Block(height);
     if (!loaded.ok()) return FromStatus(loaded.status());
-    EventSubject subject{"NewBlock", height, "", &(*loaded)->results().end_block_events(),
-                         nullptr};
+    EventSubject subject{"NewBlock", height, "", &(*loaded)->results().end_block_events(), nullptr};
     if (!Matches(*query, subject)) continue;
     if (total >= skip && total < skip + page->per_page) {
       blocks.push_back(rpc_json::Block(**loaded, validator.address));
@@ -516,8 +501,8 @@ Result RpcServer::Impl::Blockchain(const Json& params) {
   int64_t high = std::min(*max == 0 ? *latest : *max, *latest);
   int64_t low = std::max<int64_t>({*min, 1, high - kMaxBlockchainRange + 1});
   if (low > high && *latest > 0) {
-    return InvalidParams(absl::StrCat("min height ", *min, " can't be greater than max height ",
-                                      high));
+    return InvalidParams(
+        absl::StrCat("min height ", *min, " can't be greater than max height ", high));
   }
   Json metas = Json::array();
   for (int64_t h = high; h >= low; --h) {
@@ -618,12 +603,11 @@ int RpcServer::Impl::HandleHttp(mg_connection* connection, void* data) {
   if (method == "GET") {
     if (uri == "/") {
       RespondJson(connection, 200,
-                  Dump(Json{{"methods", {"health", "status", "abci_info", "abci_query",
-                                         "broadcast_tx_sync", "broadcast_tx_async",
-                                         "broadcast_tx_commit", "tx", "tx_search", "block",
-                                         "block_search", "block_results", "blockchain",
-                                         "validators", "subscribe", "unsubscribe",
-                                         "unsubscribe_all"}}}));
+                  Dump(Json{{"methods",
+                             {"health", "status", "abci_info", "abci_query", "broadcast_tx_sync",
+                              "broadcast_tx_async", "broadcast_tx_commit", "tx", "tx_search",
+                              "block", "block_search", "block_results", "blockchain", "validators",
+                              "subscribe", "unsubscribe", "unsubscribe_all"}}}));
       return 200;
     }
     RpcRequest request;
@@ -704,11 +688,11 @@ int RpcServer::Impl::WsData(mg_connection* connection, int bits, char* payload, 
   if (opcode == MG_WEBSOCKET_OPCODE_CONNECTION_CLOSE) return 0;
   if (opcode != MG_WEBSOCKET_OPCODE_TEXT) return 1;  // pings are answered by civetweb
   if (size > kMaxRpcRequestBytes) return 0;          // closes the connection
-  Json parsed = Json::parse(std::string_view(payload, size), nullptr, false);
-  auto request = parsed.is_discarded()
-                     ? absl::StatusOr<RpcRequest>(
-                           absl::InvalidArgumentError("-32700 Parse error: not JSON"))
-                     : ParseRpcRequest(parsed);
+  Json parsed = ParseBoundedJson(std::string_view(payload, size));
+  auto request =
+      parsed.is_discarded()
+          ? absl::StatusOr<RpcRequest>(absl::InvalidArgumentError("-32700 Parse error: not JSON"))
+          : ParseRpcRequest(parsed);
   if (!request.ok()) {
     absl::MutexLock lock(&impl->ws_mu);
     impl->WsWrite(connection, Reply(-1, RequestError(request.status())));
@@ -730,8 +714,8 @@ int RpcServer::Impl::WsData(mg_connection* connection, int bits, char* payload, 
         std::erase_if(client.subscriptions, [&](const auto& s) { return s.text == text; });
         if (client.subscriptions.size() == before) result = Internal("subscription not found");
       } else if (client.subscriptions.size() >= static_cast<size_t>(kMaxSubscriptionsPerClient)) {
-        result = Internal(absl::StrCat("max_subscriptions_per_client ",
-                                       kMaxSubscriptionsPerClient, " reached"));
+        result = Internal(
+            absl::StrCat("max_subscriptions_per_client ", kMaxSubscriptionsPerClient, " reached"));
       } else if (std::any_of(client.subscriptions.begin(), client.subscriptions.end(),
                              [&](const auto& s) { return s.text == text; })) {
         result = Internal("already subscribed");
@@ -770,11 +754,11 @@ void RpcServer::Impl::SendEvents(const pb::StoredBlock& block) {
             {"tx_results", rpc_json::BlockResults(block)["txs_results"]},
             {"validator_updates", Json::array()},
             {"app_hash", rpc_json::Base64(block.results().app_hash())}};
-        WsWrite(client.connection,
-                Reply(sub.id, Json{{"query", sub.text},
-                                   {"data", {{"type", "tendermint/event/NewBlock"},
-                                             {"value", value}}},
-                                   {"events", events}}));
+        WsWrite(
+            client.connection,
+            Reply(sub.id, Json{{"query", sub.text},
+                               {"data", {{"type", "tendermint/event/NewBlock"}, {"value", value}}},
+                               {"events", events}}));
       }
       for (int i = 0; i < block.results().tx_results_size(); ++i) {
         const std::string& tx = block.block().data().txs(i);
@@ -782,9 +766,8 @@ void RpcServer::Impl::SendEvents(const pb::StoredBlock& block) {
         const auto& result = block.results().tx_results(i);
         EventSubject tx_subject{"Tx", height, hash, &result.events(), nullptr};
         if (!Matches(sub.query, tx_subject)) continue;
-        Json events = {{"tm.event", {"Tx"}},
-                       {"tx.hash", {hash}},
-                       {"tx.height", {absl::StrCat(height)}}};
+        Json events = {
+            {"tm.event", {"Tx"}}, {"tx.hash", {hash}}, {"tx.height", {absl::StrCat(height)}}};
         for (const auto& event : result.events()) {
           for (const auto& a : event.attributes()) {
             events[absl::StrCat(event.type(), ".", a.key())].push_back(a.value());

@@ -92,8 +92,8 @@ class TxService final : public cosmos::tx::v1beta1::TxServiceBase {
       TS_ASSIGN_OR_RETURN(cosmos::base::abci::v1beta1::TxResponse simulated,
                           backend_->Simulate(tx_bytes));
       if (simulated.code() != 0) {
-        return absl::InvalidArgumentError(RefusalMessage(
-            simulated.raw_log(), TxCode{simulated.codespace(), simulated.code()}));
+        return absl::InvalidArgumentError(
+            RefusalMessage(simulated.raw_log(), TxCode{simulated.codespace(), simulated.code()}));
       }
       response->mutable_gas_info()->set_gas_wanted(static_cast<uint64_t>(simulated.gas_wanted()));
       response->mutable_gas_info()->set_gas_used(static_cast<uint64_t>(simulated.gas_used()));

@@ -104,7 +104,16 @@ absl::StatusOr<std::string> AminoMsg(int index, const google::protobuf::Any& any
 
 std::string AminoJsonString(std::string_view text) {
   std::string out = "\"";
-  for (unsigned char c : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    // U+2028 and U+2029 (E2 80 A8 / A9), which Go's encoder escapes.
+    if (c == 0xe2 && i + 2 < text.size() && static_cast<unsigned char>(text[i + 1]) == 0x80 &&
+        (static_cast<unsigned char>(text[i + 2]) == 0xa8 ||
+         static_cast<unsigned char>(text[i + 2]) == 0xa9)) {
+      out.append(static_cast<unsigned char>(text[i + 2]) == 0xa8 ? "\\u2028" : "\\u2029");
+      i += 2;
+      continue;
+    }
     switch (c) {
       case '"':
         out.append("\\\"");
@@ -120,6 +129,12 @@ std::string AminoJsonString(std::string_view text) {
         break;
       case '\t':
         out.append("\\t");
+        break;
+      case '\b':
+        out.append("\\b");
+        break;
+      case '\f':
+        out.append("\\f");
         break;
       case '&':
       case '<':
@@ -140,8 +155,8 @@ std::string AminoJsonString(std::string_view text) {
 
 absl::StatusOr<std::string> AminoJsonSignBytes(const cosmos::tx::v1beta1::TxBody& body,
                                                const cosmos::tx::v1beta1::AuthInfo& auth_info,
-                                               std::string_view chain_id,
-                                               uint64_t account_number, uint64_t sequence) {
+                                               std::string_view chain_id, uint64_t account_number,
+                                               uint64_t sequence) {
   std::vector<std::string> msgs;
   for (int i = 0; i < body.messages_size(); ++i) {
     auto msg = AminoMsg(i, body.messages(i));
@@ -149,7 +164,8 @@ absl::StatusOr<std::string> AminoJsonSignBytes(const cosmos::tx::v1beta1::TxBody
     msgs.push_back(*std::move(msg));
   }
   Object fee;
-  fee.Raw("amount", Coins(auth_info.fee().amount())).Raw("gas", Number(auth_info.fee().gas_limit()));
+  fee.Raw("amount", Coins(auth_info.fee().amount()))
+      .Raw("gas", Number(auth_info.fee().gas_limit()));
   if (!auth_info.fee().payer().empty()) fee.Text("payer", auth_info.fee().payer());
   if (!auth_info.fee().granter().empty()) fee.Text("granter", auth_info.fee().granter());
   Object doc;

@@ -21,10 +21,11 @@ namespace ts::bridge {
 // whose Any does not parse).
 absl::StatusOr<std::string> AminoJsonSignBytes(const cosmos::tx::v1beta1::TxBody& body,
                                                const cosmos::tx::v1beta1::AuthInfo& auth_info,
-                                               std::string_view chain_id,
-                                               uint64_t account_number, uint64_t sequence);
+                                               std::string_view chain_id, uint64_t account_number,
+                                               uint64_t sequence);
 
-// A JSON string literal as the SDK's sorted JSON writes it (Go's encoder with HTML escaping).
+// A JSON string literal as the SDK's sorted JSON writes it (Go's encoder with HTML escaping:
+// \b, \f, \n, \r, \t, other control characters as \u00XX, &<> and U+2028, U+2029 as \uXXXX).
 std::string AminoJsonString(std::string_view text);
 
 }  // namespace ts::bridge

@@ -184,8 +184,7 @@ absl::Status App::Impl::Ante(Keeper& keeper, KvOverlay& kv, const DecodedTx& tx,
   if (!simulate) {
     auto sign_bytes = SignBytes(tx, env.genesis.chain_id(), account->account_number());
     if (!sign_bytes.ok()) return SdkError(SdkCode::kTxDecode, sign_bytes.status());
-    if (!common::VerifyCompact(pub.key(), common::Sha256(*sign_bytes), tx.raw.signatures(0))
-             .ok()) {
+    if (!common::VerifyCompact(pub.key(), common::Sha256(*sign_bytes), tx.raw.signatures(0)).ok()) {
       return SdkError(SdkCode::kUnauthorized,
                       Cat("signature verification failed; please verify account number (",
                           account->account_number(), ") and chain-id (", env.genesis.chain_id(),

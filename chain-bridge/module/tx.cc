@@ -104,10 +104,9 @@ absl::StatusOr<DecodedTx> DecodeTx(std::string_view tx_bytes, DecodeMode mode) {
   if (sign_mode != cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT &&
       sign_mode != cosmos::tx::signing::v1beta1::SIGN_MODE_LEGACY_AMINO_JSON &&
       !(simulate && sign_mode == cosmos::tx::signing::v1beta1::SIGN_MODE_UNSPECIFIED)) {
-    return Invalid(
-        "tx.auth_info.signer_infos[0].mode_info.single.mode",
-        Cat(static_cast<int>(signer.mode_info().single().mode()),
-            " is not SIGN_MODE_DIRECT or SIGN_MODE_LEGACY_AMINO_JSON"));
+    return Invalid("tx.auth_info.signer_infos[0].mode_info.single.mode",
+                   Cat(static_cast<int>(signer.mode_info().single().mode()),
+                       " is not SIGN_MODE_DIRECT or SIGN_MODE_LEGACY_AMINO_JSON"));
   }
   if (!signer.has_public_key()) {
     return Invalid("tx.auth_info.signer_infos[0].public_key", "missing", SdkCode::kInvalidPubKey);
@@ -206,8 +205,7 @@ absl::StatusOr<std::string> SignBytes(const DecodedTx& tx, std::string_view chai
     return AminoJsonSignBytes(tx.body, tx.auth_info, chain_id, account_number,
                               tx.auth_info.signer_infos(0).sequence());
   }
-  return DirectSignBytes(tx.raw.body_bytes(), tx.raw.auth_info_bytes(), chain_id,
-                         account_number);
+  return DirectSignBytes(tx.raw.body_bytes(), tx.raw.auth_info_bytes(), chain_id, account_number);
 }
 
 std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_id,
@@ -220,8 +218,8 @@ std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_
     parts.body.ParseFromString(raw.body_bytes());
     parts.auth_info.ParseFromString(raw.auth_info_bytes());
     // A message without an amino form signs nothing; the chain refuses the tx, naming it.
-    auto bytes = AminoJsonSignBytes(parts.body, parts.auth_info, chain_id, account_number,
-                                    sequence);
+    auto bytes =
+        AminoJsonSignBytes(parts.body, parts.auth_info, chain_id, account_number, sequence);
     raw.add_signatures(key.SignCompact(common::Sha256(bytes.ok() ? *bytes : "")));
     return DeterministicBytes(raw);
   }

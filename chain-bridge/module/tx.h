@@ -30,8 +30,7 @@ struct DecodedTx {
   cosmos::tx::v1beta1::TxBody body;
   cosmos::tx::v1beta1::AuthInfo auth_info;
   uint64_t fee_amount = 0;  // ngonka, from auth_info.fee.amount
-  cosmos::tx::signing::v1beta1::SignMode sign_mode =
-      cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT;
+  cosmos::tx::signing::v1beta1::SignMode sign_mode = cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT;
 };
 
 // What a tx pays: its gas limit and its fee in ngonka.
@@ -72,12 +71,11 @@ absl::StatusOr<std::string> SignBytes(const DecodedTx& tx, std::string_view chai
 
 // Builds and signs a one-signer TxRaw (paying `fee`, in `mode`: SIGN_MODE_DIRECT, or
 // SIGN_MODE_LEGACY_AMINO_JSON for messages with an amino JSON form) and returns its bytes.
-std::string BuildSignedTx(const common::PrivateKey& key, std::string_view chain_id,
-                          uint64_t account_number, uint64_t sequence,
-                          const std::vector<google::protobuf::Any>& msgs, TxFee fee,
-                          std::string_view memo = "",
-                          cosmos::tx::signing::v1beta1::SignMode mode =
-                              cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT);
+std::string BuildSignedTx(
+    const common::PrivateKey& key, std::string_view chain_id, uint64_t account_number,
+    uint64_t sequence, const std::vector<google::protobuf::Any>& msgs, TxFee fee,
+    std::string_view memo = "",
+    cosmos::tx::signing::v1beta1::SignMode mode = cosmos::tx::signing::v1beta1::SIGN_MODE_DIRECT);
 
 // The tx a client simulates before signing, as Cosmos clients build it: the same body and
 // signer (33-byte `public_key`, `sequence`), sign mode unspecified, an empty signature, no fee.

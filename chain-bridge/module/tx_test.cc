@@ -134,9 +134,9 @@ TEST(TxTest, DecodeRefusesMalformedTxsNamingTheField) {
           "tx.signatures[0]: 5 bytes, want 64");
   refused(Mutated([](TxRaw*, TxBody*, AuthInfo* auth) {
             auth->mutable_signer_infos(0)->mutable_mode_info()->mutable_single()->set_mode(
-                cosmos::tx::signing::v1beta1::SIGN_MODE_LEGACY_AMINO_JSON);
+                cosmos::tx::signing::v1beta1::SIGN_MODE_TEXTUAL);
           }),
-          "127 is not SIGN_MODE_DIRECT");
+          "2 is not SIGN_MODE_DIRECT or SIGN_MODE_LEGACY_AMINO_JSON");
   refused(Mutated([](TxRaw*, TxBody*, AuthInfo* auth) {
             auth->mutable_signer_infos(0)->mutable_public_key()->set_type_url(
                 "/cosmos.crypto.ed25519.PubKey");

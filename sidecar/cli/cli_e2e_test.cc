@@ -215,9 +215,10 @@ class MemberSidecar final : public pb::HostOperator::Service {
 class DevnetProcess {
  public:
   DevnetProcess(const std::string& home, const std::string& log) {
-    std::vector<std::string> args = {
-        "devnet", "start", "--home", home, "--listen", "127.0.0.1:0", "--rpc-listen", "127.0.0.1:0",
-        "--block-interval-ms", "100"};
+    std::vector<std::string> args = {"devnet",       "start",       "--home",
+                                     home,           "--listen",    "127.0.0.1:0",
+                                     "--rpc-listen", "127.0.0.1:0", "--block-interval-ms",
+                                     "100"};
     std::vector<char*> argv = Argv(args);
     pid_ = ::fork();
     TS_CHECK(pid_ >= 0);

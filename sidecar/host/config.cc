@@ -185,6 +185,8 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
     std::string_view key = k.str();
     if (key == "chain_endpoint") {
       TS_ASSIGN_OR_RETURN(config.chain_endpoint, GetString(key, node));
+    } else if (key == "chain_rpc_endpoint") {
+      TS_ASSIGN_OR_RETURN(config.chain_rpc_endpoint, GetString(key, node));
     } else if (key == "listen") {
       TS_ASSIGN_OR_RETURN(config.listen, GetString(key, node));
     } else if (key == "key_file") {
@@ -277,6 +279,9 @@ absl::Status ValidateHostConfig(const HostConfig& config) {
   };
   TS_RETURN_IF_ERROR(required("chain_endpoint", config.chain_endpoint));
   TS_RETURN_IF_ERROR(CheckHostPort("chain_endpoint", config.chain_endpoint, 1));
+  if (!config.chain_rpc_endpoint.empty()) {
+    TS_RETURN_IF_ERROR(CheckHostPort("chain_rpc_endpoint", config.chain_rpc_endpoint, 1));
+  }
   if (!config.listen.empty()) TS_RETURN_IF_ERROR(CheckHostPort("listen", config.listen, 0));
   if (!config.stats_listen.empty()) {
     TS_RETURN_IF_ERROR(CheckHostPort("stats_listen", config.stats_listen, 0));

@@ -39,6 +39,10 @@ struct ReservationPolicy {
 
 struct HostConfig {
   std::string chain_endpoint;  // host:port of the chain's gRPC
+  // host:port of the chain node's CometBFT JSON-RPC: when set, the host reads each height's
+  // events through its block_results (as from any CometBFT node); empty: through the module's
+  // gRPC query.
+  std::string chain_rpc_endpoint;
   // host:port of the public settlement query (SettlementQuery alone); empty: not served. The
   // operator API is on the Unix socket <data_dir>/host.sock only.
   std::string listen = std::string(kDefaultListen);

@@ -47,6 +47,14 @@
 namespace ts::sidecar {
 namespace {
 
+// The chain client's options from the config: events through block_results when the node's
+// CometBFT JSON-RPC is configured.
+bridge::ChainClientOptions ChainOptions(const HostConfig& config) {
+  bridge::ChainClientOptions options;
+  options.rpc_target = config.chain_rpc_endpoint;
+  return options;
+}
+
 constexpr std::string_view kComponent = "trainshardd";
 constexpr char kVersion[] = "trainshardd 0.1.0";
 constexpr int kExitBadConfig = 2;
@@ -227,7 +235,7 @@ int Main(int argc, char** argv) {
     return kExitBadConfig;
   }
   std::unique_ptr<bridge::ChainClient> chain_client =
-      bridge::NewGrpcChainClient(config.chain_endpoint);
+      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
   HostCoreOptions options;
   options.shard_endpoint = config.shard_endpoint;
   options.tls_cert_sha256 = tls->cert_sha256;
@@ -265,7 +273,7 @@ int Main(int argc, char** argv) {
   // calls and the peer checks never wait on each other).
   std::string artifacts_dir = AbsolutePath(ArtifactsDir(config));
   std::unique_ptr<bridge::ChainClient> directory_chain =
-      bridge::NewGrpcChainClient(config.chain_endpoint);
+      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
   ChainShardDirectory directory(directory_chain.get(), &common::SystemClock());
   // Peer requests are signed over the chain id: known from the records after the first contact
   // with the chain, else the shard services wait for it (below).
@@ -357,7 +365,7 @@ int Main(int argc, char** argv) {
   // The runs of shards this host reserved start by themselves once RUNNING, with the run spec
   // the chain pins (through a chain client of its own, like the directory's).
   std::unique_ptr<bridge::ChainClient> starter_chain =
-      bridge::NewGrpcChainClient(config.chain_endpoint);
+      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
   RunStarter starter(
       &(*core)->store(), starter_chain.get(),
       [&runs](uint64_t shard_id) { return runs.Info(shard_id).has_value(); },
@@ -396,7 +404,7 @@ int Main(int argc, char** argv) {
   // The stats page and /metrics (docs/stats.md): a sampler reads the operator API and the
   // chain once a second; the HTTP server hands out its last sample.
   std::unique_ptr<bridge::ChainClient> stats_chain =
-      bridge::NewGrpcChainClient(config.chain_endpoint);
+      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
   StatsSamplerOptions sampler_options;
   sampler_options.operator_target = server->address;
   StatsSampler sampler(stats_chain.get(), &metrics, &common::SystemClock(), sampler_options);

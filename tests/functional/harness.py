@@ -191,6 +191,7 @@ class Host:
         os.makedirs(self.dir, exist_ok=True)
         with open(self.config, "w") as f:
             f.write(f'chain_endpoint = "{self.net.chain}"\n'
+                    f'chain_rpc_endpoint = "{self.net.rpc_endpoint}"\n'
                     f'listen = "{self.ip}:0"\n'
                     f'key_file = "{self.key_file}"\n'
                     f'data_dir = "{self.data_dir}"\n'
@@ -296,6 +297,8 @@ class Network:
         self.listen_ip = listen_ip
         self.devnet_port = free_port()
         self.rpc_port = free_port()
+        # The node's CometBFT JSON-RPC; the hosts read the chain's events through it.
+        self.rpc_endpoint = f"{self.listen_ip}:{self.rpc_port}"
         # While nodes are being killed, a CLI call that cannot reach them (exit 3) is retried
         # for this long.
         self.retry_unreachable_s = 0
@@ -365,8 +368,9 @@ class Network:
 
     def start_devnet(self):
         addr_file = os.path.join(self.home, "node.addr")
-        if os.path.exists(addr_file):
-            os.unlink(addr_file)
+        for stale in (addr_file, os.path.join(self.home, "rpc.addr")):
+            if os.path.exists(stale):
+                os.unlink(stale)
         self.devnet = Process("devnet", [CLI, "devnet", "start", "--home", self.home,
                                          "--listen", f"{self.listen_ip}:{self.devnet_port}",
                                          "--rpc-listen", f"{self.listen_ip}:{self.rpc_port}",
@@ -377,7 +381,10 @@ class Network:
         def ready():
             if not self.devnet.alive():
                 raise RuntimeError(f"devnet exited:\n{self.devnet.log_tail()}")
-            return read_addr_file(addr_file) if os.path.exists(addr_file) else None
+            rpc_file = os.path.join(self.home, "rpc.addr")
+            if not (os.path.exists(addr_file) and os.path.exists(rpc_file)):
+                return None
+            return read_addr_file(addr_file)
         self.chain = wait_for(ready, 30, "devnet to listen")
         return self.chain
 

@@ -142,6 +142,7 @@ class ComposeFileTest(unittest.TestCase):
         services = document["services"]
         devnet_command = services["devnet"]["command"]
         devnet_port = devnet_command[devnet_command.index("--listen") + 1].rsplit(":", 1)[1]
+        rpc_port = devnet_command[devnet_command.index("--rpc-listen") + 1].rsplit(":", 1)[1]
         config_files = {name: c["file"] for name, c in document["configs"].items()}
         keys_seen = set()
         for host in HOSTS:
@@ -164,6 +165,7 @@ class ComposeFileTest(unittest.TestCase):
             self.assertEqual(config["shard_endpoint"].rsplit(":", 1)[0], host)
             self.assertEqual(service.get("hostname"), host)
             self.assertEqual(config["chain_endpoint"], f"devnet:{devnet_port}")
+            self.assertEqual(config["chain_rpc_endpoint"], f"devnet:{rpc_port}")
             # The init service writes this very volume, at the path init.sh uses for it.
             init_mounts = named_volume_mounts(services["init"])
             self.assertEqual(init_mounts.get(f"/var/lib/trainshard-keys/{host}"),
@@ -239,8 +241,11 @@ class ComposeFirstStartTest(unittest.TestCase):
         def devnet_ready():
             if not devnet.alive():
                 raise RuntimeError(f"devnet exited:\n{devnet.log_tail()}")
-            return os.path.exists(addr_file) and harness.read_addr_file(addr_file)
+            rpc_file = os.path.join(home, "rpc.addr")
+            return (os.path.exists(addr_file) and os.path.exists(rpc_file) and
+                    harness.read_addr_file(addr_file))
         chain = harness.wait_for(devnet_ready, START_TIMEOUT_S, "the devnet to listen")
+        rpc = harness.read_addr_file(os.path.join(home, "rpc.addr"))
         # The healthcheck the hosts wait for.
         health = list(document["services"]["devnet"]["healthcheck"]["test"][1:])
         health[0] = harness.CLI
@@ -268,6 +273,8 @@ class ComposeFirstStartTest(unittest.TestCase):
             with open(os.path.join(DEPLOY, configs[entry["source"]]["file"])) as f:
                 text = f.read()
             text = re.sub(r'(?m)^chain_endpoint = ".*"$', f'chain_endpoint = "{chain}"', text)
+            text = re.sub(r'(?m)^chain_rpc_endpoint = ".*"$', f'chain_rpc_endpoint = "{rpc}"',
+                          text)
             text = re.sub(r'(?m)^shard_endpoint = ".*"$',
                           f'shard_endpoint = "127.0.0.1:{harness.free_port()}"', text)
             text = text.replace('"/var/lib/trainshard-key/', f'"{keys}/{host}/')
