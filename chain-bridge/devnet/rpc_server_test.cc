@@ -30,8 +30,8 @@ using Json = nlohmann::json;
 using devnet::kMaxRpcRequestBytes;
 using devnet::kMaxWebsocketClients;
 
-// A raw HTTP exchange on a fresh connection: what an attacker sends, what comes back.
-std::string RawHttp(const std::string& address, const std::string& request) {
+// A connection to the loopback port of "host:port" with a 5 s receive timeout; -1 if refused.
+int ConnectLoopback(const std::string& address) {
   int port = std::stoi(address.substr(address.rfind(':') + 1));
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in to{};
@@ -40,8 +40,18 @@ std::string RawHttp(const std::string& address, const std::string& request) {
   to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A raw HTTP exchange on a fresh connection: what an attacker sends, what comes back.
+std::string RawHttp(const std::string& address, const std::string& request) {
+  int fd = ConnectLoopback(address);
   std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+  if (fd >= 0) {
     send(fd, request.data(), request.size(), MSG_NOSIGNAL);
     char buffer[4096];
     for (;;) {
@@ -51,7 +61,7 @@ std::string RawHttp(const std::string& address, const std::string& request) {
       if (out.size() > (1 << 20)) break;
     }
   }
-  close(fd);
+  if (fd >= 0) close(fd);
   return out;
 }
 
@@ -237,18 +247,11 @@ TEST_F(RpcTest, AnAttackerGetsErrorsNotTheNode) {
                         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
                         "Sec-WebSocket-Version: 13\r\n\r\n");
   };
-  int port = std::stoi(rpc_.substr(rpc_.rfind(':') + 1));
   std::vector<int> held;
   int upgraded = 0;
   for (int i = 0; i < kMaxWebsocketClients + 2; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(port));
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    timeval timeout{5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+    int fd = ConnectLoopback(rpc_);
+    ASSERT_GE(fd, 0);
     std::string request = upgrade();
     send(fd, request.data(), request.size(), MSG_NOSIGNAL);
     char buffer[512];
