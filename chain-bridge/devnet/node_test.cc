@@ -24,6 +24,7 @@
 #include "common/crypto/hash.h"
 #include "common/hex.h"
 #include "cosmos/auth/v1beta1/query.grpc.pb.h"
+#include "cosmos/bank/v1beta1/query.grpc.pb.h"
 #include "cosmos/bank/v1beta1/tx.pb.h"
 #include "gonka/trainshard/v1/chain.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -76,6 +77,33 @@ class DevnetTest : public ::testing::Test {
   std::unique_ptr<DevnetNode> node_;
   std::unique_ptr<ChainClient> client_;
 };
+
+// bank AllBalances, which Cosmos wallets ask first: the ngonka an account holds, nothing for an
+// account that holds none, INVALID_ARGUMENT for an address that is not one.
+TEST_F(DevnetTest, AllBalancesListsWhatAnAccountHolds) {
+  StartNode();
+  auto stub = cosmos::bank::v1beta1::Query::NewStub(
+      grpc::CreateChannel(node_->listen_address(), grpc::InsecureChannelCredentials()));
+  auto all = [&](const std::string& address, cosmos::bank::v1beta1::QueryAllBalancesResponse* out) {
+    cosmos::bank::v1beta1::QueryAllBalancesRequest request;
+    request.set_address(address);
+    request.mutable_pagination()->set_count_total(true);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return stub->AllBalances(&context, request, out);
+  };
+  cosmos::bank::v1beta1::QueryAllBalancesResponse funded;
+  ASSERT_TRUE(all(Addr(1), &funded).ok());
+  ASSERT_EQ(funded.balances_size(), 1);
+  EXPECT_EQ(funded.balances(0).denom(), "ngonka");
+  EXPECT_EQ(funded.balances(0).amount(), std::to_string(kInitialBalance));
+  EXPECT_EQ(funded.pagination().total(), 1u);
+  cosmos::bank::v1beta1::QueryAllBalancesResponse empty;
+  ASSERT_TRUE(all(Addr(77), &empty).ok());
+  EXPECT_EQ(empty.balances_size(), 0);
+  cosmos::bank::v1beta1::QueryAllBalancesResponse bad;
+  EXPECT_EQ(all("gonka1nothing", &bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
 
 TEST_F(DevnetTest, TransfersLandAndBalancesChange) {
   StartNode();

@@ -190,16 +190,14 @@ struct RpcServer::Impl {
 void RpcServer::Impl::Index(const pb::StoredBlock& block) {
   const int64_t height = block.block().header().height();
   if (height <= indexed_height) return;
-  auto add_tx = [&](const std::string& key, TxRef ref) {
-    std::vector<TxRef>& refs = tx_index[key];
-    if (refs.empty() || !(refs.back() == ref)) refs.push_back(ref);
-  };
   for (int i = 0; i < block.results().tx_results_size(); ++i) {
     TxRef ref{height, i};
     all_txs.push_back(ref);
     for (const auto& event : block.results().tx_results(i).events()) {
       for (const auto& a : event.attributes()) {
-        add_tx(absl::StrCat(event.type(), ".", a.key(), "=", a.value()), ref);
+        std::vector<TxRef>& refs =
+            tx_index[absl::StrCat(event.type(), ".", a.key(), "=", a.value())];
+        if (refs.empty() || !(refs.back() == ref)) refs.push_back(ref);
       }
     }
   }

@@ -228,6 +228,28 @@ class BankQuery final : public cosmos::bank::v1beta1::Query::Service {
     });
   }
 
+  // The chain holds one denom: an account's balances are its ngonka, or none when it holds 0
+  // (as Cosmos lists only non-zero coins); one page, whatever the pagination asks.
+  grpc::Status AllBalances(grpc::ServerContext*,
+                           const cosmos::bank::v1beta1::QueryAllBalancesRequest* req,
+                           cosmos::bank::v1beta1::QueryAllBalancesResponse* resp) override {
+    return Serve("AllBalances", [&]() -> absl::Status {
+      TS_RETURN_IF_ERROR(CheckAddress("address", req->address()));
+      uint64_t amount = 0;
+      TS_RETURN_IF_ERROR(
+          backend_->WithApp([&](const App& app) { amount = app.Balance(req->address()); }));
+      if (amount > 0) {
+        auto* coin = resp->add_balances();
+        coin->set_denom(std::string(common::kDenom));
+        coin->set_amount(common::FormatAmount(amount));
+      }
+      if (req->pagination().count_total()) {
+        resp->mutable_pagination()->set_total(static_cast<uint64_t>(resp->balances_size()));
+      }
+      return absl::OkStatus();
+    });
+  }
+
   grpc::Status SupplyOf(grpc::ServerContext*,
                         const cosmos::bank::v1beta1::QuerySupplyOfRequest* req,
                         cosmos::bank::v1beta1::QuerySupplyOfResponse* resp) override {

@@ -68,6 +68,8 @@ class CosmjsTest(unittest.TestCase):
             self.assertTrue(results[step]["ok"],
                             f"{step}: {json.dumps(results[step])[:2000]}\n{p.stderr[-2000:]}")
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        for step in steps:
+            print(f"  {step}: {json.dumps(results[step])[:400]}", flush=True)
         return results
 
     def test_cosmjs_sends_searches_votes_and_subscribes(self):

@@ -17,8 +17,9 @@
 // "expect_comet_client" (e.g. "Comet38Client": the class connectComet must pick).
 //
 // Steps (each runs only if listed, in the order above; "search" needs "send_auto"):
-//   connect            StargateClient.connect: getChainId() is chain_id, getHeight() > 0; reports
-//                      the node's version string and the Comet client class it selected.
+//   connect            StargateClient.connect: getChainId() is chain_id, getHeight() > 0,
+//                      getAllBalances(recipient) is one coin of denom; reports the node's version
+//                      string and the Comet client class it selected.
 //   send_auto          DirectSecp256k1Wallet (SIGN_MODE_DIRECT) + gasPrice: simulate() > 0, then
 //                      sendTokens 1000 denom with "auto" gas: code 0, gasUsed <= gasWanted, the
 //                      tx's fee is ceil(gas_limit * gas_price), the recipient gains exactly 1000
@@ -235,6 +236,10 @@ const steps = {
       });
       check(chainId === cfg.chain_id, `getChainId() is ${chainId}, expected ${cfg.chain_id}`);
       check(Number.isInteger(height) && height > 0, `getHeight() is ${height}, not > 0`);
+      const balances = await client.getAllBalances(cfg.recipient);
+      out.all_balances = balances;
+      check(balances.length === 1 && balances[0].denom === cfg.denom,
+          `getAllBalances(recipient) is ${JSON.stringify(balances)}, expected one ${cfg.denom} coin`);
       if (cfg.expect_comet_client) {
         check(out.comet_client === cfg.expect_comet_client,
             `connectComet picked ${out.comet_client} for version ` +
