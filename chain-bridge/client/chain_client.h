@@ -102,11 +102,17 @@ inline constexpr uint64_t kDefaultGasLimit = 200000;
 // simulation the chain refuses (a sequence mismatch, a message it would reject) falls back to
 // kDefaultGasLimit, so that the broadcast reports the refusal as any tx's. Errors: the chain's
 // (UNAVAILABLE, DEADLINE_EXCEEDED) from Simulate or Params, INVALID_ARGUMENT for a minimum gas
-// price that does not parse.
+// price that does not parse. `min_gas_limit` is a floor on the limit asked: a tx that ran out
+// of gas is signed again above what it used (GasToAsk).
 absl::StatusOr<std::string> BuildPaidTx(ChainClient& chain, const common::PrivateKey& key,
                                         const std::string& chain_id, uint64_t account_number,
                                         uint64_t sequence,
-                                        const std::vector<google::protobuf::Any>& msgs);
+                                        const std::vector<google::protobuf::Any>& msgs,
+                                        uint64_t min_gas_limit = 0);
+
+// The limit to ask for a tx whose simulation used `gas_used`, or that ran out of gas after
+// using it: the client's margin above, at most kMaxTxGas.
+uint64_t GasToAsk(int64_t gas_used);
 
 // Connects (lazily) to `target` ("host:port"). Never fails at construction.
 std::unique_ptr<ChainClient> NewGrpcChainClient(const std::string& target,

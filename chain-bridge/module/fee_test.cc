@@ -200,6 +200,42 @@ TEST_F(FeeTest, GasIsDeterministic) {
   EXPECT_EQ(first.results.app_hash(), second->results.app_hash());
 }
 
+// The default chain (a price of 0): the hosts' reservations need gas, not funds.
+using ReservationGasTest = ChainTest;
+
+TEST_F(ReservationGasTest, TheOneThatFillsAShardNeedsNoMoreGasThanItsSimulationSaid) {
+  // A host simulates its reservation while the shard is empty; two others land first, so its
+  // own fills the shard and starts it. The limit a client asks from the simulation suffices.
+  pb::ShardSpec spec = DefaultSpec();
+  spec.set_run_spec(std::string(4096, 'r'));  // a run spec on chain makes the record heavy
+  spec.set_run_spec_hash(common::Sha256(spec.run_spec()));
+  const uint64_t shard_id = OpenShard(spec);
+  const common::PrivateKey& last = hosts_[2];
+  std::vector<google::protobuf::Any> msgs = {ReserveMsg(SignedReservation(last, shard_id))};
+  auto account = app_->Account(Addr(last));
+  ASSERT_TRUE(account.ok()) << account.status();
+  TxResponse simulated = app_->Simulate(BuildSimulateTx(last.public_key(), account->second, msgs));
+  ASSERT_EQ(simulated.code(), kOk) << simulated.raw_log();
+  const uint64_t used = static_cast<uint64_t>(simulated.gas_used());
+  const uint64_t limit = used * 13 / 10 + 5000;
+  std::vector<std::string> txs;
+  for (int i = 0; i < 2; ++i) {
+    const auto& host = hosts_[static_cast<size_t>(i)];
+    auto signer = app_->Account(Addr(host));
+    ASSERT_TRUE(signer.ok()) << signer.status();
+    txs.push_back(BuildSignedTx(host, kChainId, signer->first, signer->second,
+                                {ReserveMsg(SignedReservation(host, shard_id))}, {limit, 0}));
+  }
+  txs.push_back(BuildSignedTx(last, kChainId, account->first, account->second, msgs, {limit, 0}));
+  BlockOutcome outcome = Block(txs);
+  ASSERT_EQ(outcome.results.tx_results_size(), 3);
+  for (const auto& result : outcome.results.tx_results()) {
+    EXPECT_EQ(result.code(), kOk) << result.raw_log();
+  }
+  EXPECT_EQ(app_->GetShard(shard_id)->status(), pb::SHARD_STATUS_RUNNING);
+  EXPECT_LE(static_cast<uint64_t>(outcome.results.tx_results(2).gas_used()), used + 5'000);
+}
+
 TEST(GasPriceTest, ParsesDecimalsAndRoundsTheFeeUp) {
   EXPECT_TRUE(ParseGasPrice("p", "")->zero());
   EXPECT_TRUE(ParseGasPrice("p", "0")->zero());

@@ -182,13 +182,16 @@ absl::Status Keeper::Reserve(const pb::MsgReserveTrainshard& msg) {
   TS_ASSIGN_OR_RETURN(uint64_t total,
                       common::CheckedAdd("total_weight", shard.total_weight(), weight));
   shard.set_total_weight(total);
-  PutShard(shard);
   Emit(protocol::kEventReservationAdded, {{"shard_id", Cat(shard.id())},
                                           {"host", r.host()},
                                           {"frozen_weight", Cat(weight)},
                                           {"endpoint", r.endpoint()},
                                           {"members", Cat(members)}});
-  if (members == shard.spec().max_nodes()) TS_RETURN_IF_ERROR(StartShard(&shard, members));
+  // The reservation that fills the shard starts it and writes the record once, as every other
+  // reservation does: its gas differs from theirs by one delete, which the client's margin
+  // covers even when another host's reservation lands between its simulation and its delivery.
+  if (members == shard.spec().max_nodes()) return StartShard(&shard, members);
+  PutShard(shard);
   return absl::OkStatus();
 }
 

@@ -115,24 +115,28 @@ class FakeChainClient final : public bridge::ChainClient {
     fail_broadcast_ = v;
   }
   // The next broadcasts answer these responses (after the sequence check passes).
-  void ScriptBroadcast(uint32_t code, std::string codespace, std::string raw_log) {
+  void ScriptBroadcast(uint32_t code, std::string codespace, std::string raw_log,
+                       int64_t gas_used = 0) {
     absl::MutexLock l(&mu_);
     TxResponse r;
     r.set_code(code);
     r.set_codespace(std::move(codespace));
     r.set_raw_log(std::move(raw_log));
+    r.set_gas_used(gas_used);
     scripted_.push_back(std::move(r));
   }
   // Puts every mempool tx into a block at `height`, in order; a delivered code may be scripted.
-  void MakeBlock(int64_t height, uint32_t delivered_code = 0, std::string raw_log = "") {
+  void MakeBlock(int64_t height, uint32_t delivered_code = 0, std::string raw_log = "",
+                 std::string codespace = "trainshard", int64_t gas_used = 0) {
     absl::MutexLock l(&mu_);
     for (auto& [hash, bytes] : mempool_) {
       TxResponse r;
       r.set_height(height);
       r.set_txhash(hash);
       r.set_code(delivered_code);
-      r.set_codespace(delivered_code == 0 ? "" : "trainshard");
+      r.set_codespace(delivered_code == 0 ? "" : codespace);
       r.set_raw_log(raw_log);
+      r.set_gas_used(gas_used);
       included_[hash] = r;
       if (account_) ++account_->sequence;
     }

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "common/absl_view.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
@@ -61,6 +62,7 @@ enum class CheckOutcome {
   kRetryLater,        // the chain is busy (mempool full): broadcast again later
   kSequenceMismatch,  // signed with a sequence the chain does not expect: re-sign
   kAlreadyDone,       // the reservation already exists: nothing more to do
+  kOutOfGas,          // the state moved after the simulation: re-sign with more gas
   kRefused,           // refused for good
 };
 
@@ -87,6 +89,9 @@ CheckOutcome Classify(const TxResponse& r) {
   if (r.codespace() == "trainshard" &&
       r.code() == static_cast<uint32_t>(absl::StatusCode::kAlreadyExists)) {
     return CheckOutcome::kAlreadyDone;
+  }
+  if (r.codespace() == "sdk" && r.code() == static_cast<uint32_t>(bridge::SdkCode::kOutOfGas)) {
+    return CheckOutcome::kOutOfGas;
   }
   return CheckOutcome::kRefused;
 }
@@ -640,10 +645,23 @@ absl::Status HostCore::BroadcastPending(pb::PendingTx tx) {
       return Resign(tx, ExpectedSequenceHint(*response), /*refresh=*/false);
     case CheckOutcome::kAlreadyDone:
       return FinishPending(tx, /*reserved=*/true, "");
+    case CheckOutcome::kOutOfGas:
+      if (tx.attempts() < options_.max_broadcast_attempts) return MoreGas(tx, *response);
+      break;
     case CheckOutcome::kRefused:
       break;
   }
   return Refused(tx, absl::StrCat("refused by the chain: ", DescribeResponse(*response)));
+}
+
+absl::Status HostCore::MoreGas(const pb::PendingTx& tx, const TxResponse& response) {
+  // Another tx changed the state between the simulation and this one (the reservation that
+  // fills a shard starts it): simulate again, and ask at least the margin above what it used.
+  common::Log(common::LogLevel::kInfo, kComponent, "out of gas; re-signing with more",
+              {{"txhash", tx.txhash()},
+               {"gas_wanted", std::to_string(response.gas_wanted())},
+               {"gas_used", std::to_string(response.gas_used())}});
+  return Resign(tx, 0, /*refresh=*/false, bridge::GasToAsk(response.gas_used()));
 }
 
 absl::Status HostCore::Refused(const pb::PendingTx& tx, const std::string& why) {
@@ -667,7 +685,8 @@ absl::Status HostCore::Refused(const pb::PendingTx& tx, const std::string& why) 
   return FinishPending(tx, /*reserved=*/false, why);
 }
 
-absl::Status HostCore::Resign(const pb::PendingTx& tx, uint64_t expected_hint, bool refresh) {
+absl::Status HostCore::Resign(const pb::PendingTx& tx, uint64_t expected_hint, bool refresh,
+                              uint64_t min_gas_limit) {
   auto decoded = bridge::DecodeTx(tx.tx_bytes());
   if (!decoded.ok()) {
     return FinishPending(tx, false,
@@ -691,8 +710,9 @@ absl::Status HostCore::Resign(const pb::PendingTx& tx, uint64_t expected_hint, b
                   return m;
                 }()));
   }
-  TS_ASSIGN_OR_RETURN(std::string bytes,
-                      bridge::BuildPaidTx(*chain_, key_, chain_id_, account.first, sequence, msgs));
+  TS_ASSIGN_OR_RETURN(
+      std::string bytes,
+      bridge::BuildPaidTx(*chain_, key_, chain_id_, account.first, sequence, msgs, min_gas_limit));
   pb::PendingTx replacement = tx;
   replacement.set_txhash(bridge::TxHash(bytes));
   replacement.set_tx_bytes(std::move(bytes));
@@ -755,8 +775,12 @@ absl::Status HostCore::ProcessPendingTxs() {
     const pb::PendingTx& tx = pending[i];
     auto included = chain_->GetTx(tx.txhash());
     if (included.ok()) {
-      if (included->code() == 0 || Classify(*included) == CheckOutcome::kAlreadyDone) {
+      CheckOutcome outcome = Classify(*included);
+      if (included->code() == 0 || outcome == CheckOutcome::kAlreadyDone) {
         TS_RETURN_IF_ERROR(FinishPending(tx, /*reserved=*/true, ""));
+      } else if (outcome == CheckOutcome::kOutOfGas &&
+                 tx.attempts() < options_.max_broadcast_attempts) {
+        TS_RETURN_IF_ERROR(MoreGas(tx, *included));
       } else {
         TS_RETURN_IF_ERROR(Refused(tx, absl::StrCat("failed in block ", included->height(), ": ",
                                                     DescribeResponse(*included))));

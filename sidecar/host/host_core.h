@@ -185,8 +185,13 @@ class HostCore {
   // otherwise finished as failed.
   absl::Status Refused(const pb::PendingTx& tx, const std::string& why);
   // Signs the same messages again with a fresh sequence (at least `expected_hint`) and replaces
-  // the row in one batch. With `refresh`, a reservation is re-made with a new validity.
-  absl::Status Resign(const pb::PendingTx& tx, uint64_t expected_hint, bool refresh);
+  // the row in one batch. With `refresh`, a reservation is re-made with a new validity; the
+  // gas asked is at least `min_gas_limit`.
+  absl::Status Resign(const pb::PendingTx& tx, uint64_t expected_hint, bool refresh,
+                      uint64_t min_gas_limit = 0);
+  // Signs a tx refused out of gas again, asking more than `response` says it used.
+  absl::Status MoreGas(const pb::PendingTx& tx,
+                       const cosmos::base::abci::v1beta1::TxResponse& response);
   // Records the end of a pending tx (included, refused, abandoned) and deletes its row.
   absl::Status FinishPending(const pb::PendingTx& tx, bool reserved, const std::string& failure);
 

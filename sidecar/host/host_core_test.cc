@@ -105,6 +105,12 @@ uint64_t SequenceOf(const std::string& tx_bytes) {
   return decoded->auth_info.signer_infos(0).sequence();
 }
 
+uint64_t GasLimitOf(const std::string& tx_bytes) {
+  auto decoded = bridge::DecodeTx(tx_bytes);
+  TS_CHECK(decoded.ok());
+  return decoded->auth_info.fee().gas_limit();
+}
+
 class HostCoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -440,6 +446,36 @@ TEST_F(HostCoreTest, SequenceMismatchReSignsTheSameReservation) {
   Step();  // the new tx is due at once
   EXPECT_EQ(chain_.mempool_hashes(), std::vector<std::string>{second[0].txhash()});
   chain_.MakeBlock(2);
+  Step();
+  EXPECT_TRUE(Pending().empty());
+  EXPECT_TRUE(Shard(1).reserved());
+  EXPECT_EQ(CountActions("reserve"), 1);
+}
+
+TEST_F(HostCoreTest, OutOfGasReSignsAboveWhatTheTxUsed) {
+  // The state moved between the simulation and the check (another host's reservation filled
+  // the shard but one): refused out of gas at the broadcast, then again in a block.
+  chain_.AddEvent(1, Opened(1));
+  chain_.ScriptBroadcast(11, "sdk", "out of gas in location: WriteFlat", /*gas_used=*/160'000);
+  Open();
+  Step();
+  auto first = Pending();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(GasLimitOf(first[0].tx_bytes()), 160'000u * 13 / 10 + bridge::kGasMargin);
+  EXPECT_EQ(SequenceOf(first[0].tx_bytes()), 0u);
+  EXPECT_TRUE(Shard(1).reservation_sent());
+  Step();  // the new tx is due at once
+  ASSERT_EQ(chain_.mempool_hashes(), std::vector<std::string>{first[0].txhash()});
+  chain_.MakeBlock(2, 11, "out of gas in location: WriteFlat", "sdk", /*gas_used=*/300'000);
+  Step();  // its sequence is spent: re-signed with the next one and more gas
+  auto second = Pending();
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(SequenceOf(second[0].tx_bytes()), 1u);
+  EXPECT_EQ(GasLimitOf(second[0].tx_bytes()), 300'000u * 13 / 10 + bridge::kGasMargin);
+  EXPECT_EQ(ReservationOf(second[0].tx_bytes()).SerializeAsString(),
+            ReservationOf(first[0].tx_bytes()).SerializeAsString());
+  Step();
+  chain_.MakeBlock(3);
   Step();
   EXPECT_TRUE(Pending().empty());
   EXPECT_TRUE(Shard(1).reserved());
