@@ -1,42 +1,17 @@
 #include "proto/cosmos_tx_service.h"
 
-#include <grpcpp/impl/codegen/client_unary_call.h>
+#include "proto/hand_service.h"
 
 namespace cosmos::tx::v1beta1 {
-namespace {
 
-template <typename Request, typename Response>
-using Handler =
-    grpc::internal::RpcMethodHandler<TxServiceBase, Request, Response, grpc::protobuf::MessageLite,
-                                     grpc::protobuf::MessageLite>;
-
-}  // namespace
+using ts::proto::UnaryCall;
+using ts::proto::UnaryMethod;
 
 TxServiceBase::TxServiceBase() {
-  AddMethod(new grpc::internal::RpcServiceMethod(
-      kSimulatePath, grpc::internal::RpcMethod::NORMAL_RPC,
-      new Handler<SimulateRequest, SimulateResponse>(
-          [](TxServiceBase* service, grpc::ServerContext* ctx, const SimulateRequest* req,
-             SimulateResponse* resp) { return service->Simulate(ctx, req, resp); },
-          this)));
-  AddMethod(new grpc::internal::RpcServiceMethod(
-      kBroadcastTxPath, grpc::internal::RpcMethod::NORMAL_RPC,
-      new Handler<BroadcastTxRequest, BroadcastTxResponse>(
-          [](TxServiceBase* service, grpc::ServerContext* ctx, const BroadcastTxRequest* req,
-             BroadcastTxResponse* resp) { return service->BroadcastTx(ctx, req, resp); },
-          this)));
-  AddMethod(new grpc::internal::RpcServiceMethod(
-      kGetTxPath, grpc::internal::RpcMethod::NORMAL_RPC,
-      new Handler<GetTxRequest, GetTxResponse>(
-          [](TxServiceBase* service, grpc::ServerContext* ctx, const GetTxRequest* req,
-             GetTxResponse* resp) { return service->GetTx(ctx, req, resp); },
-          this)));
-  AddMethod(new grpc::internal::RpcServiceMethod(
-      kGetBlockWithTxsPath, grpc::internal::RpcMethod::NORMAL_RPC,
-      new Handler<GetBlockWithTxsRequest, GetBlockWithTxsResponse>(
-          [](TxServiceBase* service, grpc::ServerContext* ctx, const GetBlockWithTxsRequest* req,
-             GetBlockWithTxsResponse* resp) { return service->GetBlockWithTxs(ctx, req, resp); },
-          this)));
+  AddMethod(UnaryMethod(kSimulatePath, this, &TxServiceBase::Simulate));
+  AddMethod(UnaryMethod(kBroadcastTxPath, this, &TxServiceBase::BroadcastTx));
+  AddMethod(UnaryMethod(kGetTxPath, this, &TxServiceBase::GetTx));
+  AddMethod(UnaryMethod(kGetBlockWithTxsPath, this, &TxServiceBase::GetBlockWithTxs));
 }
 
 TxServiceBase::~TxServiceBase() = default;
@@ -66,34 +41,24 @@ TxServiceStub::TxServiceStub(std::shared_ptr<grpc::ChannelInterface> channel)
 
 grpc::Status TxServiceStub::Simulate(grpc::ClientContext* context, const SimulateRequest& request,
                                      SimulateResponse* response) {
-  return grpc::internal::BlockingUnaryCall<
-      SimulateRequest, SimulateResponse, grpc::protobuf::MessageLite, grpc::protobuf::MessageLite>(
-      channel_.get(), simulate_, context, request, response);
+  return UnaryCall(channel_.get(), simulate_, context, request, response);
 }
 
 grpc::Status TxServiceStub::BroadcastTx(grpc::ClientContext* context,
                                         const BroadcastTxRequest& request,
                                         BroadcastTxResponse* response) {
-  return grpc::internal::BlockingUnaryCall<BroadcastTxRequest, BroadcastTxResponse,
-                                           grpc::protobuf::MessageLite,
-                                           grpc::protobuf::MessageLite>(
-      channel_.get(), broadcast_tx_, context, request, response);
+  return UnaryCall(channel_.get(), broadcast_tx_, context, request, response);
 }
 
 grpc::Status TxServiceStub::GetTx(grpc::ClientContext* context, const GetTxRequest& request,
                                   GetTxResponse* response) {
-  return grpc::internal::BlockingUnaryCall<GetTxRequest, GetTxResponse, grpc::protobuf::MessageLite,
-                                           grpc::protobuf::MessageLite>(channel_.get(), get_tx_,
-                                                                        context, request, response);
+  return UnaryCall(channel_.get(), get_tx_, context, request, response);
 }
 
 grpc::Status TxServiceStub::GetBlockWithTxs(grpc::ClientContext* context,
                                             const GetBlockWithTxsRequest& request,
                                             GetBlockWithTxsResponse* response) {
-  return grpc::internal::BlockingUnaryCall<GetBlockWithTxsRequest, GetBlockWithTxsResponse,
-                                           grpc::protobuf::MessageLite,
-                                           grpc::protobuf::MessageLite>(
-      channel_.get(), get_block_with_txs_, context, request, response);
+  return UnaryCall(channel_.get(), get_block_with_txs_, context, request, response);
 }
 
 }  // namespace cosmos::tx::v1beta1

@@ -3,11 +3,13 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
@@ -626,6 +628,11 @@ absl::Status DevnetNode::Start() {
     return absl::FailedPreconditionError("devnet node: Start called twice or after Shutdown");
   }
   s.services = devnet::MakeServices(&s);
+  // Server reflection (grpc.reflection.v1alpha), so that grpcurl and other tools list and
+  // describe the services. The plugin is process-wide and registers once.
+  static std::once_flag reflection_once;
+  std::call_once(reflection_once,
+                 [] { grpc::reflection::InitProtoReflectionServerBuilderPlugin(); });
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(s.options.listen_address, grpc::InsecureServerCredentials(), &port);

@@ -28,7 +28,9 @@
 #include "cosmos/bank/v1beta1/tx.pb.h"
 #include "gonka/trainshard/v1/chain.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "proto/cosmos_tendermint_service.h"
 #include "proto/cosmos_tx_service.h"
+#include "proto/hand_service.h"
 
 namespace ts::bridge {
 namespace {
@@ -103,6 +105,70 @@ TEST_F(DevnetTest, AllBalancesListsWhatAnAccountHolds) {
   EXPECT_EQ(empty.balances_size(), 0);
   cosmos::bank::v1beta1::QueryAllBalancesResponse bad;
   EXPECT_EQ(all("gonka1nothing", &bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// cosmos.base.tendermint.v1beta1.Service, as explorers and wallets ask a Cosmos node: its info,
+// syncing, the latest block and one by height (the same block the tx service returns), the
+// validator set; heights out of range are INVALID_ARGUMENT.
+TEST_F(DevnetTest, TendermintServiceAnswersAsACosmosNode) {
+  namespace tm = cosmos::base::tendermint::v1beta1;
+  StartNode();
+  auto sent = client_->SignAndBroadcast(Key(2), {Send(2, 3, 55)}, /*wait=*/true);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  ASSERT_EQ(sent->code(), 0u) << sent->raw_log();
+  auto channel = grpc::CreateChannel(node_->listen_address(), grpc::InsecureChannelCredentials());
+  auto call = [&](const char* path, const auto& request, auto* response) {
+    grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::NORMAL_RPC, channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return proto::UnaryCall(channel.get(), method, &context, request, response);
+  };
+  tm::GetNodeInfoResponse info;
+  ASSERT_TRUE(call(tm::kGetNodeInfoPath, tm::GetNodeInfoRequest(), &info).ok());
+  EXPECT_EQ(info.default_node_info().network(), kChainId);
+  EXPECT_EQ(info.default_node_info().default_node_id().size(), 40u);
+  EXPECT_EQ(info.application_version().name(), "trainshard");
+  tm::GetSyncingResponse syncing;
+  ASSERT_TRUE(call(tm::kGetSyncingPath, tm::GetSyncingRequest(), &syncing).ok());
+  EXPECT_FALSE(syncing.syncing());
+
+  tm::GetLatestBlockResponse latest;
+  ASSERT_TRUE(call(tm::kGetLatestBlockPath, tm::GetLatestBlockRequest(), &latest).ok());
+  EXPECT_GE(latest.sdk_block().header().height(), sent->height());
+  EXPECT_EQ(latest.sdk_block().header().chain_id(), kChainId);
+  EXPECT_EQ(latest.sdk_block().header().proposer_address().rfind("gonkavalcons1", 0), 0u);
+  tm::GetBlockByHeightRequest at;
+  at.set_height(sent->height());
+  tm::GetBlockByHeightResponse block;
+  ASSERT_TRUE(call(tm::kGetBlockByHeightPath, at, &block).ok());
+  ASSERT_EQ(block.sdk_block().data().txs_size(), 1);
+  EXPECT_EQ(TxHash(block.sdk_block().data().txs(0)), sent->txhash());
+  EXPECT_EQ(block.block().data().txs(0), block.sdk_block().data().txs(0));
+  EXPECT_EQ(block.block().header().proposer_address().size(), 20u);
+  cosmos::tx::v1beta1::TxServiceStub tx_stub(channel);
+  cosmos::tx::v1beta1::GetBlockWithTxsRequest with_txs_request;
+  with_txs_request.set_height(sent->height());
+  cosmos::tx::v1beta1::GetBlockWithTxsResponse with_txs;
+  grpc::ClientContext context;
+  ASSERT_TRUE(tx_stub.GetBlockWithTxs(&context, with_txs_request, &with_txs).ok());
+  EXPECT_EQ(block.block_id().hash(), with_txs.block_id().hash());
+  EXPECT_EQ(block.sdk_block().header().app_hash(), with_txs.block().header().app_hash());
+
+  at.set_height(latest.sdk_block().header().height() + 1000);
+  grpc::Status beyond = call(tm::kGetBlockByHeightPath, at, &block);
+  EXPECT_EQ(beyond.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(beyond.error_message().find("is bigger then the chain length"), std::string::npos);
+  at.set_height(0);
+  EXPECT_EQ(call(tm::kGetBlockByHeightPath, at, &block).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  tm::GetLatestValidatorSetResponse validators;
+  ASSERT_TRUE(
+      call(tm::kGetLatestValidatorSetPath, tm::GetLatestValidatorSetRequest(), &validators).ok());
+  ASSERT_EQ(validators.validators_size(), 1);
+  EXPECT_EQ(validators.validators(0).voting_power(), 1);
+  EXPECT_EQ(validators.validators(0).pub_key().type_url(), "/cosmos.crypto.ed25519.PubKey");
+  EXPECT_EQ(validators.validators(0).address(), latest.sdk_block().header().proposer_address());
 }
 
 TEST_F(DevnetTest, TransfersLandAndBalancesChange) {

@@ -30,6 +30,10 @@ Validator DevnetValidator(std::string_view chain_id) {
   return Validator{common::Sha256(key).substr(0, 20), key};
 }
 
+std::string NodeId(std::string_view chain_id) {
+  return common::HexEncode(DevnetValidator(chain_id).address);
+}
+
 std::string Hex(std::string_view bytes) { return common::HexEncodeUpper(bytes); }
 
 std::string Base64(std::string_view bytes) { return absl::Base64Escape(Absl(bytes)); }

@@ -26,6 +26,17 @@ struct Validator {
   std::string public_key;  // 32 bytes, shown as an Ed25519 key
 };
 Validator DevnetValidator(std::string_view chain_id);
+// The node id shown in node info: the validator's address in lower-case hex (40 characters).
+std::string NodeId(std::string_view chain_id);
+
+// What the node says it is, in the status call and the tendermint gRPC service alike: the
+// CometBFT version whose shapes it speaks (CosmJS picks its client by it), its protocol
+// versions, moniker, and the application's version (abci_info's).
+inline constexpr char kCometVersion[] = "0.38.17";
+inline constexpr uint64_t kCometP2pVersion = 8;
+inline constexpr uint64_t kCometBlockVersion = 11;
+inline constexpr char kMoniker[] = "trainshard-devnet";
+inline constexpr char kAppVersion[] = "devnet";
 
 std::string Hex(std::string_view bytes);  // upper case
 std::string Base64(std::string_view bytes);

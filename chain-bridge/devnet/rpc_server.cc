@@ -41,8 +41,6 @@ namespace {
 using TxResponse = cosmos::base::abci::v1beta1::TxResponse;
 
 constexpr std::string_view kComponent = "rpc";
-// The CometBFT release whose JSON-RPC this serves (CosmJS picks its client by it).
-constexpr char kCometVersion[] = "0.38.17";
 // A tx_search or block_search without an indexed equality looks at this many txs or blocks.
 constexpr size_t kMaxScan = 100000;
 constexpr size_t kMaxAbciPathBytes = 256;
@@ -258,13 +256,16 @@ Result RpcServer::Impl::Status() {
     sync["earliest_block_time"] = rpc_json::Rfc3339Nano((*first)->block().header().time());
   }
   Json node_info = {
-      {"protocol_version", {{"p2p", "8"}, {"block", "11"}, {"app", "0"}}},
-      {"id", rpc_json::Hex(validator.address).substr(0, 40)},
+      {"protocol_version",
+       {{"p2p", absl::StrCat(rpc_json::kCometP2pVersion)},
+        {"block", absl::StrCat(rpc_json::kCometBlockVersion)},
+        {"app", "0"}}},
+      {"id", rpc_json::NodeId(chain_id)},
       {"listen_addr", absl::StrCat("tcp://", address)},
       {"network", chain_id},
-      {"version", kCometVersion},
+      {"version", rpc_json::kCometVersion},
       {"channels", "40202122233038606100"},
-      {"moniker", "trainshard-devnet"},
+      {"moniker", rpc_json::kMoniker},
       {"other", {{"tx_index", "on"}, {"rpc_address", absl::StrCat("tcp://", address)}}}};
   Json validator_info = {
       {"address", rpc_json::Hex(validator.address)},
@@ -284,7 +285,7 @@ Result RpcServer::Impl::AbciInfo() {
   if (!status.ok()) return FromStatus(status);
   return Json{{"response",
                {{"data", "trainshard"},
-                {"version", "devnet"},
+                {"version", rpc_json::kAppVersion},
                 {"app_version", "1"},
                 {"last_block_height", absl::StrCat(height)},
                 {"last_block_app_hash", rpc_json::Base64(app_hash)}}}};

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "chain-bridge/devnet/rpc_json.h"
 #include "chain-bridge/devnet/store.h"
 #include "chain-bridge/module/tx.h"
 #include "chain-bridge/module/tx_errors.h"
@@ -19,6 +20,7 @@
 #include "cosmos/bank/v1beta1/query.grpc.pb.h"
 #include "cosmos/crypto/secp256k1/keys.pb.h"
 #include "gonka/trainshard/v1/chain.grpc.pb.h"
+#include "proto/cosmos_tendermint_service.h"
 #include "proto/cosmos_tx_service.h"
 #include "proto/grpc_status.h"
 
@@ -437,12 +439,157 @@ TxResponse DeliveredTxResponse(const pb::StoredBlock& block, uint32_t index) {
   return resp;
 }
 
+// ---------------------------------------------------------------------------------------------
+// cosmos.base.tendermint.v1beta1.Service
+
+namespace {
+
+namespace tm = cosmos::base::tendermint::v1beta1;
+
+class TendermintService final : public tm::TendermintServiceBase {
+ public:
+  explicit TendermintService(Backend* backend) : backend_(backend) {}
+
+  grpc::Status GetNodeInfo(grpc::ServerContext*, const tm::GetNodeInfoRequest*,
+                           tm::GetNodeInfoResponse* response) override {
+    return Serve("GetNodeInfo", [&]() -> absl::Status {
+      TS_ASSIGN_OR_RETURN(std::string chain_id, ChainId());
+      // The node info of the status JSON-RPC call, in its protobuf form.
+      auto* info = response->mutable_default_node_info();
+      info->mutable_protocol_version()->set_p2p(rpc_json::kCometP2pVersion);
+      info->mutable_protocol_version()->set_block(rpc_json::kCometBlockVersion);
+      info->set_default_node_id(rpc_json::NodeId(chain_id));
+      info->set_network(chain_id);
+      info->set_version(rpc_json::kCometVersion);
+      info->set_moniker(rpc_json::kMoniker);
+      info->mutable_other()->set_tx_index("on");
+      auto* version = response->mutable_application_version();
+      version->set_name("trainshard");
+      version->set_app_name("trainshard-devnet");
+      version->set_version(rpc_json::kAppVersion);
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::Status GetSyncing(grpc::ServerContext*, const tm::GetSyncingRequest*,
+                          tm::GetSyncingResponse* response) override {
+    // The devnet produces every block itself: it is never behind.
+    response->set_syncing(false);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetLatestBlock(grpc::ServerContext*, const tm::GetLatestBlockRequest*,
+                              tm::GetLatestBlockResponse* response) override {
+    return Serve("GetLatestBlock", [&]() -> absl::Status {
+      TS_ASSIGN_OR_RETURN(int64_t latest, LatestHeight());
+      if (latest == 0) return absl::NotFoundError("no block yet: the chain is at height 0");
+      return FillBlock(latest, response);
+    });
+  }
+
+  grpc::Status GetBlockByHeight(grpc::ServerContext*, const tm::GetBlockByHeightRequest* request,
+                                tm::GetBlockByHeightResponse* response) override {
+    return Serve("GetBlockByHeight", [&]() -> absl::Status {
+      TS_RETURN_IF_ERROR(CheckHeight(request->height()));
+      TS_ASSIGN_OR_RETURN(int64_t latest, LatestHeight());
+      if (request->height() > latest) {
+        // The SDK's words for a height past the chain's.
+        return absl::InvalidArgumentError(absl::StrCat("requested block height ", request->height(),
+                                                       " is bigger then the chain length ",
+                                                       latest));
+      }
+      return FillBlock(request->height(), response);
+    });
+  }
+
+  grpc::Status GetLatestValidatorSet(grpc::ServerContext*, const tm::GetLatestValidatorSetRequest*,
+                                     tm::GetLatestValidatorSetResponse* response) override {
+    return Serve("GetLatestValidatorSet", [&]() -> absl::Status {
+      TS_ASSIGN_OR_RETURN(int64_t latest, LatestHeight());
+      return FillValidators(latest, response);
+    });
+  }
+
+  grpc::Status GetValidatorSetByHeight(grpc::ServerContext*,
+                                       const tm::GetValidatorSetByHeightRequest* request,
+                                       tm::GetValidatorSetByHeightResponse* response) override {
+    return Serve("GetValidatorSetByHeight", [&]() -> absl::Status {
+      TS_RETURN_IF_ERROR(CheckHeight(request->height()));
+      TS_ASSIGN_OR_RETURN(int64_t latest, LatestHeight());
+      if (request->height() > latest) {
+        return absl::InvalidArgumentError(absl::StrCat("requested block height ", request->height(),
+                                                       " is bigger then the chain length ",
+                                                       latest));
+      }
+      return FillValidators(request->height(), response);
+    });
+  }
+
+ private:
+  absl::StatusOr<std::string> ChainId() {
+    std::string chain_id;
+    TS_RETURN_IF_ERROR(backend_->WithApp([&](const App& app) { chain_id = app.chain_id(); }));
+    return chain_id;
+  }
+
+  absl::StatusOr<int64_t> LatestHeight() {
+    int64_t height = 0;
+    TS_RETURN_IF_ERROR(backend_->WithApp([&](const App& app) { height = app.height(); }));
+    return height;
+  }
+
+  // block_id, block and sdk_block of the stored block at `height`.
+  template <typename Response>
+  absl::Status FillBlock(int64_t height, Response* response) {
+    TS_ASSIGN_OR_RETURN(std::shared_ptr<const pb::StoredBlock> stored, backend_->Block(height));
+    const tendermint::types::Header& header = stored->block().header();
+    const rpc_json::Validator validator = rpc_json::DevnetValidator(header.chain_id());
+    response->mutable_block_id()->set_hash(HeaderHash(header));
+    *response->mutable_block() = stored->block();
+    response->mutable_block()->mutable_header()->set_proposer_address(validator.address);
+    tm::Header* sdk = response->mutable_sdk_block()->mutable_header();
+    sdk->set_chain_id(header.chain_id());
+    sdk->set_height(header.height());
+    *sdk->mutable_time() = header.time();
+    *sdk->mutable_last_block_id() = header.last_block_id();
+    sdk->set_data_hash(header.data_hash());
+    sdk->set_app_hash(header.app_hash());
+    sdk->set_proposer_address(common::AddressFromBytes(validator.address, kValConsPrefix));
+    *response->mutable_sdk_block()->mutable_data() = stored->block().data();
+    return absl::OkStatus();
+  }
+
+  // The devnet's one validator (as the validators JSON-RPC call shows it), at `height`.
+  template <typename Response>
+  absl::Status FillValidators(int64_t height, Response* response) {
+    TS_ASSIGN_OR_RETURN(std::string chain_id, ChainId());
+    const rpc_json::Validator validator = rpc_json::DevnetValidator(chain_id);
+    response->set_block_height(height);
+    tm::Validator* one = response->add_validators();
+    one->set_address(common::AddressFromBytes(validator.address, kValConsPrefix));
+    one->mutable_pub_key()->set_type_url("/cosmos.crypto.ed25519.PubKey");
+    // cosmos.crypto.ed25519.PubKey{bytes key = 1}: tag 0x0a, length 32, the key.
+    one->mutable_pub_key()->set_value(std::string("\x0a\x20", 2) + validator.public_key);
+    one->set_voting_power(1);
+    response->mutable_pagination()->set_total(1);
+    return absl::OkStatus();
+  }
+
+  // The bech32 prefix of consensus (validator) addresses.
+  static constexpr char kValConsPrefix[] = "gonkavalcons";
+
+  Backend* backend_;
+};
+
+}  // namespace
+
 std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend) {
   std::vector<std::unique_ptr<grpc::Service>> out;
   out.push_back(std::make_unique<TxService>(backend));
   out.push_back(std::make_unique<AuthQuery>(backend));
   out.push_back(std::make_unique<BankQuery>(backend));
   out.push_back(std::make_unique<ModuleQuery>(backend));
+  out.push_back(std::make_unique<TendermintService>(backend));
   return out;
 }
 

@@ -1,7 +1,8 @@
 // The devnet's gRPC services (internal to ts_bridge_devnet): cosmos.tx.v1beta1.Service (Simulate
-// included), cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query and gonka.trainshard.v1.Query,
-// written against the small Backend interface the node implements, so the RPC edge (request checks,
-// caps, status mapping) stays apart from block production.
+// included), cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query, gonka.trainshard.v1.Query and
+// cosmos.base.tendermint.v1beta1.Service (node info, syncing, blocks, validator sets), written
+// against the small Backend interface the node implements, so the RPC edge (request checks, caps,
+// status mapping) stays apart from block production.
 //
 // Thread-safety: the services are called on gRPC's threads; Backend implementations must be
 // thread-safe.
@@ -66,7 +67,7 @@ class Backend {
 cosmos::base::abci::v1beta1::TxResponse DeliveredTxResponse(const pb::StoredBlock& block,
                                                             uint32_t index);
 
-// The four services, ready for grpc::ServerBuilder::RegisterService. `backend` must outlive them.
+// The five services, ready for grpc::ServerBuilder::RegisterService. `backend` must outlive them.
 std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend);
 
 }  // namespace ts::bridge::devnet

@@ -5,8 +5,8 @@ WebSocket, as wallets, explorers and indexers meet a Cosmos node.
 The chain asks a fee (min_gas_price 0.002). cosmjs_check.mjs connects (StargateClient, the
 version auto-detection), simulates and sends with "auto" gas and pays the fee, finds the transfer
 by the SDK's event keys (searchTx), has a fee above the balance refused with the SDK's code 5,
-votes with hosts' keys on a proposal that opens a shard, and follows new blocks over the
-WebSocket. The test then checks on its own side (the CLI over gRPC) what the client did: the
+votes with hosts' keys on a proposal that opens a shard, follows new blocks over the
+WebSocket, and lists and calls the node's gRPC services through server reflection (grpc-js). The test then checks on its own side (the CLI over gRPC) what the client did: the
 shard opened, the supply is unchanged and the fees are in the fee collector.
 """
 import json
@@ -23,8 +23,10 @@ GAS_PRICE = "0.002"
 
 
 def ensure_cosmjs():
-    """CosmJS from the lock file, once (node_modules is not committed)."""
-    if not os.path.isdir(os.path.join(COSMJS, "node_modules", "@cosmjs", "stargate")):
+    """CosmJS and grpc-js from the lock file, once (node_modules is not committed)."""
+    modules = os.path.join(COSMJS, "node_modules")
+    if not all(os.path.isdir(os.path.join(modules, *p.split("/")))
+               for p in ("@cosmjs/stargate", "@grpc/grpc-js", "grpc-js-reflection-client")):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=COSMJS, check=True,
                        stdout=subprocess.DEVNULL)
 
@@ -50,6 +52,7 @@ class CosmjsTest(unittest.TestCase):
                   "gas_price": f"{GAS_PRICE}ngonka",
                   "sender_key_hex": self.key_hex("alice"), "amino_key_hex": self.key_hex("amino"),
                   "recipient": self.net.address("bob"), "poor_key_hex": self.key_hex("outsider"),
+                  "grpc": self.net.chain,
                   "voters": [], "steps": steps, "expect_comet_client": "Comet38Client",
                   "poll_interval_ms": 300}
         config.update(extra)
@@ -84,7 +87,8 @@ class CosmjsTest(unittest.TestCase):
         voters = [{"key_hex": self.key_hex(f"host{i}"), "proposal_id": str(pid)}
                   for i in (1, 2, 3)]
         results = self.run_check(["connect", "send_auto", "search", "amino_send",
-                                  "fee_above_balance", "vote", "websocket"], voters=voters)
+                                  "fee_above_balance", "vote", "websocket", "grpc_reflection"],
+                                 voters=voters)
         # The refusal was the SDK's insufficient funds, in its codespace.
         refused = results["fee_above_balance"]
         self.assertEqual(refused.get("code"), 5, refused)

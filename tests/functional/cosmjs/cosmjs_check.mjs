@@ -11,8 +11,9 @@
 //    "gas_price": "0.002ngonka", "sender_key_hex": "<64 hex>", "amino_key_hex": "<64 hex>",
 //    "recipient": "gonka1...", "poor_key_hex": "<64 hex>",
 //    "voters": [{"key_hex": "<64 hex>", "proposal_id": "1"}],
+//    "grpc": "127.0.0.1:PORT",
 //    "steps": ["connect", "send_auto", "search", "amino_send", "fee_above_balance", "vote",
-//              "websocket"]}
+//              "websocket", "grpc_reflection"]}
 // Optional keys: "step_timeout_s" (60), "poll_interval_ms" (CosmJS's broadcast polling, 1000),
 // "expect_comet_client" (e.g. "Comet38Client": the class connectComet must pick).
 //
@@ -34,6 +35,11 @@
 //   vote               each voter signs /cosmos.gov.v1.MsgVote YES with "auto" gas: code 0.
 //   websocket          connectComet over ws://.../websocket, subscribeNewBlock(): two events, the
 //                      heights increasing, the header's chain id is chain_id.
+//   grpc_reflection    over the node's gRPC port ("grpc"), with @grpc/grpc-js and
+//                      grpc-js-reflection-client as grpcurl would: server reflection lists the
+//                      Cosmos services and the module's; the tendermint service's descriptor,
+//                      fetched by symbol, makes a client whose GetNodeInfo names chain_id,
+//                      GetSyncing is false, GetLatestBlock and GetBlockByHeight agree.
 //
 // Prints one JSON line per step on stdout ({"step": ..., "ok": true|false, ...details}),
 // diagnostics on stderr; exits 0 only if every listed step is ok, 1 if one failed, 2 on a bad
@@ -52,11 +58,19 @@ import {
   defaultRegistryTypes,
 } from '@cosmjs/stargate';
 import {connectComet} from '@cosmjs/tendermint-rpc';
+import * as grpc from '@grpc/grpc-js';
+import {GrpcReflection} from 'grpc-js-reflection-client';
 import {VoteOption} from 'cosmjs-types/cosmos/gov/v1/gov';
 import {MsgVote} from 'cosmjs-types/cosmos/gov/v1/tx';
 
 const kAllSteps = [
   'connect', 'send_auto', 'search', 'amino_send', 'fee_above_balance', 'vote', 'websocket',
+  'grpc_reflection',
+];
+// What a Cosmos tool expects a node's reflection to list, and the module's own query service.
+const kReflectedServices = [
+  'cosmos.auth.v1beta1.Query', 'cosmos.bank.v1beta1.Query', 'cosmos.base.tendermint.v1beta1.Service',
+  'cosmos.tx.v1beta1.Service', 'gonka.trainshard.v1.Query',
 ];
 const kSendAmount = 1000n;
 const kSignModeDirect = 1;
@@ -426,6 +440,51 @@ const steps = {
       client.disconnect();
     }
   },
+};
+
+// One unary call of a grpc-js client made from a reflected descriptor.
+function unary(client, method, request) {
+  return new Promise((resolve, reject) => {
+    client[method](request, (error, response) => (error ? reject(error) : resolve(response)));
+  });
+}
+
+steps.grpc_reflection = async function(cfg, out) {
+  check(typeof cfg.grpc === 'string' && cfg.grpc.length > 0, 'the config lacks "grpc"');
+  const credentials = grpc.ChannelCredentials.createInsecure();
+  const reflection = new GrpcReflection(cfg.grpc, credentials);
+  const services = await reflection.listServices();
+  out.services = services;
+  for (const name of kReflectedServices) {
+    check(services.includes(name), `reflection does not list ${name}`);
+  }
+  const txMethods = (await reflection.listMethods('cosmos.tx.v1beta1.Service')).map((m) => m.name);
+  check(txMethods.includes('Simulate') && txMethods.includes('BroadcastTx'),
+      `cosmos.tx.v1beta1.Service lists ${txMethods.join(', ')}`);
+  const descriptor = await reflection.getDescriptorBySymbol('cosmos.base.tendermint.v1beta1.Service');
+  const pkg = descriptor.getPackageObject(
+      {keepCase: true, longs: String, enums: String, defaults: true});
+  const Service = pkg.cosmos.base.tendermint.v1beta1.Service;
+  const client = new Service(cfg.grpc, credentials);
+  try {
+    const info = await unary(client, 'GetNodeInfo', {});
+    out.network = info.default_node_info.network;
+    out.node_version = info.default_node_info.version;
+    check(out.network === cfg.chain_id, `GetNodeInfo network ${out.network}, expected ${cfg.chain_id}`);
+    const syncing = await unary(client, 'GetSyncing', {});
+    check(syncing.syncing === false, `GetSyncing says ${syncing.syncing}`);
+    const latest = await unary(client, 'GetLatestBlock', {});
+    const height = latest.sdk_block.header.height;
+    out.latest_height = height;
+    check(Number(height) > 0, `GetLatestBlock height ${height}`);
+    check(latest.sdk_block.header.proposer_address.startsWith(`${cfg.prefix}valcons1`),
+        `proposer ${latest.sdk_block.header.proposer_address}`);
+    const byHeight = await unary(client, 'GetBlockByHeight', {height});
+    check(Buffer.from(byHeight.block_id.hash).equals(Buffer.from(latest.block_id.hash)),
+        'GetBlockByHeight(latest) has another block id than GetLatestBlock');
+  } finally {
+    client.close();
+  }
 };
 
 function loadConfig(path) {
