@@ -2,13 +2,18 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "chain-bridge/module/str_cat.h"
 #include "cosmos/bank/v1beta1/tx.pb.h"
 #include "cosmos/gov/v1/tx.pb.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace ts::bridge {
 namespace {
@@ -64,6 +69,97 @@ std::string Typed(std::string_view type, const Object& value) {
   return Object().Text("type", type).Raw("value", value.Json()).Json();
 }
 
+// The module's messages have no amino registration of their own in any Go codebase; their
+// amino JSON follows the rules the SDK applies to a message without amino options: fields in
+// name order, zero values, empty strings, empty lists and unset messages left out, 64-bit
+// integers as strings, 32-bit ones and enums as numbers, bytes as standard base64.
+std::string GenericJson(const google::protobuf::Message& message);
+
+std::string FieldValue(const google::protobuf::Message& message,
+                       const google::protobuf::FieldDescriptor* field, int index) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = message.GetReflection();
+  const bool repeated = field->is_repeated();
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return Cat(repeated ? r->GetRepeatedInt32(message, field, index)
+                          : r->GetInt32(message, field));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return Cat(repeated ? r->GetRepeatedUInt32(message, field, index)
+                          : r->GetUInt32(message, field));
+    case FieldDescriptor::CPPTYPE_INT64:
+      return AminoJsonString(
+          Cat(repeated ? r->GetRepeatedInt64(message, field, index) : r->GetInt64(message, field)));
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return Number(repeated ? r->GetRepeatedUInt64(message, field, index)
+                             : r->GetUInt64(message, field));
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return (repeated ? r->GetRepeatedBool(message, field, index) : r->GetBool(message, field))
+                 ? "true"
+                 : "false";
+    case FieldDescriptor::CPPTYPE_ENUM:
+      return Cat(repeated ? r->GetRepeatedEnumValue(message, field, index)
+                          : r->GetEnumValue(message, field));
+    case FieldDescriptor::CPPTYPE_STRING: {
+      std::string scratch;
+      const std::string& value =
+          repeated ? r->GetRepeatedStringReference(message, field, index, &scratch)
+                   : r->GetStringReference(message, field, &scratch);
+      if (field->type() == FieldDescriptor::TYPE_BYTES) {
+        return AminoJsonString(absl::Base64Escape(value));
+      }
+      return AminoJsonString(value);
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return GenericJson(repeated ? r->GetRepeatedMessage(message, field, index)
+                                  : r->GetMessage(message, field));
+    default:
+      return "null";  // floats: no message of the module has one
+  }
+}
+
+std::string GenericJson(const google::protobuf::Message& message) {
+  const google::protobuf::Reflection* r = message.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(message, &fields);  // only those set: the zero values are left out
+  Object out;
+  for (const auto* field : fields) {
+    if (field->is_repeated()) {
+      std::vector<std::string> items;
+      for (int i = 0; i < r->FieldSize(message, field); ++i) {
+        items.push_back(FieldValue(message, field, i));
+      }
+      out.Raw(field->name(), Array(items));
+    } else {
+      out.Raw(field->name(), FieldValue(message, field, 0));
+    }
+  }
+  return out.Json();
+}
+
+constexpr absl::string_view kModuleMsgPrefix = "/gonka.trainshard.v1.Msg";
+
+absl::StatusOr<std::string> AminoMsg(int index, const google::protobuf::Any& any);
+
+// cosmos-sdk/v1/MsgSubmitProposal, its messages in their own amino form.
+absl::StatusOr<std::string> AminoSubmitProposal(int index,
+                                                const cosmos::gov::v1::MsgSubmitProposal& msg) {
+  Object value;
+  std::vector<std::string> messages;
+  for (const auto& inner : msg.messages()) {
+    auto json = AminoMsg(index, inner);
+    if (!json.ok()) return json.status();
+    messages.push_back(*std::move(json));
+  }
+  if (!messages.empty()) value.Raw("messages", Array(messages));
+  value.Raw("initial_deposit", Coins(msg.initial_deposit()));  // present even when empty
+  if (!msg.proposer().empty()) value.Text("proposer", msg.proposer());
+  if (!msg.metadata().empty()) value.Text("metadata", msg.metadata());
+  if (!msg.title().empty()) value.Text("title", msg.title());
+  if (!msg.summary().empty()) value.Text("summary", msg.summary());
+  return Typed("cosmos-sdk/v1/MsgSubmitProposal", value);
+}
+
 absl::StatusOr<std::string> AminoMsg(int index, const google::protobuf::Any& any) {
   auto unparsable = [&] {
     return absl::InvalidArgumentError(
@@ -94,6 +190,26 @@ absl::StatusOr<std::string> AminoMsg(int index, const google::protobuf::Any& any
                                                  .Raw("amount", Coins(msg.amount()))
                                                  .Text("depositor", msg.depositor())
                                                  .Raw("proposal_id", Number(msg.proposal_id())));
+  }
+  if (any.type_url() == "/cosmos.gov.v1.MsgSubmitProposal") {
+    cosmos::gov::v1::MsgSubmitProposal msg;
+    if (!msg.ParseFromString(any.value())) return unparsable();
+    return AminoSubmitProposal(index, msg);
+  }
+  if (absl::StartsWith(any.type_url(), kModuleMsgPrefix)) {
+    const std::string name = any.type_url().substr(1);
+    const google::protobuf::Descriptor* descriptor =
+        google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(name);
+    if (descriptor != nullptr) {
+      std::unique_ptr<google::protobuf::Message> msg(
+          google::protobuf::MessageFactory::generated_factory()->GetPrototype(descriptor)->New());
+      if (!msg->ParseFromString(any.value())) return unparsable();
+      // "trainshard/MsgReserveTrainshard", as the SDK names a module's messages.
+      return Object()
+          .Text("type", Cat("trainshard/", descriptor->name()))
+          .Raw("value", GenericJson(*msg))
+          .Json();
+    }
   }
   return absl::InvalidArgumentError(
       Cat("tx.body.messages[", index, "] (", any.type_url().substr(0, 128),

@@ -2,8 +2,10 @@
 // Cosmos SDK's StdSignDoc as canonical JSON (keys sorted at every level, no whitespace, numbers
 // as strings, '&', '<' and '>' escaped as \u0026, \u003c and \u003e), built here from the tx's
 // decoded body and auth info. Messages with an amino JSON form here: cosmos-sdk/MsgSend,
-// cosmos-sdk/v1/MsgVote and cosmos-sdk/v1/MsgDeposit (docs/protocol.md, "Transactions"); any
-// other message must be signed in SIGN_MODE_DIRECT. Pure functions; thread-safe.
+// cosmos-sdk/v1/MsgVote, cosmos-sdk/v1/MsgDeposit, cosmos-sdk/v1/MsgSubmitProposal (its messages
+// in their own forms) and the module's messages as "trainshard/<name>", written by the rules the
+// SDK applies to a message without amino options (docs/protocol.md, "Transactions"); any other
+// message must be signed in SIGN_MODE_DIRECT. Pure functions; thread-safe.
 #ifndef TS_CHAIN_BRIDGE_MODULE_AMINO_JSON_H_
 #define TS_CHAIN_BRIDGE_MODULE_AMINO_JSON_H_
 

@@ -8,6 +8,7 @@
 #include "cosmos/bank/v1beta1/tx.pb.h"
 #include "cosmos/gov/v1/tx.pb.h"
 #include "gmock/gmock.h"
+#include "gonka/trainshard/v1/chain.pb.h"
 #include "gtest/gtest.h"
 
 namespace ts::bridge {
@@ -209,21 +210,58 @@ TEST(AminoJsonSignBytesTest, MessagesKeepTheirOrder) {
                                R"({"type":"cosmos-sdk/MsgSend",)"));
 }
 
+// A shard proposal as a wallet signs it: the gov v1 envelope, the module's message inside in
+// its own form (fields by name, zero values left out, uint64 as strings, uint32 and enums as
+// numbers, bytes as base64), the initial deposit present even when empty.
+TEST(AminoJsonSignBytesTest, GovV1SubmitProposalWithTheModulesMessage) {
+  namespace pb = ::gonka::trainshard::v1;
+  pb::MsgCreateTrainshardProposal create;
+  create.set_authority("GOV");
+  create.set_creator("C");
+  pb::ShardSpec* spec = create.mutable_spec();
+  spec->set_run_spec_hash(std::string("\x01\x02\xff", 3));
+  spec->set_hardware_profile("cpu-small");
+  spec->set_min_nodes(2);
+  spec->set_max_nodes(3);
+  spec->set_max_duration_blocks(40);
+  spec->mutable_escrow()->set_denom("ngonka");
+  spec->mutable_escrow()->set_amount("900000");
+  spec->mutable_reward_policy()->set_kind(pb::RewardPolicy::KIND_VERIFIED_WORK);
+  spec->add_readers("R1");
+  spec->add_readers("R2");
+  cosmos::gov::v1::MsgSubmitProposal proposal;
+  *proposal.add_messages() = PackMsg(create);
+  proposal.set_proposer("C");
+  proposal.set_title("t<1>");
+  TxBody body;
+  *body.add_messages() = PackMsg(proposal);
+  EXPECT_EQ(SignBytes(body, Fee("171", 85400)),
+            R"({"account_number":"7","chain_id":"c-1",)"
+            R"("fee":{"amount":[{"amount":"171","denom":"ngonka"}],"gas":"85400"},"memo":"",)"
+            R"("msgs":[{"type":"cosmos-sdk/v1/MsgSubmitProposal","value":{"initial_deposit":[],)"
+            R"("messages":[{"type":"trainshard/MsgCreateTrainshardProposal","value":{)"
+            R"("authority":"GOV","creator":"C","spec":{"escrow":{"amount":"900000",)"
+            R"("denom":"ngonka"},"hardware_profile":"cpu-small","max_duration_blocks":"40",)"
+            R"("max_nodes":3,"min_nodes":2,"readers":["R1","R2"],"reward_policy":{"kind":1},)"
+            R"("run_spec_hash":"AQL/"}}}],"proposer":"C","title":"t\u003c1\u003e"}}],)"
+            R"("sequence":"3"})");
+}
+
 TEST(AminoJsonSignBytesTest, RefusesAMessageWithoutAnAminoForm) {
   TxBody body;
   *body.add_messages() = Send("A", "B", "1");
   google::protobuf::Any* other = body.add_messages();
-  other->set_type_url("/gonka.trainshard.v1.MsgReserveTrainshard");
+  other->set_type_url("/gonka.trainshard.v1.MsgNoSuchThing");
   auto bytes = AminoJsonSignBytes(body, Fee("171", 85400), "c-1", 7, 3);
   ASSERT_FALSE(bytes.ok());
   EXPECT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bytes.status().message()), HasSubstr("tx.body.messages[1]"));
   EXPECT_THAT(std::string(bytes.status().message()),
-              HasSubstr("/gonka.trainshard.v1.MsgReserveTrainshard"));
+              HasSubstr("/gonka.trainshard.v1.MsgNoSuchThing"));
   EXPECT_THAT(std::string(bytes.status().message()), HasSubstr("SIGN_MODE_DIRECT"));
 
   TxBody alone;
-  alone.add_messages()->set_type_url("/gonka.trainshard.v1.MsgReserveTrainshard");
+  alone.add_messages()->set_type_url("/cosmos.staking.v1beta1.MsgDelegate");
   bytes = AminoJsonSignBytes(alone, Fee("171", 85400), "c-1", 7, 3);
   ASSERT_FALSE(bytes.ok());
   EXPECT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument);

@@ -177,6 +177,43 @@ TEST_F(ChainTest, ProposalVotesOpenReserveRunSettle) {
   EXPECT_EQ(app_->GetShard(1)->status(), pb::SHARD_STATUS_SETTLED);
 }
 
+// A wallet that signs only in amino JSON (a Ledger) proposes a shard and a host reserves a
+// place in it: both land as their direct-signed twins do; a tampered amino signature does not.
+TEST_F(ChainTest, AminoSignedProposalAndReservationLand) {
+  using cosmos::tx::signing::v1beta1::SIGN_MODE_LEGACY_AMINO_JSON;
+  auto amino = [&](const common::PrivateKey& key, const std::vector<google::protobuf::Any>& msgs) {
+    auto account = app_->Account(Addr(key));
+    EXPECT_TRUE(account.ok()) << account.status();
+    return BuildSignedTx(key, kChainId, account->first, account->second, msgs, TestFee(), "",
+                         SIGN_MODE_LEGACY_AMINO_JSON);
+  };
+  std::string proposal = amino(creator_, {ProposalMsg(creator_, {DefaultSpec()})});
+  ASSERT_EQ(app_->CheckTx(proposal).code(), kOk) << app_->CheckTx(proposal).raw_log();
+  // The same tx with one byte of its signature changed is refused, and changes nothing.
+  std::string forged = proposal;
+  forged[forged.size() - 5] ^= 0x01;
+  EXPECT_NE(app_->CheckTx(forged).code(), kOk);
+  BlockOutcome outcome = Block({proposal});
+  ASSERT_EQ(outcome.results.tx_results(0).code(), kOk) << outcome.results.tx_results(0).raw_log();
+  auto submitted = EventsOf(outcome.results.tx_results(0).events(), "gov.proposal_submitted");
+  ASSERT_EQ(submitted.size(), 1u);
+  const uint64_t proposal_id = std::stoull(submitted[0]["proposal_id"]);
+  std::vector<std::string> votes;
+  for (int i = 0; i < 3; ++i) {
+    const auto& host = hosts_[static_cast<size_t>(i)];
+    votes.push_back(amino(host, {VoteMsg(host, proposal_id, cosmos::gov::v1::VOTE_OPTION_YES)}));
+  }
+  Block(votes);
+  for (const auto& result : last_.results.tx_results()) EXPECT_EQ(result.code(), kOk);
+  AdvanceTo(std::stoll(submitted[0]["voting_end_height"]));
+  const uint64_t shard_id = app_->GetProposal(proposal_id)->shard_id();
+  ASSERT_EQ(app_->GetShard(shard_id)->status(), pb::SHARD_STATUS_OPEN);
+  std::string reserve = amino(hosts_[0], {ReserveMsg(SignedReservation(hosts_[0], shard_id))});
+  Block({reserve});
+  EXPECT_EQ(last_.results.tx_results(0).code(), kOk) << last_.results.tx_results(0).raw_log();
+  EXPECT_EQ(app_->GetShard(shard_id)->reservations_size(), 1);
+}
+
 TEST_F(ChainTest, ReservationRefusals) {
   pb::ShardSpec spec = DefaultSpec();
   spec.set_reservation_window_blocks(30);  // room for every refusal below, one block each
