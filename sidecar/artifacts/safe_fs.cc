@@ -346,18 +346,6 @@ absl::Status ValidateArtifactName(std::string_view field, std::string_view name)
   return absl::OkStatus();
 }
 
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.release();
-  }
-  return *this;
-}
-
 absl::StatusOr<SafeDir> SafeDir::Open(const std::string& path, bool create) {
   if (path.empty()) return absl::InvalidArgumentError("directory path is empty");
   if (create) {

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 
 namespace ts::sidecar {
 
@@ -39,28 +40,7 @@ inline constexpr size_t kMaxArtifactNameDepth = 16;
 // spaces and non-ASCII. INVALID_ARGUMENT naming `field` and the (escaped) name otherwise.
 absl::Status ValidateArtifactName(std::string_view field, std::string_view name);
 
-// An owned file descriptor (closed on destruction).
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd();
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+using UniqueFd = common::UniqueFd;
 
 // A regular file found by SafeDir::ListFiles.
 struct SafeFileEntry {

@@ -35,6 +35,7 @@
 #include "common/crypto/tls_session.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "sidecar/peer/peer_auth.h"
 #include "sidecar/peer/tls_wire.h"
 
@@ -82,31 +83,7 @@ std::string ErrnoText(int err) {
   return absl::StrCat(text, " (errno ", err, ")");
 }
 
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { Reset(); }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+using common::UniqueFd;
 
 // A connected socket and, under TLS, its record states.
 struct Conn {
