@@ -25,9 +25,6 @@ namespace {
 
 using cosmos::base::abci::v1beta1::TxResponse;
 
-// A block may carry at most this many txs (each is also capped at kMaxTxBytes).
-constexpr size_t kMaxTxsPerBlock = 100'000;
-
 void AppendU32Be(std::string* out, uint32_t value) {
   for (int shift = 24; shift >= 0; shift -= 8) {
     out->push_back(static_cast<char>((value >> shift) & 0xff));

@@ -10,6 +10,7 @@
 #ifndef TS_CHAIN_BRIDGE_MODULE_APP_H_
 #define TS_CHAIN_BRIDGE_MODULE_APP_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -25,6 +26,9 @@
 #include "tendermint/types/types.pb.h"
 
 namespace ts::bridge {
+
+// Txs in one block at most (each also capped at kMaxTxBytes); FinalizeBlock refuses more.
+inline constexpr size_t kMaxTxsPerBlock = 100'000;
 
 namespace pb = ::gonka::trainshard::v1;
 

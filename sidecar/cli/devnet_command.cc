@@ -1,4 +1,5 @@
-// `trainshard devnet init|start|replay`: the embedded devnet chain node.
+// `trainshard devnet init|start|abci|replay`: the embedded devnet chain node, and the same module
+// served to a CometBFT node over ABCI.
 #include <pthread.h>
 #include <signal.h>
 
@@ -6,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "chain-bridge/devnet/abci_server.h"
 #include "chain-bridge/devnet/node.h"
 #include "chain-bridge/module/gas.h"
 #include "common/amount.h"
@@ -203,6 +205,37 @@ int RunStart(Context& ctx, const StartArgs& args) {
   return kExitOk;
 }
 
+struct AbciArgs {
+  std::string home;
+  std::string listen = "127.0.0.1:26658";
+};
+
+// Serves the home's genesis to a CometBFT node over ABCI until SIGTERM or SIGINT. The App lives
+// in memory: CometBFT replays its blocks into it after a restart.
+int RunAbci(Context& ctx, const AbciArgs& args) {
+  auto genesis = bridge::ReadGenesis(args.home);
+  if (!genesis.ok()) return ctx.LocalFailed(genesis.status());
+  ScopedSignalBlock signals;
+  bridge::devnet::AbciServerOptions options;
+  options.listen_address = args.listen;
+  auto server = bridge::devnet::AbciServer::Start(*std::move(genesis), options);
+  if (!server.ok()) {
+    return absl::IsInvalidArgument(server.status()) ? ctx.BadInput(server.status())
+                                                    : ctx.LocalFailed(server.status());
+  }
+  if (ctx.json()) {
+    ctx.PrintJson({{"abci_listen", (*server)->listen_address()}, {"home", args.home}});
+  } else {
+    ctx.out() << "ABCI application listening on " << (*server)->listen_address() << "\n";
+    ctx.out().flush();
+  }
+  int signal_number = signals.Wait();
+  const int64_t height = (*server)->committed_height();
+  (*server)->Shutdown();
+  ctx.err() << "abci stopped on signal " << signal_number << " at height " << height << "\n";
+  return kExitOk;
+}
+
 int RunReplay(Context& ctx, const std::string& home) {
   auto report = bridge::Replay(home);
   if (!report.ok()) return ctx.LocalFailed(report.status());
@@ -292,6 +325,15 @@ void AddDevnetCommands(CLI::App& root, CommandTable& table) {
       ->transform(UnsignedInteger())
       ->capture_default_str();
   table.Add(start, [start_args](Context& ctx) { return RunStart(ctx, *start_args); });
+
+  auto abci_args = std::make_shared<AbciArgs>();
+  CLI::App* abci = devnet->add_subcommand(
+      "abci", "serve the home's genesis as an ABCI application to a CometBFT node, until SIGTERM");
+  abci->add_option("--home", abci_args->home, "node home directory (its genesis.json)")->required();
+  abci->add_option("--listen", abci_args->listen,
+                   "host:port, tcp://host:port or unix:///path (CometBFT's proxy_app)")
+      ->capture_default_str();
+  table.Add(abci, [abci_args](Context& ctx) { return RunAbci(ctx, *abci_args); });
 
   auto replay_home = std::make_shared<std::string>();
   CLI::App* replay = devnet->add_subcommand(

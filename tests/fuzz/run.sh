@@ -15,7 +15,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
 fi
 build=build-asan
 targets=(fuzz_tx_decode fuzz_sign_bytes fuzz_address fuzz_manifest fuzz_chunk_wire
-  fuzz_chunk_stream fuzz_collective_frame fuzz_event_query fuzz_rpc_request)
+  fuzz_chunk_stream fuzz_collective_frame fuzz_event_query fuzz_rpc_request fuzz_abci_wire)
 
 # Longest input each target is given: a few times the largest real input, so time goes into
 # structure rather than into hashing long buffers.
@@ -30,6 +30,7 @@ max_len_of() {
     fuzz_collective_frame) echo 8192 ;;
     fuzz_event_query) echo 1024 ;;
     fuzz_rpc_request) echo 4096 ;;
+    fuzz_abci_wire) echo 4096 ;;
   esac
 }
 
