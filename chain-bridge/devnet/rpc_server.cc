@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -739,6 +740,50 @@ int RpcServer::Impl::WsData(mg_connection* connection, int bits, char* payload, 
 void RpcServer::Impl::SendEvents(const pb::StoredBlock& block) {
   const auto& header = block.block().header();
   const int64_t height = header.height();
+  const int tx_count = block.results().tx_results_size();
+  // What every subscriber of this block is sent, built once, at the first subscription that
+  // matches: the NewBlock value, and each tx's hash, events and value.
+  std::optional<Json> new_block;
+  std::vector<std::string> tx_hashes(static_cast<size_t>(tx_count));
+  for (int i = 0; i < tx_count; ++i) {
+    tx_hashes[static_cast<size_t>(i)] = rpc_json::Hex(common::Sha256(block.block().data().txs(i)));
+  }
+  std::vector<std::optional<std::pair<Json, Json>>> tx_payloads(static_cast<size_t>(tx_count));
+  auto new_block_value = [&]() -> const Json& {
+    if (!new_block.has_value()) {
+      Json value = rpc_json::Block(block, validator.address);
+      value["result_finalize_block"] = {
+          {"events", rpc_json::Events(block.results().end_block_events())},
+          {"tx_results", rpc_json::BlockResults(block)["txs_results"]},
+          {"validator_updates", Json::array()},
+          {"app_hash", rpc_json::Base64(block.results().app_hash())}};
+      new_block = std::move(value);
+    }
+    return *new_block;
+  };
+  auto tx_payload = [&](int i) -> const std::pair<Json, Json>& {
+    auto& payload = tx_payloads[static_cast<size_t>(i)];
+    if (!payload.has_value()) {
+      const auto& result = block.results().tx_results(i);
+      const std::string& hash = tx_hashes[static_cast<size_t>(i)];
+      Json events = {
+          {"tm.event", {"Tx"}}, {"tx.hash", {hash}}, {"tx.height", {absl::StrCat(height)}}};
+      for (const auto& event : result.events()) {
+        for (const auto& a : event.attributes()) {
+          events[absl::StrCat(event.type(), ".", a.key())].push_back(a.value());
+        }
+      }
+      Json value = {{"TxResult",
+                     {{"height", absl::StrCat(height)},
+                      {"index", i},
+                      {"tx", rpc_json::Base64(block.block().data().txs(i))},
+                      {"result", rpc_json::TxResult(result)}}}};
+      payload.emplace(std::move(events), std::move(value));
+    }
+    return *payload;
+  };
+  const Json new_block_events = {{"tm.event", {"NewBlock"}},
+                                 {"block.height", {absl::StrCat(height)}}};
   absl::MutexLock lock(&ws_mu);
   for (auto& [key, client] : clients) {
     if (client.connection == nullptr) continue;
@@ -746,37 +791,18 @@ void RpcServer::Impl::SendEvents(const pb::StoredBlock& block) {
       EventSubject block_subject{"NewBlock", height, "", &block.results().end_block_events(),
                                  nullptr};
       if (Matches(sub.query, block_subject)) {
-        Json events = {{"tm.event", {"NewBlock"}}, {"block.height", {absl::StrCat(height)}}};
-        Json value = rpc_json::Block(block, validator.address);
-        value["result_finalize_block"] = {
-            {"events", rpc_json::Events(block.results().end_block_events())},
-            {"tx_results", rpc_json::BlockResults(block)["txs_results"]},
-            {"validator_updates", Json::array()},
-            {"app_hash", rpc_json::Base64(block.results().app_hash())}};
-        WsWrite(
-            client.connection,
-            Reply(sub.id, Json{{"query", sub.text},
-                               {"data", {{"type", "tendermint/event/NewBlock"}, {"value", value}}},
-                               {"events", events}}));
+        WsWrite(client.connection,
+                Reply(sub.id,
+                      Json{{"query", sub.text},
+                           {"data",
+                            {{"type", "tendermint/event/NewBlock"}, {"value", new_block_value()}}},
+                           {"events", new_block_events}}));
       }
-      for (int i = 0; i < block.results().tx_results_size(); ++i) {
-        const std::string& tx = block.block().data().txs(i);
-        std::string hash = rpc_json::Hex(common::Sha256(tx));
-        const auto& result = block.results().tx_results(i);
-        EventSubject tx_subject{"Tx", height, hash, &result.events(), nullptr};
+      for (int i = 0; i < tx_count; ++i) {
+        EventSubject tx_subject{"Tx", height, tx_hashes[static_cast<size_t>(i)],
+                                &block.results().tx_results(i).events(), nullptr};
         if (!Matches(sub.query, tx_subject)) continue;
-        Json events = {
-            {"tm.event", {"Tx"}}, {"tx.hash", {hash}}, {"tx.height", {absl::StrCat(height)}}};
-        for (const auto& event : result.events()) {
-          for (const auto& a : event.attributes()) {
-            events[absl::StrCat(event.type(), ".", a.key())].push_back(a.value());
-          }
-        }
-        Json value = {{"TxResult",
-                       {{"height", absl::StrCat(height)},
-                        {"index", i},
-                        {"tx", rpc_json::Base64(tx)},
-                        {"result", rpc_json::TxResult(result)}}}};
+        const auto& [events, value] = tx_payload(i);
         WsWrite(client.connection,
                 Reply(sub.id, Json{{"query", sub.text},
                                    {"data", {{"type", "tendermint/event/Tx"}, {"value", value}}},

@@ -490,14 +490,7 @@ class TendermintService final : public tm::TendermintServiceBase {
   grpc::Status GetBlockByHeight(grpc::ServerContext*, const tm::GetBlockByHeightRequest* request,
                                 tm::GetBlockByHeightResponse* response) override {
     return Serve("GetBlockByHeight", [&]() -> absl::Status {
-      TS_RETURN_IF_ERROR(CheckHeight(request->height()));
-      TS_ASSIGN_OR_RETURN(int64_t latest, LatestHeight());
-      if (request->height() > latest) {
-        // The SDK's words for a height past the chain's.
-        return absl::InvalidArgumentError(absl::StrCat("requested block height ", request->height(),
-                                                       " is bigger then the chain length ",
-                                                       latest));
-      }
+      TS_RETURN_IF_ERROR(CheckStoredHeight(request->height()));
       return FillBlock(request->height(), response);
     });
   }
@@ -514,18 +507,24 @@ class TendermintService final : public tm::TendermintServiceBase {
                                        const tm::GetValidatorSetByHeightRequest* request,
                                        tm::GetValidatorSetByHeightResponse* response) override {
     return Serve("GetValidatorSetByHeight", [&]() -> absl::Status {
-      TS_RETURN_IF_ERROR(CheckHeight(request->height()));
-      TS_ASSIGN_OR_RETURN(int64_t latest, LatestHeight());
-      if (request->height() > latest) {
-        return absl::InvalidArgumentError(absl::StrCat("requested block height ", request->height(),
-                                                       " is bigger then the chain length ",
-                                                       latest));
-      }
+      TS_RETURN_IF_ERROR(CheckStoredHeight(request->height()));
       return FillValidators(request->height(), response);
     });
   }
 
  private:
+  // A positive height the chain has reached; above it, the SDK's words for a height past the
+  // chain's.
+  absl::Status CheckStoredHeight(int64_t height) {
+    TS_RETURN_IF_ERROR(CheckHeight(height));
+    TS_ASSIGN_OR_RETURN(int64_t latest, LatestHeight());
+    if (height > latest) {
+      return absl::InvalidArgumentError(absl::StrCat("requested block height ", height,
+                                                     " is bigger then the chain length ", latest));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::string> ChainId() {
     std::string chain_id;
     TS_RETURN_IF_ERROR(backend_->WithApp([&](const App& app) { chain_id = app.chain_id(); }));

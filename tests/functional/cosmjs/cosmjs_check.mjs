@@ -34,7 +34,9 @@
 //                      its balance does not change.
 //   vote               each voter signs /cosmos.gov.v1.MsgVote YES with "auto" gas: code 0.
 //   websocket          connectComet over ws://.../websocket, subscribeNewBlock(): two events, the
-//                      heights increasing, the header's chain id is chain_id.
+//                      heights increasing, the header's chain id is chain_id; subscribeTx by
+//                      message.sender, then the sender sends 1 denom to itself: the event carries
+//                      the tx's hash and height and code 0.
 //   grpc_reflection    over the node's gRPC port ("grpc"), with @grpc/grpc-js and
 //                      grpc-js-reflection-client as grpcurl would: server reflection lists the
 //                      Cosmos services and the module's; the tendermint service's descriptor,
@@ -417,6 +419,7 @@ const steps = {
       blocks: [],
     });
     let subscription;
+    let txSubscription;
     try {
       await new Promise((resolve, reject) => {
         subscription = client.subscribeNewBlock().subscribe({
@@ -435,8 +438,43 @@ const steps = {
       check(a.height > 0 && b.height > a.height, `NewBlock heights ${a.height} then ${b.height}`);
       check(a.chain_id === cfg.chain_id && b.chain_id === cfg.chain_id,
           `NewBlock chain ids ${a.chain_id}, ${b.chain_id}, expected ${cfg.chain_id}`);
+      // A Tx subscription by the SDK's event keys: the sender's own send arrives with its hash.
+      const wallet = await DirectSecp256k1Wallet.fromKey(
+          keyBytes(cfg.sender_key_hex, 'sender_key_hex'), cfg.prefix);
+      const [account] = await wallet.getAccounts();
+      const query = `tm.event='Tx' AND message.sender='${account.address}'`;
+      let resolveTx;
+      let rejectTx;
+      const txSeen = new Promise((resolve, reject) => {
+        resolveTx = resolve;
+        rejectTx = reject;
+      });
+      txSubscription = client.subscribeTx(query).subscribe({
+        next: (event) => resolveTx(event),
+        error: (error) => rejectTx(
+            new CheckFailure(`the Tx subscription failed: ${errorText(error)}`)),
+      });
+      const signer = await SigningStargateClient.connectWithSigner(cfg.rpc, wallet, {
+        gasPrice: GasPrice.fromString(cfg.gas_price),
+        broadcastPollIntervalMs: cfg.poll_interval_ms,
+      });
+      try {
+        const sent = await signer.sendTokens(account.address, account.address,
+            [{denom: cfg.denom, amount: '1'}], 'auto');
+        check(sent.code === 0, `the self-send failed with code ${sent.code}`);
+        const event = await txSeen;
+        out.tx_event = {hash: toHex(event.hash).toUpperCase(), height: event.height,
+          code: event.result.code};
+        check(out.tx_event.hash === sent.transactionHash,
+            `Tx event hash ${out.tx_event.hash}, sent ${sent.transactionHash}`);
+        check(event.height === sent.height, `Tx event height ${event.height}, sent ${sent.height}`);
+        check(event.result.code === 0, `Tx event code ${event.result.code}`);
+      } finally {
+        signer.disconnect();
+      }
     } finally {
       if (subscription) subscription.unsubscribe();
+      if (txSubscription) txSubscription.unsubscribe();
       client.disconnect();
     }
   },
