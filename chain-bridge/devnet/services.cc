@@ -20,6 +20,7 @@
 #include "cosmos/bank/v1beta1/query.grpc.pb.h"
 #include "cosmos/crypto/secp256k1/keys.pb.h"
 #include "gonka/trainshard/v1/chain.grpc.pb.h"
+#include "inference/inference/trainshard.grpc.pb.h"
 #include "proto/cosmos_tendermint_service.h"
 #include "proto/cosmos_tx_service.h"
 #include "proto/grpc_status.h"
@@ -419,6 +420,58 @@ class ModuleQuery final : public pb::Query::Service {
   Backend* backend_;
 };
 
+// ---------------------------------------------------------------------------------------------
+// inference.inference.Query: Gonka's trainshards v0 queries, served in the gonka-v0 profile
+// (FAILED_PRECONDITION on a chain of the module).
+
+namespace gv0 = ::inference::inference;
+
+class GonkaQuery final : public gv0::Query::Service {
+ public:
+  explicit GonkaQuery(Backend* backend) : backend_(backend) {}
+
+  grpc::Status Trainshard(grpc::ServerContext*, const gv0::QueryGetTrainshardRequest* req,
+                          gv0::QueryGetTrainshardResponse* resp) override {
+    return Serve("Trainshard", [&] {
+      return Answer([&](const App& app) { return app.GonkaTrainshard(req->trainshard_id()); },
+                    resp);
+    });
+  }
+
+  grpc::Status ActiveTrainshards(grpc::ServerContext*, const gv0::QueryActiveTrainshardsRequest*,
+                                 gv0::QueryActiveTrainshardsResponse* resp) override {
+    return Serve("ActiveTrainshards", [&] {
+      return Answer([&](const App& app) { return app.GonkaActiveTrainshards(); }, resp);
+    });
+  }
+
+  grpc::Status TrainshardProposal(grpc::ServerContext*,
+                                  const gv0::QueryGetTrainshardProposalRequest* req,
+                                  gv0::QueryGetTrainshardProposalResponse* resp) override {
+    return Serve("TrainshardProposal", [&] {
+      return Answer([&](const App& app) { return app.GonkaProposal(req->proposal_id()); }, resp);
+    });
+  }
+
+ private:
+  // Runs one of the App's Gonka queries and moves its answer into `resp`.
+  template <typename Query, typename Response>
+  absl::Status Answer(Query query, Response* resp) {
+    absl::Status result;
+    TS_RETURN_IF_ERROR(backend_->WithApp([&](const App& app) {
+      auto answer = query(app);
+      if (answer.ok()) {
+        *resp = *std::move(answer);
+      } else {
+        result = answer.status();
+      }
+    }));
+    return result;
+  }
+
+  Backend* backend_;
+};
+
 }  // namespace
 
 TxResponse DeliveredTxResponse(const pb::StoredBlock& block, uint32_t index) {
@@ -589,6 +642,7 @@ std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend) {
   out.push_back(std::make_unique<BankQuery>(backend));
   out.push_back(std::make_unique<ModuleQuery>(backend));
   out.push_back(std::make_unique<TendermintService>(backend));
+  out.push_back(std::make_unique<GonkaQuery>(backend));
   return out;
 }
 

@@ -1,6 +1,7 @@
 // The devnet's gRPC services (internal to ts_bridge_devnet): cosmos.tx.v1beta1.Service (Simulate
-// included), cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query, gonka.trainshard.v1.Query and
-// cosmos.base.tendermint.v1beta1.Service (node info, syncing, blocks, validator sets), written
+// included), cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query, gonka.trainshard.v1.Query,
+// cosmos.base.tendermint.v1beta1.Service (node info, syncing, blocks, validator sets) and
+// inference.inference.Query (Gonka's trainshards v0, in the gonka-v0 profile), written
 // against the small Backend interface the node implements, so the RPC edge (request checks, caps,
 // status mapping) stays apart from block production.
 //
@@ -67,7 +68,7 @@ class Backend {
 cosmos::base::abci::v1beta1::TxResponse DeliveredTxResponse(const pb::StoredBlock& block,
                                                             uint32_t index);
 
-// The five services, ready for grpc::ServerBuilder::RegisterService. `backend` must outlive them.
+// The six services, ready for grpc::ServerBuilder::RegisterService. `backend` must outlive them.
 std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend);
 
 }  // namespace ts::bridge::devnet

@@ -6,6 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "chain-bridge/module/gas.h"
+#include "chain-bridge/module/gonka_v0.h"
 #include "chain-bridge/module/keeper.h"
 #include "chain-bridge/module/kv_overlay.h"
 #include "chain-bridge/module/proto_util.h"
@@ -67,6 +68,23 @@ absl::StatusOr<ChainEnv> MakeEnv(const pb::Genesis& genesis) {
   env.fee_collector_address = common::ModuleAddress(kFeeCollectorModule);
   TS_ASSIGN_OR_RETURN(env.min_gas_price,
                       ParseGasPrice("params.min_gas_price", genesis.params().min_gas_price()));
+  if (genesis.has_gonka_v0()) {
+    auto gonka = std::make_shared<GonkaV0Env>();
+    gonka->params = genesis.gonka_v0().params();
+    gonka->authority = env.gov_address;
+    for (const auto& node : genesis.gonka_v0().ml_nodes()) {
+      gonka->ml_nodes.push_back(GonkaMlNode{node.participant(), node.node_id(), node.model_id(),
+                                            node.gpu_profile_id(), node.poc_weight()});
+    }
+    for (const auto& guardian : genesis.gonka_v0().guardians()) gonka->guardians.insert(guardian);
+    absl::Status valid = GonkaV0Keeper::ValidateEnv(*gonka);
+    if (valid.ok()) {
+      valid = GonkaV0Keeper::ValidateParams(
+          gonka->params, static_cast<int64_t>(genesis.params().epoch_length_blocks()));
+    }
+    if (!valid.ok()) return PrefixStatus("gonka_v0: ", valid);
+    env.gonka_v0 = std::move(gonka);
+  }
   return env;
 }
 
@@ -403,6 +421,37 @@ std::vector<pb::Shard> App::ListShards(pb::ShardStatus status, uint64_t start_af
 absl::StatusOr<pb::SettlementRecord> App::GetSettlement(uint64_t shard_id) const {
   KvOverlay kv(&impl_->state);
   return impl_->ReadKeeper(&kv).GetSettlement(shard_id);
+}
+
+namespace {
+
+absl::Status NotGonka() {
+  return absl::FailedPreconditionError(
+      "this chain runs the trainshard module, not Gonka's trainshards v0 (genesis.gonka_v0 is "
+      "unset)");
+}
+
+}  // namespace
+
+absl::StatusOr<gv0::QueryGetTrainshardResponse> App::GonkaTrainshard(uint64_t id) const {
+  if (impl_->env.gonka_v0 == nullptr) return NotGonka();
+  KvOverlay kv(&impl_->state);
+  Events events;
+  return GonkaV0Keeper(*impl_->env.gonka_v0, &kv, impl_->height, &events).GetTrainshard(id);
+}
+
+absl::StatusOr<gv0::QueryActiveTrainshardsResponse> App::GonkaActiveTrainshards() const {
+  if (impl_->env.gonka_v0 == nullptr) return NotGonka();
+  KvOverlay kv(&impl_->state);
+  Events events;
+  return GonkaV0Keeper(*impl_->env.gonka_v0, &kv, impl_->height, &events).ActiveTrainshards();
+}
+
+absl::StatusOr<gv0::QueryGetTrainshardProposalResponse> App::GonkaProposal(uint64_t id) const {
+  if (impl_->env.gonka_v0 == nullptr) return NotGonka();
+  KvOverlay kv(&impl_->state);
+  Events events;
+  return GonkaV0Keeper(*impl_->env.gonka_v0, &kv, impl_->height, &events).GetProposal(id);
 }
 
 absl::StatusOr<pb::EpochWeights> App::GetWeights(uint64_t epoch) const {

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "cosmos/base/abci/v1beta1/abci.pb.h"
 #include "gonka/trainshard/v1/chain.pb.h"
+#include "inference/inference/trainshard.pb.h"
 #include "tendermint/abci/types.pb.h"
 #include "tendermint/types/types.pb.h"
 
@@ -85,6 +86,14 @@ class App {
   std::vector<pb::Shard> ListShards(pb::ShardStatus status, uint64_t start_after_id,
                                     uint32_t limit) const;
   absl::StatusOr<pb::SettlementRecord> GetSettlement(uint64_t shard_id) const;
+  // Gonka's trainshards v0 queries, over the committed state (found = false for an unknown id,
+  // as Gonka answers). FAILED_PRECONDITION on a chain without the gonka-v0 profile.
+  absl::StatusOr<inference::inference::QueryGetTrainshardResponse> GonkaTrainshard(
+      uint64_t id) const;
+  absl::StatusOr<inference::inference::QueryActiveTrainshardsResponse> GonkaActiveTrainshards()
+      const;
+  absl::StatusOr<inference::inference::QueryGetTrainshardProposalResponse> GonkaProposal(
+      uint64_t id) const;
   absl::StatusOr<pb::EpochWeights> GetWeights(uint64_t epoch) const;
   // The epoch whose weights are in force at the latest height (latest recorded <= current).
   uint64_t CurrentEpoch() const;

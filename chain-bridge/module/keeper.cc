@@ -5,11 +5,13 @@
 #include <set>
 #include <utility>
 
+#include "chain-bridge/module/gonka_v0.h"
 #include "chain-bridge/module/keeper_util.h"
 #include "chain-bridge/module/member_key.h"
 #include "chain-bridge/module/proto_util.h"
 #include "chain-bridge/module/str_cat.h"
 #include "chain-bridge/module/tx.h"
+#include "chain-bridge/module/tx_errors.h"
 #include "chain-bridge/module/validation.h"
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
@@ -249,8 +251,23 @@ absl::StatusOr<TxMsg> ParseTxMsg(std::string_view field, const google::protobuf:
   } else if (url == kMsgSettleType) {
     parsed = ParseInto<pb::MsgSettleTrainshard>(
         field, any, MsgKind::kSettle, [](const auto& m) { return m.submitter(); }, &out);
-  } else if (url == kMsgCreateTrainshardProposalType) {
-    return Invalid(field, kMsgCreateTrainshardProposalType,
+  } else if (url == kGonkaAssembleType) {
+    parsed = ParseInto<gv0::MsgAssembleTrainshard>(
+        field, any, MsgKind::kGonkaAssemble, [](const auto& m) { return m.creator(); }, &out);
+  } else if (url == kGonkaSettleType) {
+    parsed = ParseInto<gv0::MsgSettleTrainshard>(
+        field, any, MsgKind::kGonkaSettle, [](const auto& m) { return m.creator(); }, &out);
+  } else if (url == kGonkaAutokickType) {
+    parsed = ParseInto<gv0::MsgAutokickTrainshardNode>(
+        field, any, MsgKind::kGonkaAutokick, [](const auto& m) { return m.creator(); }, &out);
+  } else if (url == kGonkaSetOptInType) {
+    parsed = ParseInto<gv0::MsgSetTrainingNodeOptIn>(
+        field, any, MsgKind::kGonkaSetOptIn, [](const auto& m) { return m.creator(); }, &out);
+  } else if (url == kGonkaRefreshOptInType) {
+    parsed = ParseInto<gv0::MsgRefreshTrainingNodeOptIn>(
+        field, any, MsgKind::kGonkaRefreshOptIn, [](const auto& m) { return m.creator(); }, &out);
+  } else if (url == kMsgCreateTrainshardProposalType || url == kGonkaCreateProposalType) {
+    return Invalid(field, url,
                    " is executed by governance only: submit it inside a MsgSubmitProposal");
   } else {
     return Invalid(Cat(field, ".type_url"), "'", url.substr(0, 128),
@@ -578,6 +595,7 @@ absl::Status Keeper::SubmitProposal(const cosmos::gov::v1::MsgSubmitProposal& ms
   if (msg.messages_size() < 1 || msg.messages_size() > kMaxProposalMessages) {
     return Invalid("messages", msg.messages_size(), " messages, want 1..", kMaxProposalMessages);
   }
+  if (env_.gonka_v0 != nullptr) return SubmitGonkaProposal(msg, deposit);
   std::vector<pb::MsgCreateTrainshardProposal> creates(static_cast<size_t>(msg.messages_size()));
   for (int i = 0; i < msg.messages_size(); ++i) {
     std::string field = Cat("messages[", i, "]");
@@ -642,6 +660,51 @@ absl::Status Keeper::SubmitProposal(const cosmos::gov::v1::MsgSubmitProposal& ms
                                          {"max_nodes", Cat(create.spec().max_nodes())},
                                          {"escrow", create.spec().escrow().amount()}});
   }
+  PutProposal(proposal);
+  return absl::OkStatus();
+}
+
+absl::Status Keeper::SubmitGonkaProposal(const cosmos::gov::v1::MsgSubmitProposal& msg,
+                                         uint64_t deposit) {
+  // Gonka's proposal messages are checked as its gov checks them at submission (the authority),
+  // and in full when they execute, as Gonka's keeper does.
+  std::vector<gv0::MsgCreateTrainshardProposal> creates(static_cast<size_t>(msg.messages_size()));
+  for (int i = 0; i < msg.messages_size(); ++i) {
+    std::string field = Cat("messages[", i, "]");
+    const auto& any = msg.messages(i);
+    if (any.type_url() != kGonkaCreateProposalType) {
+      return Invalid(Cat(field, ".type_url"), "'", any.type_url().substr(0, 128), "' is not ",
+                     kGonkaCreateProposalType, " (this chain runs Gonka's trainshards v0)");
+    }
+    auto& create = creates[static_cast<size_t>(i)];
+    TS_RETURN_IF_ERROR(ParseMessageStrict(field, any.value(), &create));
+    if (create.authority() != env_.gov_address) {
+      return Invalid(Cat(field, ".authority"), "'", create.authority().substr(0, 128),
+                     "' is not the gov account ", env_.gov_address);
+    }
+    TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".creator"), create.creator()));
+  }
+  TS_RETURN_IF_ERROR(Transfer(msg.proposer(), env_.gov_address, deposit));
+  TS_ASSIGN_OR_RETURN(uint64_t id, NextId(keys::kNextProposalId));
+  TS_ASSIGN_OR_RETURN(uint64_t epoch, EpochInForce(height_));
+  TS_ASSIGN_OR_RETURN(pb::EpochWeights weights, GetEpochWeights(epoch, /*with_weights=*/false));
+  pb::Proposal proposal;
+  proposal.set_id(id);
+  proposal.set_proposer(msg.proposer());
+  proposal.set_title(msg.title());
+  proposal.set_summary(msg.summary());
+  for (const auto& create : creates) *proposal.add_messages() = PackMsg(create);
+  proposal.set_status(pb::PROPOSAL_STATUS_VOTING_PERIOD);
+  proposal.set_submit_height(height_);
+  proposal.set_voting_end_height(height_ + static_cast<int64_t>(params().voting_period_blocks()));
+  proposal.set_deposit(Cat(deposit));
+  proposal.set_weight_epoch(epoch);
+  proposal.set_total_weight(weights.total_weight());
+  if (deposit > 0) kv_->Set(keys::Deposit(id, msg.proposer()), Be64(deposit));
+  kv_->Set(keys::VotingEnd(proposal.voting_end_height(), id), "");
+  Emit("gov.proposal_submitted", {{"proposal_id", Cat(id)},
+                                  {"proposer", msg.proposer()},
+                                  {"voting_end_height", Cat(proposal.voting_end_height())}});
   PutProposal(proposal);
   return absl::OkStatus();
 }
@@ -776,7 +839,8 @@ absl::Status Keeper::Tally(uint64_t proposal_id) {
       proposal.set_status(pb::PROPOSAL_STATUS_FAILED);
       proposal.set_failed_reason(std::string(executed.message()));
       status = "failed";
-      reason = Cat("escrow_unfunded: ", executed.message());
+      reason = env_.gonka_v0 != nullptr ? Cat("failed: ", executed.message())
+                                        : Cat("escrow_unfunded: ", executed.message());
     } else {
       return executed;
     }
@@ -787,7 +851,8 @@ absl::Status Keeper::Tally(uint64_t proposal_id) {
     TS_RETURN_IF_ERROR(RefundDeposits(proposal_id, /*to_community_pool=*/false));
   }
 
-  if (proposal.status() != pb::PROPOSAL_STATUS_PASSED) {
+  // A Gonka proposal made no shard records at submission: there is nothing to reject.
+  if (proposal.status() != pb::PROPOSAL_STATUS_PASSED && env_.gonka_v0 == nullptr) {
     bool unfunded = proposal.status() == pb::PROPOSAL_STATUS_FAILED;
     for (int i = 0; i < proposal.messages_size(); ++i) {
       uint64_t shard_id = proposal.shard_id() + static_cast<uint64_t>(i);
@@ -814,6 +879,25 @@ absl::Status Keeper::Tally(uint64_t proposal_id) {
 }
 
 absl::Status Keeper::ExecuteProposal(const pb::Proposal& proposal) {
+  if (env_.gonka_v0 != nullptr) {
+    GonkaV0Keeper gonka(*env_.gonka_v0, kv_, height_, events_);
+    for (int i = 0; i < proposal.messages_size(); ++i) {
+      gv0::MsgCreateTrainshardProposal create;
+      if (!proposal.messages(i).UnpackTo(&create)) {
+        return absl::DataLossError(Cat("proposal ", proposal.id(), ": messages[", i,
+                                       "] does not parse as ", kGonkaCreateProposalType));
+      }
+      auto created = gonka.CreateProposal(create);
+      // A message its keeper refuses fails the proposal (as a failed message fails a Cosmos
+      // proposal); only a corrupted state stops the block.
+      if (!created.ok() && !absl::IsDataLoss(created.status())) {
+        return absl::FailedPreconditionError(
+            Cat("messages[", i, "]: ", created.status().message()));
+      }
+      TS_RETURN_IF_ERROR(created.status());
+    }
+    return absl::OkStatus();
+  }
   for (int i = 0; i < proposal.messages_size(); ++i) {
     uint64_t shard_id = proposal.shard_id() + static_cast<uint64_t>(i);
     TS_ASSIGN_OR_RETURN(pb::Shard shard, GetShard(shard_id, false));
@@ -849,8 +933,41 @@ absl::Status Keeper::ExecuteProposal(const pb::Proposal& proposal) {
 // ---------------------------------------------------------------------------------------------
 // Dispatch and end of block
 
+namespace {
+
+bool IsGonkaKind(MsgKind kind) {
+  switch (kind) {
+    case MsgKind::kGonkaAssemble:
+    case MsgKind::kGonkaSettle:
+    case MsgKind::kGonkaAutokick:
+    case MsgKind::kGonkaSetOptIn:
+    case MsgKind::kGonkaRefreshOptIn:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsModuleShardKind(MsgKind kind) {
+  return kind == MsgKind::kReserve || kind == MsgKind::kAssemble || kind == MsgKind::kSettle;
+}
+
+}  // namespace
+
 absl::Status Keeper::Execute(TxMsg* msg_ptr) {
   const TxMsg& msg = *msg_ptr;
+  // Either module runs, as the genesis says: the other's shard messages are refused.
+  if (IsGonkaKind(msg.kind) && env_.gonka_v0 == nullptr) {
+    return absl::FailedPreconditionError(
+        Cat(msg.type_url, ": this chain runs the trainshard module, not Gonka's trainshards v0 ",
+            "(genesis.gonka_v0 is unset)"));
+  }
+  if (IsModuleShardKind(msg.kind) && env_.gonka_v0 != nullptr) {
+    return absl::FailedPreconditionError(
+        Cat(msg.type_url, ": this chain runs Gonka's trainshards v0 (genesis.gonka_v0), not the ",
+            "trainshard module"));
+  }
+  if (IsGonkaKind(msg.kind)) return ExecuteGonka(msg);
   switch (msg.kind) {
     case MsgKind::kSend:
       return Send(static_cast<const cosmos::bank::v1beta1::MsgSend&>(*msg.msg));
@@ -868,8 +985,37 @@ absl::Status Keeper::Execute(TxMsg* msg_ptr) {
       return Assemble(static_cast<const pb::MsgAssembleTrainshard&>(*msg.msg));
     case MsgKind::kSettle:
       return Settle(static_cast<pb::MsgSettleTrainshard*>(msg_ptr->msg.get()));
+    default:
+      break;
   }
   return absl::InternalError("unknown message kind");
+}
+
+absl::Status Keeper::ExecuteGonka(const TxMsg& msg) {
+  GonkaV0Keeper gonka(*env_.gonka_v0, kv_, height_, events_);
+  absl::Status status;
+  switch (msg.kind) {
+    case MsgKind::kGonkaAssemble:
+      status = gonka.Assemble(static_cast<const gv0::MsgAssembleTrainshard&>(*msg.msg)).status();
+      break;
+    case MsgKind::kGonkaSettle:
+      status = gonka.Settle(static_cast<const gv0::MsgSettleTrainshard&>(*msg.msg));
+      break;
+    case MsgKind::kGonkaAutokick:
+      status = gonka.Autokick(static_cast<const gv0::MsgAutokickTrainshardNode&>(*msg.msg));
+      break;
+    case MsgKind::kGonkaSetOptIn:
+      status = gonka.SetOptIn(static_cast<const gv0::MsgSetTrainingNodeOptIn&>(*msg.msg));
+      break;
+    default:
+      status = gonka.RefreshOptIn(static_cast<const gv0::MsgRefreshTrainingNodeOptIn&>(*msg.msg))
+                   .status();
+  }
+  // Gonka's own refusals report in its codespace with its numbers, as its node reports them.
+  if (std::optional<uint32_t> code = GonkaV0CodeOf(status); code.has_value()) {
+    return WithCodespace(std::move(status), kGonkaV0Codespace, *code);
+  }
+  return status;
 }
 
 absl::Status Keeper::EndBlock() {
@@ -890,6 +1036,9 @@ absl::Status Keeper::EndBlock() {
   for (uint64_t id : reservation_ends) TS_RETURN_IF_ERROR(ReservationDeadline(id));
   TS_ASSIGN_OR_RETURN(std::vector<uint64_t> deadlines, ids_under(keys::kDeadlinePrefix));
   for (uint64_t id : deadlines) TS_RETURN_IF_ERROR(Deadline(id));
+  if (env_.gonka_v0 != nullptr) {
+    TS_RETURN_IF_ERROR(GonkaV0Keeper(*env_.gonka_v0, kv_, height_, events_).EndBlock());
+  }
   return absl::OkStatus();
 }
 

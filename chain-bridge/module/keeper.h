@@ -29,6 +29,7 @@
 #include "gonka/trainshard/v1/chain.pb.h"
 #include "google/protobuf/any.pb.h"
 #include "google/protobuf/message.h"
+#include "inference/inference/trainshard.pb.h"
 #include "tendermint/abci/types.pb.h"
 
 namespace ts::bridge {
@@ -47,6 +48,17 @@ inline constexpr std::string_view kMsgAssembleType = "/gonka.trainshard.v1.MsgAs
 inline constexpr std::string_view kMsgSettleType = "/gonka.trainshard.v1.MsgSettleTrainshard";
 inline constexpr std::string_view kMsgCreateTrainshardProposalType =
     "/gonka.trainshard.v1.MsgCreateTrainshardProposal";
+// Gonka's trainshards v0 (package inference.inference), accepted in the gonka-v0 profile only.
+inline constexpr std::string_view kGonkaCreateProposalType =
+    "/inference.inference.MsgCreateTrainshardProposal";
+inline constexpr std::string_view kGonkaAssembleType = "/inference.inference.MsgAssembleTrainshard";
+inline constexpr std::string_view kGonkaSettleType = "/inference.inference.MsgSettleTrainshard";
+inline constexpr std::string_view kGonkaAutokickType =
+    "/inference.inference.MsgAutokickTrainshardNode";
+inline constexpr std::string_view kGonkaSetOptInType =
+    "/inference.inference.MsgSetTrainingNodeOptIn";
+inline constexpr std::string_view kGonkaRefreshOptInType =
+    "/inference.inference.MsgRefreshTrainingNodeOptIn";
 
 // Module account names (addresses are common::ModuleAddress of them).
 inline constexpr std::string_view kGovModule = "gov";
@@ -133,8 +145,12 @@ class SigCache {
 };
 
 // Chain constants derived once from the genesis.
+struct GonkaV0Env;  // gonka_v0.h
+
 struct ChainEnv {
   pb::Genesis genesis;
+  // The gonka-v0 profile's constants when genesis.gonka_v0 is set; null otherwise.
+  std::shared_ptr<const GonkaV0Env> gonka_v0;
   uint64_t min_deposit = 0;
   std::string gov_address;
   std::string escrow_address;
@@ -153,6 +169,12 @@ enum class MsgKind {
   kReserve,
   kAssemble,
   kSettle,
+  // Gonka's trainshards v0 (the gonka-v0 profile).
+  kGonkaAssemble,
+  kGonkaSettle,
+  kGonkaAutokick,
+  kGonkaSetOptIn,
+  kGonkaRefreshOptIn,
 };
 
 // A tx message, parsed strictly, with the address its signer field names.
@@ -222,6 +244,8 @@ class Keeper {
   // signer field). Errors are the message's rejection: see docs/chain-module.md. A message
   // that succeeds may have parts moved out of it (a settlement moves into its record).
   absl::Status Execute(TxMsg* msg);
+  // A message of Gonka's trainshards v0, by GonkaV0Keeper (the gonka-v0 profile only).
+  absl::Status ExecuteGonka(const TxMsg& msg);
 
   // End of block: tallies at voting_end_height, shard reservation deadlines and deadlines.
   // An error means the state is inconsistent (DATA_LOSS or INTERNAL).
@@ -244,6 +268,9 @@ class Keeper {
 
   absl::Status Tally(uint64_t proposal_id);
   absl::Status ExecuteProposal(const pb::Proposal& proposal);
+  // SubmitProposal in the gonka-v0 profile: messages of Gonka's MsgCreateTrainshardProposal,
+  // executed by its keeper when the proposal passes; no shard record until then.
+  absl::Status SubmitGonkaProposal(const cosmos::gov::v1::MsgSubmitProposal& msg, uint64_t deposit);
   absl::Status RefundDeposits(uint64_t proposal_id, bool to_community_pool);
   absl::Status ReservationDeadline(uint64_t shard_id);
   absl::Status Deadline(uint64_t shard_id);

@@ -9,6 +9,8 @@ namespace {
 
 // Where an SDK status keeps its code: a payload, so the code survives copies of the status.
 constexpr absl::string_view kSdkCodePayload = "type.googleapis.com/trainshard.SdkCode";
+// "<codespace> <code>" of another module's error.
+constexpr absl::string_view kCodespacePayload = "type.googleapis.com/trainshard.Codespace";
 
 absl::StatusCode NearestCode(SdkCode code) {
   switch (code) {
@@ -90,11 +92,25 @@ absl::Status SdkError(SdkCode code, const absl::Status& cause) {
   return SdkError(code, std::string_view(message.data(), message.size()));
 }
 
+absl::Status WithCodespace(absl::Status status, std::string_view codespace, uint32_t code) {
+  status.SetPayload(kCodespacePayload, absl::Cord(Cat(codespace, " ", code)));
+  return status;
+}
+
 TxCode TxCodeOf(const absl::Status& status) {
   auto payload = status.GetPayload(kSdkCodePayload);
   uint32_t sdk_code = 0;
   if (payload.has_value() && absl::SimpleAtoi(std::string(*payload), &sdk_code)) {
     return TxCode{std::string(kSdkCodespace), sdk_code};
+  }
+  if (auto other = status.GetPayload(kCodespacePayload); other.has_value()) {
+    std::string text(*other);
+    size_t space = text.find(' ');
+    uint32_t code = 0;
+    if (space != std::string::npos &&
+        absl::SimpleAtoi(absl::string_view(text).substr(space + 1), &code) && code != 0) {
+      return TxCode{text.substr(0, space), code};
+    }
   }
   return TxCode{std::string(kCodespace), static_cast<uint32_t>(status.code())};
 }

@@ -1,7 +1,8 @@
 // How a refused tx is reported: the Cosmos SDK's registered errors (codespace "sdk") for what
-// the ante step and the bank refuse, as a Cosmos node reports them, and this module's own
-// errors (codespace "trainshard", the code being the absl::StatusCode number) for everything
-// else. docs/protocol.md, "Error codes", lists both. Pure functions; thread-safe.
+// the ante step and the bank refuse, as a Cosmos node reports them, Gonka's inference module's
+// (codespace "inference") in the gonka-v0 profile, and this module's own errors (codespace
+// "trainshard", the code being the absl::StatusCode number) for everything else. docs/protocol.md,
+// "Error codes", lists both. Pure functions; thread-safe.
 #ifndef TS_CHAIN_BRIDGE_MODULE_TX_ERRORS_H_
 #define TS_CHAIN_BRIDGE_MODULE_TX_ERRORS_H_
 
@@ -52,6 +53,10 @@ std::string_view SdkDescription(SdkCode code);
 absl::Status SdkError(SdkCode code, std::string_view detail);
 // SdkError with the message of `cause` as the detail.
 absl::Status SdkError(SdkCode code, const absl::Status& cause);
+
+// `status` reporting as `code` of another module's codespace (Gonka's "inference" in the
+// gonka-v0 profile), its message and absl code kept.
+absl::Status WithCodespace(absl::Status status, std::string_view codespace, uint32_t code);
 
 // The codespace and code a TxResponse carries for a non-OK `status`.
 struct TxCode {
