@@ -271,6 +271,12 @@ class Keeper {
   // SubmitProposal in the gonka-v0 profile: messages of Gonka's MsgCreateTrainshardProposal,
   // executed by its keeper when the proposal passes; no shard record until then.
   absl::Status SubmitGonkaProposal(const cosmos::gov::v1::MsgSubmitProposal& msg, uint64_t deposit);
+  // What every accepted proposal does first: takes the deposit, records it with `messages`, in
+  // its voting period over the weights in force, and emits gov.proposal_submitted. The caller
+  // adds what its kind needs and stores it (PutProposal).
+  absl::StatusOr<pb::Proposal> OpenVoting(const cosmos::gov::v1::MsgSubmitProposal& msg,
+                                          uint64_t deposit,
+                                          std::vector<google::protobuf::Any> messages);
   absl::Status RefundDeposits(uint64_t proposal_id, bool to_community_pool);
   absl::Status ReservationDeadline(uint64_t shard_id);
   absl::Status Deadline(uint64_t shard_id);

@@ -104,28 +104,10 @@ absl::Status Keeper::SubmitProposal(const cosmos::gov::v1::MsgSubmitProposal& ms
     absl::Status spec_ok = ValidateSpec(create.spec(), params());
     if (!spec_ok.ok()) return Invalid(field, spec_ok.message());
   }
-  TS_RETURN_IF_ERROR(Transfer(msg.proposer(), env_.gov_address, deposit));
-
-  TS_ASSIGN_OR_RETURN(uint64_t id, NextId(keys::kNextProposalId));
-  TS_ASSIGN_OR_RETURN(uint64_t epoch, EpochInForce(height_));
-  TS_ASSIGN_OR_RETURN(pb::EpochWeights weights, GetEpochWeights(epoch, /*with_weights=*/false));
-  pb::Proposal proposal;
-  proposal.set_id(id);
-  proposal.set_proposer(msg.proposer());
-  proposal.set_title(msg.title());
-  proposal.set_summary(msg.summary());
-  for (const auto& create : creates) *proposal.add_messages() = PackMsg(create);
-  proposal.set_status(pb::PROPOSAL_STATUS_VOTING_PERIOD);
-  proposal.set_submit_height(height_);
-  proposal.set_voting_end_height(height_ + static_cast<int64_t>(params().voting_period_blocks()));
-  proposal.set_deposit(Cat(deposit));
-  proposal.set_weight_epoch(epoch);
-  proposal.set_total_weight(weights.total_weight());
-  if (deposit > 0) kv_->Set(keys::Deposit(id, msg.proposer()), Be64(deposit));
-  kv_->Set(keys::VotingEnd(proposal.voting_end_height(), id), "");
-  Emit("gov.proposal_submitted", {{"proposal_id", Cat(id)},
-                                  {"proposer", msg.proposer()},
-                                  {"voting_end_height", Cat(proposal.voting_end_height())}});
+  std::vector<google::protobuf::Any> packed;
+  for (const auto& create : creates) packed.push_back(PackMsg(create));
+  TS_ASSIGN_OR_RETURN(pb::Proposal proposal, OpenVoting(msg, deposit, std::move(packed)));
+  const uint64_t id = proposal.id();
 
   for (const auto& create : creates) {
     TS_ASSIGN_OR_RETURN(uint64_t shard_id, NextId(keys::kNextShardId));
@@ -171,6 +153,16 @@ absl::Status Keeper::SubmitGonkaProposal(const cosmos::gov::v1::MsgSubmitProposa
     }
     TS_RETURN_IF_ERROR(ValidateAddress(Cat(field, ".creator"), create.creator()));
   }
+  std::vector<google::protobuf::Any> packed;
+  for (const auto& create : creates) packed.push_back(PackMsg(create));
+  TS_ASSIGN_OR_RETURN(pb::Proposal proposal, OpenVoting(msg, deposit, std::move(packed)));
+  PutProposal(proposal);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::Proposal> Keeper::OpenVoting(const cosmos::gov::v1::MsgSubmitProposal& msg,
+                                                uint64_t deposit,
+                                                std::vector<google::protobuf::Any> messages) {
   TS_RETURN_IF_ERROR(Transfer(msg.proposer(), env_.gov_address, deposit));
   TS_ASSIGN_OR_RETURN(uint64_t id, NextId(keys::kNextProposalId));
   TS_ASSIGN_OR_RETURN(uint64_t epoch, EpochInForce(height_));
@@ -180,7 +172,7 @@ absl::Status Keeper::SubmitGonkaProposal(const cosmos::gov::v1::MsgSubmitProposa
   proposal.set_proposer(msg.proposer());
   proposal.set_title(msg.title());
   proposal.set_summary(msg.summary());
-  for (const auto& create : creates) *proposal.add_messages() = PackMsg(create);
+  for (auto& message : messages) *proposal.add_messages() = std::move(message);
   proposal.set_status(pb::PROPOSAL_STATUS_VOTING_PERIOD);
   proposal.set_submit_height(height_);
   proposal.set_voting_end_height(height_ + static_cast<int64_t>(params().voting_period_blocks()));
@@ -192,8 +184,7 @@ absl::Status Keeper::SubmitGonkaProposal(const cosmos::gov::v1::MsgSubmitProposa
   Emit("gov.proposal_submitted", {{"proposal_id", Cat(id)},
                                   {"proposer", msg.proposer()},
                                   {"voting_end_height", Cat(proposal.voting_end_height())}});
-  PutProposal(proposal);
-  return absl::OkStatus();
+  return proposal;
 }
 
 absl::Status Keeper::Vote(const cosmos::gov::v1::MsgVote& msg) {
