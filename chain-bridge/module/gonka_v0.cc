@@ -793,14 +793,7 @@ absl::StatusOr<uint64_t> GonkaV0Keeper::ReadCounter(std::string_view key) const 
 void GonkaV0Keeper::Emit(
     std::string_view type,
     std::initializer_list<std::pair<std::string_view, std::string_view>> attributes) {
-  tendermint::abci::Event& event = events_->emplace_back();
-  event.set_type(std::string(type));
-  for (const auto& [key, value] : attributes) {
-    auto* attribute = event.add_attributes();
-    attribute->set_key(std::string(key));
-    attribute->set_value(std::string(value));
-    attribute->set_index(true);
-  }
+  AppendEvent(events_, type, attributes);
 }
 
 }  // namespace ts::bridge

@@ -656,7 +656,12 @@ absl::Status Keeper::EndBlock() {
 
 void Keeper::Emit(std::string_view type,
                   std::initializer_list<std::pair<std::string_view, std::string_view>> attributes) {
-  tendermint::abci::Event& event = events_->emplace_back();
+  AppendEvent(events_, type, attributes);
+}
+
+void AppendEvent(Events* events, std::string_view type,
+                 std::initializer_list<std::pair<std::string_view, std::string_view>> attributes) {
+  tendermint::abci::Event& event = events->emplace_back();
   event.set_type(std::string(type));
   event.mutable_attributes()->Reserve(static_cast<int>(attributes.size()));
   for (const auto& [key, value] : attributes) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -190,6 +191,10 @@ struct TxMsg {
 absl::StatusOr<TxMsg> ParseTxMsg(std::string_view field, const google::protobuf::Any& any);
 
 using Events = std::vector<tendermint::abci::Event>;
+
+// Appends an event of `type` with `attributes`, every one indexed (both keepers' Emit).
+void AppendEvent(Events* events, std::string_view type,
+                 std::initializer_list<std::pair<std::string_view, std::string_view>> attributes);
 
 class Keeper {
  public:
