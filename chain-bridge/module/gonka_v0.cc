@@ -358,6 +358,7 @@ absl::StatusOr<std::vector<gv0::TrainshardReservedNode>> GonkaV0Keeper::SelectNo
       out.set_model_id(entry->model_id);
       out.set_poc_weight(entry->poc_weight);
       out.set_status(gv0::TRAINSHARD_NODE_STATUS_ACTIVE);
+      out.set_endpoint(Endpoint(entry->participant, entry->node_id));
     }
     ++taken;
   }

@@ -60,7 +60,8 @@
 //   1215 (invalid opt-in request), as are duplicate ids in a refresh.
 // * Stage 2's "no assembly during PoC" (ErrTrainshardAssemblyDuringPoC) is not implemented: the
 //   devnet has no PoC phases. The stage-2 endpoint is stored per (participant, node) and read
-//   with Endpoint(); it is not copied into TrainshardReservedNode (field number unknown).
+//   with Endpoint(); assembly copies it into TrainshardReservedNode.endpoint, whose field
+//   number (9) is an assumption (no stored copy of stage 2's trainshard.proto shows it).
 // * EndBlock's per-step limit is max_expirations_per_block for each of its three steps, as in
 //   Gonka. Gonka logs and defers a shard that fails to close; here a failure is corrupted state,
 //   so EndBlock returns it (DATA_LOSS) and the caller decides.

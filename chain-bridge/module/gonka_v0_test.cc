@@ -504,6 +504,29 @@ TEST_F(GonkaV0Test, NodeServingTwoModelsYieldsOneEntryPerModel) {
   }
 }
 
+TEST_F(GonkaV0Test, AssembledNodesCarryTheirLastRefreshedEndpoint) {
+  OptInAll(1);
+  ASSERT_TRUE(Refresh(2, hosts_[0], {"n0"}, "https://host1.example:8443/shard").ok());
+  ASSERT_TRUE(Refresh(2, hosts_[1], {"n0", "n1"}, "http://10.0.0.2:7001").ok());
+  auto proposal = Propose(3, ProposalMsg(6, /*duration=*/50));
+  ASSERT_TRUE(proposal.ok());
+  auto id = Assemble(5, *proposal);
+  ASSERT_TRUE(id.ok()) << id.status();
+  int with_endpoint = 0;
+  const gv0::Trainshard shard = Shard(*id);
+  for (const auto& node : shard.nodes()) {
+    std::string expected;
+    if (node.participant() == hosts_[0] && node.node_id() == "n0") {
+      expected = "https://host1.example:8443/shard";
+    } else if (node.participant() == hosts_[1]) {
+      expected = "http://10.0.0.2:7001";
+    }
+    EXPECT_EQ(node.endpoint(), expected) << node.participant() << " " << node.node_id();
+    with_endpoint += expected.empty() ? 0 : 1;
+  }
+  EXPECT_GT(with_endpoint, 0);
+}
+
 TEST_F(GonkaV0Test, AssembleRefusals) {
   OptInAll(1);
   auto proposal = Propose(2, ProposalMsg(2));
