@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "CLI/CLI.hpp"
+#include "chain-bridge/client/gonka_v0_client.h"
 #include "sidecar/cli/commands.h"
 #include "sidecar/cli/context.h"
 
@@ -25,6 +26,11 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   app.add_option("--chain", options.chain,
                  "HOST:PORT of the chain's gRPC endpoint (default: $TRAINSHARD_CHAIN, else " +
                      std::string(kDefaultChain) + ")");
+  app.add_option("--chain-profile", options.chain_profile,
+                 "the chain's profile: trainshard (this project's module) or gonka-v0 (Gonka's "
+                 "trainshards v0)")
+      ->check(CLI::IsMember(
+          {std::string(bridge::kProfileTrainshard), std::string(bridge::kProfileGonkaV0)}));
   app.add_option("--key", options.key_file, "key file to sign with (hex secret, mode 0600)");
   app.add_flag("--json", options.json, "machine output: one JSON document on stdout");
   app.add_option("--timeout-ms", options.timeout_ms,
@@ -38,6 +44,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   AddBankCommands(app, table);
   AddWeightsCommands(app, table);
   AddProposalCommands(app, table);
+  AddGonkaCommands(app, table);
   AddShardCommands(app, table);
   AddModelCommands(app, table);
   AddHostCommands(app, table);

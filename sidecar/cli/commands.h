@@ -77,6 +77,8 @@ absl::StatusOr<gonka::trainshard::v1::ShardRunStatus> RunStatusFromHost(const st
                                                                         int64_t timeout_ms);
 
 void AddKeysCommands(CLI::App& root, CommandTable& table);
+// `trainshard gonka ...`: Gonka's trainshards v0 messages and queries (docs/gonka-v0.md).
+void AddGonkaCommands(CLI::App& root, CommandTable& table);
 // Only in builds with the tokenizer (GCC: TS_HAVE_DATA_COMMANDS).
 void AddDataCommands(CLI::App& root, CommandTable& table);
 void AddDevnetCommands(CLI::App& root, CommandTable& table);

@@ -1,6 +1,7 @@
 #include "sidecar/cli/context.h"
 
 #include "absl/strings/str_cat.h"
+#include "chain-bridge/client/gonka_v0_client.h"
 #include "common/key_file.h"
 #include "sidecar/cli/output.h"
 
@@ -11,7 +12,10 @@ bridge::ChainClient& Context::chain() {
     bridge::ChainClientOptions options;
     options.call_timeout_ms = options_.timeout_ms;
     options.inclusion_timeout_ms = options_.timeout_ms;
-    chain_ = bridge::NewGrpcChainClient(options_.chain, options);
+    // The flag is checked by CLI11 (one of the two names).
+    auto profile = bridge::ParseChainProfile("--chain-profile", options_.chain_profile);
+    chain_ = bridge::NewChainClient(profile.value_or(bridge::ChainProfile::kTrainshard),
+                                    options_.chain, options);
   }
   return *chain_;
 }

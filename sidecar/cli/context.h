@@ -36,7 +36,10 @@ inline constexpr std::string_view kChainEnv = "TRAINSHARD_CHAIN";
 inline constexpr int64_t kDefaultTimeoutMs = 30000;
 
 struct GlobalOptions {
-  std::string chain;     // host:port of the chain's gRPC endpoint
+  std::string chain;  // host:port of the chain's gRPC endpoint
+  // The chain's profile: "trainshard", or "gonka-v0", whose shards the shard commands see
+  // through the gonka-v0 client's translation (chain-bridge/client/gonka_v0_client.h).
+  std::string chain_profile = "trainshard";
   std::string key_file;  // signing key, for the commands that sign
   bool json = false;     // one JSON document on stdout
   int64_t timeout_ms = kDefaultTimeoutMs;
