@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "chain-bridge/client/gonka_v0_client.h"
 #include "common/absl_view.h"
 #include "common/amount.h"
 #include "common/hex.h"
@@ -135,6 +136,41 @@ absl::Status ParsePolicy(const toml::table& table, ReservationPolicy* policy) {
   return absl::OkStatus();
 }
 
+absl::Status ParseGonkaV0(const toml::table& table, GonkaV0HostConfig* gonka) {
+  for (auto&& [k, node] : table) {
+    std::string key = absl::StrCat("gonka_v0.", common::AsAbsl(k.str()));
+    if (k.str() == "node_ids") {
+      const auto* array = node.as_array();
+      if (array == nullptr) return WrongType(key, node, "an array of strings");
+      if (array->size() > kMaxGonkaNodeIds) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(key, ": ", array->size(), " entries, at most ", kMaxGonkaNodeIds));
+      }
+      gonka->node_ids.clear();
+      for (size_t i = 0; i < array->size(); ++i) {
+        std::string item_key = absl::StrCat(key, "[", i, "]");
+        TS_ASSIGN_OR_RETURN(std::string id, GetString(item_key, *array->get(i)));
+        if (id.empty() || id.size() > kMaxGonkaNodeIdBytes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              item_key, ": \"", id.substr(0, 80), "\" is not 1..", kMaxGonkaNodeIdBytes, " bytes"));
+        }
+        if (std::find(gonka->node_ids.begin(), gonka->node_ids.end(), id) !=
+            gonka->node_ids.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(item_key, ": \"", id, "\" is listed twice"));
+        }
+        gonka->node_ids.push_back(std::move(id));
+      }
+    } else if (k.str() == "refresh_every_blocks") {
+      TS_ASSIGN_OR_RETURN(gonka->refresh_every_blocks, GetInteger(key, node, 1, 1'000'000));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": unknown key (value ", Describe(node), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckHostPort(std::string_view key, std::string_view value, int min_port) {
@@ -185,6 +221,13 @@ absl::StatusOr<HostConfig> ParseHostConfig(std::string_view toml_text, std::stri
     std::string_view key = k.str();
     if (key == "chain_endpoint") {
       TS_ASSIGN_OR_RETURN(config.chain_endpoint, GetString(key, node));
+    } else if (key == "chain_profile") {
+      TS_ASSIGN_OR_RETURN(config.chain_profile, GetString(key, node));
+      TS_RETURN_IF_ERROR(bridge::ParseChainProfile(key, config.chain_profile).status());
+    } else if (key == "gonka_v0") {
+      const auto* table = node.as_table();
+      if (table == nullptr) return WrongType(key, node, "a table ([gonka_v0])");
+      TS_RETURN_IF_ERROR(ParseGonkaV0(*table, &config.gonka_v0));
     } else if (key == "chain_rpc_endpoint") {
       TS_ASSIGN_OR_RETURN(config.chain_rpc_endpoint, GetString(key, node));
     } else if (key == "listen") {
@@ -285,6 +328,13 @@ absl::Status ValidateHostConfig(const HostConfig& config) {
   if (!config.listen.empty()) TS_RETURN_IF_ERROR(CheckHostPort("listen", config.listen, 0));
   if (!config.stats_listen.empty()) {
     TS_RETURN_IF_ERROR(CheckHostPort("stats_listen", config.stats_listen, 0));
+  }
+  TS_ASSIGN_OR_RETURN(bridge::ChainProfile profile,
+                      bridge::ParseChainProfile("chain_profile", config.chain_profile));
+  if (profile == bridge::ChainProfile::kGonkaV0 && config.gonka_v0.node_ids.empty()) {
+    return absl::InvalidArgumentError(
+        "gonka_v0.node_ids: required under chain_profile \"gonka-v0\" (the ML node ids this "
+        "host offers for training), not set");
   }
   TS_RETURN_IF_ERROR(required("key_file", config.key_file));
   TS_RETURN_IF_ERROR(required("data_dir", config.data_dir));

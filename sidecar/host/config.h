@@ -37,7 +37,21 @@ struct ReservationPolicy {
   uint64_t min_escrow_per_node = 0;
 };
 
+// The gonka-v0 chain profile (docs/gonka-v0.md): the chain picks the nodes, so the host offers
+// its ML nodes by opting them in and re-arming the opt-in before Gonka's TTL lapses.
+inline constexpr size_t kMaxGonkaNodeIds = 256;  // Gonka's cap on one refresh
+inline constexpr size_t kMaxGonkaNodeIdBytes = 128;
+struct GonkaV0HostConfig {
+  // The host's ML node ids as the chain knows them; 1..kMaxGonkaNodeIds under gonka-v0.
+  std::vector<std::string> node_ids;
+  // The opt-in is refreshed every this many blocks: half Gonka's default TTL of 200.
+  int64_t refresh_every_blocks = 100;
+};
+
 struct HostConfig {
+  // "trainshard" (this project's module) or "gonka-v0" (Gonka's trainshards v0).
+  std::string chain_profile = "trainshard";
+  GonkaV0HostConfig gonka_v0;
   std::string chain_endpoint;  // host:port of the chain's gRPC
   // host:port of the chain node's CometBFT JSON-RPC: when set, the host reads each height's
   // events through its block_results (as from any CometBFT node); empty: through the module's

@@ -263,5 +263,30 @@ TEST(ConfigTest, ExampleConfigParsesAndValidates) {
   EXPECT_EQ(c->policy.hardware_profiles, std::vector<std::string>{"cpu-small"});
 }
 
+TEST(ConfigTest, GonkaV0Profile) {
+  HostConfig c = MustParse(std::string(kMinimal) + R"(
+chain_profile = "gonka-v0"
+[gonka_v0]
+node_ids = ["node-1", "node-2"]
+refresh_every_blocks = 50
+)");
+  EXPECT_EQ(c.chain_profile, "gonka-v0");
+  EXPECT_EQ(c.gonka_v0.node_ids, (std::vector<std::string>{"node-1", "node-2"}));
+  EXPECT_EQ(c.gonka_v0.refresh_every_blocks, 50);
+  EXPECT_TRUE(ValidateHostConfig(c).ok());
+  EXPECT_EQ(MustParse(kMinimal).chain_profile, "trainshard");
+
+  ExpectBad("chain_profile = \"cosmos\"\n", {"chain_profile", "\"cosmos\"", "gonka-v0"});
+  ExpectBad("[gonka_v0]\nnode_ids = [\"a\", \"a\"]\n", {"gonka_v0.node_ids[1]", "twice"});
+  ExpectBad("[gonka_v0]\nnode_ids = [\"\"]\n", {"gonka_v0.node_ids[0]"});
+  ExpectBad("[gonka_v0]\nrefresh_every_blocks = 0\n", {"gonka_v0.refresh_every_blocks", "0"});
+  ExpectBad("[gonka_v0]\nttl = 3\n", {"gonka_v0.ttl", "unknown key"});
+  // The profile needs the nodes it offers.
+  HostConfig none = MustParse(std::string(kMinimal) + "chain_profile = \"gonka-v0\"\n");
+  absl::Status valid = ValidateHostConfig(none);
+  EXPECT_EQ(valid.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(valid.message().find("gonka_v0.node_ids"), absl::string_view::npos) << valid;
+}
+
 }  // namespace
 }  // namespace ts::sidecar

@@ -186,4 +186,19 @@ absl::StatusOr<WeightsSubmittedEvent> ParseWeightsSubmitted(const tendermint::ab
   return e;
 }
 
+absl::StatusOr<GonkaShardEvent> ParseGonkaShardEvent(const tendermint::abci::Event& event) {
+  Reader r(event);
+  GonkaShardEvent e;
+  TS_ASSIGN_OR_RETURN(e.shard_id, r.U64("trainshard_id"));
+  if (e.shard_id == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(event.type().substr(0, 64), ": attribute trainshard_id=\"0\" is not an id"));
+  }
+  if (event.type() == kEventGonkaNodeReserved || event.type() == kEventGonkaNodeKicked) {
+    TS_ASSIGN_OR_RETURN(e.participant, r.NonEmpty("participant"));
+    TS_ASSIGN_OR_RETURN(e.node_id, r.NonEmpty("node_id"));
+  }
+  return e;
+}
+
 }  // namespace ts::sidecar

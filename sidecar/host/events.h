@@ -99,6 +99,22 @@ absl::StatusOr<ShardClosedEvent> ParseShardExpired(const tendermint::abci::Event
 absl::StatusOr<ShardClosedEvent> ParseShardRejected(const tendermint::abci::Event& event);
 absl::StatusOr<WeightsSubmittedEvent> ParseWeightsSubmitted(const tendermint::abci::Event& event);
 
+// Gonka's trainshards v0 events (the gonka-v0 profile, docs/gonka-v0.md), as its keeper emits
+// them: every one names trainshard_id; node events name the participant and node_id too.
+inline constexpr std::string_view kEventGonkaAssembled = "trainshard_assembled";
+inline constexpr std::string_view kEventGonkaNodeReserved = "trainshard_node_reserved";
+inline constexpr std::string_view kEventGonkaNodeKicked = "trainshard_node_autokicked";
+inline constexpr std::string_view kEventGonkaSettled = "trainshard_settled";
+inline constexpr std::string_view kEventGonkaExpired = "trainshard_expired";
+
+struct GonkaShardEvent {
+  uint64_t shard_id = 0;
+  std::string participant;  // node events only
+  std::string node_id;      // node events only
+};
+// One of the five events above; INVALID_ARGUMENT naming the event and attribute otherwise.
+absl::StatusOr<GonkaShardEvent> ParseGonkaShardEvent(const tendermint::abci::Event& event);
+
 // Value of the first attribute named `key`; NOT_FOUND if absent.
 absl::StatusOr<std::string> EventAttribute(const tendermint::abci::Event& event,
                                            std::string_view key);

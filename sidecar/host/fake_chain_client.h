@@ -21,6 +21,9 @@
 #include "absl/synchronization/mutex.h"
 #include "chain-bridge/client/chain_client.h"
 #include "chain-bridge/module/tx.h"
+#include "common/clock.h"
+#include "common/crypto/secp256k1.h"
+#include "common/status.h"
 
 namespace ts::sidecar::testing {
 
@@ -37,6 +40,25 @@ inline tendermint::abci::Event MakeEvent(
     a->set_value(v);
   }
   return event;
+}
+
+// A clock that moves only when told.
+class FakeClock final : public common::Clock {
+ public:
+  int64_t NowUnixMs() override { return 1'700'000'000'000 + now_ms_; }
+  int64_t MonotonicMs() override { return now_ms_; }
+  void SleepMs(int64_t ms) override { now_ms_ += ms; }
+  void Advance(int64_t ms) { now_ms_ += ms; }
+
+ private:
+  int64_t now_ms_ = 1000;
+};
+
+// A fixed test key: 32 bytes of `byte`.
+inline common::PrivateKey KeyOf(char byte) {
+  auto key = common::PrivateKey::FromBytes(std::string(32, byte));
+  TS_CHECK(key.ok());
+  return *key;
 }
 
 class FakeChainClient final : public bridge::ChainClient {

@@ -148,17 +148,6 @@ std::string MetaU64(uint64_t v) { return state::EncodeU64Key(v); }
 
 }  // namespace
 
-struct HostCore::HeightContext {
-  int64_t height = 0;
-  // Records touched at this height, written with the batch.
-  std::map<uint64_t, pb::HostShardRecord> shards;
-  std::vector<pb::PendingTx> new_txs;
-  std::vector<pb::Reservation> reservations;
-  std::optional<pb::EpochWeights> weights;
-  // Account number and next sequence, fetched once per height when needed.
-  std::optional<std::pair<uint64_t, uint64_t>> account;
-};
-
 HostCore::HostCore(std::unique_ptr<HostStore> store, const common::PrivateKey& key,
                    HostCoreOptions options, bridge::ChainClient* chain, common::Clock* clock)
     : store_(std::move(store)),
@@ -264,6 +253,7 @@ absl::Status HostCore::SyncChain() {
 absl::Status HostCore::Step() {
   absl::Status status = SyncChain();
   if (status.ok()) status = Follow(options_.max_heights_per_step).status();
+  if (status.ok() && gonka()) status = KeepOptedIn();
   if (status.ok()) status = ProcessPendingTxs();
   if (status.ok()) {
     last_error_.clear();
@@ -365,6 +355,7 @@ absl::Status HostCore::ProcessHeight(int64_t height) {
 
 absl::StatusOr<std::string> HostCore::Decide(HeightContext& ctx,
                                              const tendermint::abci::Event& event) {
+  if (gonka()) return DecideGonka(ctx, event);
   const std::string& type = event.type();
   if (type == kEventShardProposed) {
     auto e = ParseShardProposed(event);
@@ -733,6 +724,7 @@ absl::Status HostCore::FinishPending(const pb::PendingTx& tx, bool reserved,
                                      const std::string& failure) {
   state::WriteBatch batch;
   batch.Delete(kTablePendingTxs, tx.txhash());
+  if (tx.purpose() == kPurposeGonkaOptIn) OnGonkaOptInFinished(failure, &batch);
   std::optional<uint64_t> shard_id = ReservePurposeShard(tx.purpose());
   if (shard_id) {
     auto rec = store_->GetShard(*shard_id);
@@ -960,6 +952,13 @@ absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> HostCore::SubmitSettleme
     return absl::InvalidArgumentError(absl::StrCat("signatures: ", signatures.size(),
                                                    " entries, expected 1..",
                                                    options_.max_settlement_entries));
+  }
+  if (gonka()) {
+    TxResponse kept;
+    kept.set_raw_log(
+        "gonka-v0: no settlement is sent; the shard's creator settles it on chain, and the signed "
+        "settlement stays with the members");
+    return kept;
   }
   pb::MsgSettleTrainshard msg;
   msg.set_submitter(address_);

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "chain-bridge/client/chain_client.h"
+#include "chain-bridge/client/gonka_v0_client.h"
 #include "common/clock.h"
 #include "common/crypto/secp256k1.h"
 #include "cosmos/base/abci/v1beta1/abci.pb.h"
@@ -34,6 +35,9 @@
 #include "sidecar/host/host_store.h"
 
 namespace ts::sidecar {
+
+// The purpose of a pending tx that opts the host's nodes in under gonka-v0.
+inline constexpr std::string_view kPurposeGonkaOptIn = "gonka-opt-in";
 
 struct HostCoreOptions {
   // host:port of this host's shard sidecar, advertised in reservations.
@@ -60,6 +64,15 @@ struct HostCoreOptions {
   // it does not reserve. Asked with the shard's spec read from the chain, before the policy's
   // reservation and before a manual one. Unset: no check.
   std::function<std::string(const ::gonka::trainshard::v1::ShardSpec&)> run_check;
+  // The chain's profile. Under gonka-v0 the host reserves nothing: the chain picks the nodes.
+  // While its policy offers training (auto_reserve, fewer than max_shards active), the host keeps
+  // gonka_node_ids opted in, re-arming them every gonka_refresh_every_blocks with
+  // gonka_endpoint_url (GonkaV0EndpointUrl), and learns its shards from Gonka's events
+  // (host_core_gonka.cc, docs/gonka-v0.md).
+  bridge::ChainProfile chain_profile = bridge::ChainProfile::kTrainshard;
+  std::vector<std::string> gonka_node_ids;
+  std::string gonka_endpoint_url;
+  int64_t gonka_refresh_every_blocks = 100;
   // Tests only: makes the records' file writes fail as on a full disk (state::DbOptions).
   std::shared_ptr<state::DiskFullFault> disk_full_fault;
 };
@@ -134,7 +147,9 @@ class HostCore {
 
   // Wraps MsgSettleTrainshard{submitter = this host} and broadcasts it, waiting for inclusion.
   // Thread-safe (it uses only the chain client and the key). INVALID_ARGUMENT for a missing
-  // settlement or too many signatures; chain errors as ChainClient::SignAndBroadcast.
+  // settlement or too many signatures; chain errors as ChainClient::SignAndBroadcast. Under
+  // gonka-v0 nothing is sent (only the shard's creator settles there, with no result): the
+  // answer is code 0 with an empty txhash, and the signed settlement stays in the records.
   absl::StatusOr<cosmos::base::abci::v1beta1::TxResponse> SubmitSettlement(
       const pb::Settlement& settlement, const std::vector<pb::SettlementSignature>& signatures);
 
@@ -148,12 +163,29 @@ class HostCore {
   const std::string& address() const { return address_; }
 
  private:
-  struct HeightContext;
+  // What one height's decisions build up before its batch is written.
+  struct HeightContext {
+    int64_t height = 0;
+    // Records touched at this height, written with the batch.
+    std::map<uint64_t, pb::HostShardRecord> shards;
+    std::vector<pb::PendingTx> new_txs;
+    std::vector<pb::Reservation> reservations;
+    std::optional<pb::EpochWeights> weights;
+    // Account number and next sequence, fetched once per height when needed.
+    std::optional<std::pair<uint64_t, uint64_t>> account;
+  };
 
   HostCore(std::unique_ptr<HostStore> store, const common::PrivateKey& key, HostCoreOptions options,
            bridge::ChainClient* chain, common::Clock* clock);
 
   absl::Status SyncChain();
+  bool gonka() const { return options_.chain_profile == bridge::ChainProfile::kGonkaV0; }
+  // gonka-v0 (host_core_gonka.cc): what Gonka's events mean for the records, and the opt-in
+  // kept armed while the policy offers training.
+  absl::StatusOr<std::string> DecideGonka(HeightContext& ctx, const tendermint::abci::Event& event);
+  absl::Status KeepOptedIn();
+  // A failed opt-in is tried again a few blocks later instead of a whole period later.
+  void OnGonkaOptInFinished(const std::string& failure, state::WriteBatch* batch);
   absl::StatusOr<std::string> Decide(HeightContext& ctx, const tendermint::abci::Event& event);
   absl::StatusOr<std::string> OnShardOpened(HeightContext& ctx,
                                             const tendermint::abci::Event& event);

@@ -24,27 +24,12 @@ namespace ts::sidecar {
 namespace {
 
 using testing::FakeChainClient;
+using testing::FakeClock;
 using ::testing::HasSubstr;
+using testing::KeyOf;
 using testing::MakeEvent;
 
 constexpr char kChainId[] = "fake-chain-1";
-
-class FakeClock final : public common::Clock {
- public:
-  int64_t NowUnixMs() override { return 1'700'000'000'000 + now_ms_; }
-  int64_t MonotonicMs() override { return now_ms_; }
-  void SleepMs(int64_t ms) override { now_ms_ += ms; }
-  void Advance(int64_t ms) { now_ms_ += ms; }
-
- private:
-  int64_t now_ms_ = 1000;
-};
-
-common::PrivateKey KeyOf(char byte) {
-  auto key = common::PrivateKey::FromBytes(std::string(32, byte));
-  TS_CHECK(key.ok());
-  return *key;
-}
 
 tendermint::abci::Event Proposed(uint64_t id, const std::string& profile = "cpu-small") {
   return MakeEvent("trainshard.shard_proposed", {{"shard_id", std::to_string(id)},

@@ -49,6 +49,8 @@ inline constexpr std::string_view kMetaAddress = "address";
 inline constexpr std::string_view kMetaChainId = "chain_id";
 inline constexpr std::string_view kMetaEventsProcessed = "events_processed";
 inline constexpr std::string_view kMetaSchemaVersion = "schema_version";
+// gonka-v0: the height from which the host's next opt-in refresh is due (EncodeU64Key).
+inline constexpr std::string_view kMetaGonkaOptInDue = "gonka_opt_in_due";
 
 inline constexpr uint32_t kHostSchemaVersion = 1;
 

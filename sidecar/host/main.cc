@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "chain-bridge/client/chain_client.h"
+#include "chain-bridge/client/gonka_v0_client.h"
 #include "common/clock.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/tls_identity.h"
@@ -234,12 +235,22 @@ int Main(int argc, char** argv) {
                                common::kTlsCertFile, "); remove the key from the config")));
     return kExitBadConfig;
   }
+  // Checked by ValidateHostConfig.
+  const bridge::ChainProfile profile =
+      *bridge::ParseChainProfile("chain_profile", config.chain_profile);
   std::unique_ptr<bridge::ChainClient> chain_client =
-      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
+      bridge::NewChainClient(profile, config.chain_endpoint, ChainOptions(config));
   HostCoreOptions options;
   options.shard_endpoint = config.shard_endpoint;
   options.tls_cert_sha256 = tls->cert_sha256;
   options.policy = config.policy;
+  options.chain_profile = profile;
+  options.gonka_node_ids = config.gonka_v0.node_ids;
+  options.gonka_refresh_every_blocks = config.gonka_v0.refresh_every_blocks;
+  // Published with each opt-in refresh: where the members reach this host's shard services,
+  // and the certificate they pin (the chain carries no TLS key in v0).
+  options.gonka_endpoint_url =
+      bridge::GonkaV0EndpointUrl(config.shard_endpoint, tls->cert_sha256, config.peer_tls);
   // Before it reserves, the host checks it can run the shard's chain-pinned run spec.
   RunCheckLimits run_limits;
   run_limits.worker_memory_bytes_max = config.worker_memory_bytes_max;
@@ -273,7 +284,7 @@ int Main(int argc, char** argv) {
   // calls and the peer checks never wait on each other).
   std::string artifacts_dir = AbsolutePath(ArtifactsDir(config));
   std::unique_ptr<bridge::ChainClient> directory_chain =
-      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
+      bridge::NewChainClient(profile, config.chain_endpoint, ChainOptions(config));
   ChainShardDirectory directory(directory_chain.get(), &common::SystemClock());
   // Peer requests are signed over the chain id: known from the records after the first contact
   // with the chain, else the shard services wait for it (below).
@@ -334,6 +345,7 @@ int Main(int argc, char** argv) {
   process_options.host_socket = host_socket;
   process_options.key_file = AbsolutePath(config.key_file);
   process_options.chain_endpoint = config.chain_endpoint;
+  process_options.chain_profile = config.chain_profile;
   process_options.worker_binary = worker_binary;
   process_options.worker_device = config.worker_device;
   process_options.worker_threads = static_cast<int>(config.worker_threads);
@@ -365,7 +377,7 @@ int Main(int argc, char** argv) {
   // The runs of shards this host reserved start by themselves once RUNNING, with the run spec
   // the chain pins (through a chain client of its own, like the directory's).
   std::unique_ptr<bridge::ChainClient> starter_chain =
-      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
+      bridge::NewChainClient(profile, config.chain_endpoint, ChainOptions(config));
   RunStarter starter(
       &(*core)->store(), starter_chain.get(),
       [&runs](uint64_t shard_id) { return runs.Info(shard_id).has_value(); },
@@ -404,7 +416,7 @@ int Main(int argc, char** argv) {
   // The stats page and /metrics (docs/stats.md): a sampler reads the operator API and the
   // chain once a second; the HTTP server hands out its last sample.
   std::unique_ptr<bridge::ChainClient> stats_chain =
-      bridge::NewGrpcChainClient(config.chain_endpoint, ChainOptions(config));
+      bridge::NewChainClient(profile, config.chain_endpoint, ChainOptions(config));
   StatsSamplerOptions sampler_options;
   sampler_options.operator_target = server->address;
   StatsSampler sampler(stats_chain.get(), &metrics, &common::SystemClock(), sampler_options);

@@ -302,6 +302,8 @@ void ShardProcesses::Supervise(uint64_t shard_id, Child& child, int64_t now_ms) 
                 options_.chain_endpoint,
                 "--chain-id",
                 chain_id_,
+                "--chain-profile",
+                options_.chain_profile,
                 "--worker-binary",
                 options_.worker_binary,
                 "--worker-threads",

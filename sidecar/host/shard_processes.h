@@ -55,6 +55,7 @@ struct ShardProcessOptions {
   std::string fallback_socket_dir = "/tmp";
   std::string key_file;
   std::string chain_endpoint;
+  std::string chain_profile = "trainshard";  // ts_shard --chain-profile (gonka_v0_client.h)
   std::string worker_binary;
   int worker_threads = 2;
   std::string worker_device = "cpu";     // each worker's --device

@@ -97,7 +97,11 @@ bool SettlementExchange::Settle(bool first_member) {
       auto tx = run_.host.submit_settlement(settlement_, signatures_);
       submitted = true;
       accepted = tx.ok();
-      if (tx.ok()) {
+      if (tx.ok() && tx->empty()) {
+        // A chain whose creator settles (gonka-v0): the signed settlement stays with the
+        // members, and the run waits for the creator's settle to close the shard.
+        run_.Transition("settlement kept off chain; waiting for the creator to settle the shard");
+      } else if (tx.ok()) {
         run_.Transition(absl::StrCat("settlement submitted, tx ", tx->substr(0, 16)));
         absl::MutexLock lock(&run_.mu);
         run_.status.set_settlement_txhash(*tx);

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "chain-bridge/client/chain_client.h"
+#include "chain-bridge/client/gonka_v0_client.h"
 #include "common/clock.h"
 #include "common/crypto/bech32.h"
 #include "common/crypto/hash.h"
@@ -71,6 +72,7 @@ absl::Status CheckSocketPath(const char* field, const std::string& path) {
 struct Flags {
   uint64_t shard_id = 0;
   std::string shards_dir, socket, host_socket, key_file, chain, chain_id, worker_binary;
+  std::string chain_profile = "trainshard";
   std::string collective_host = "127.0.0.1", log_level = "info";
   int worker_threads = 2;
   std::string worker_device = "cpu";
@@ -92,6 +94,7 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   app.add_option("--key-file", f->key_file, "the host key")->required();
   app.add_option("--chain", f->chain, "chain endpoint (host:port)")->required();
   app.add_option("--chain-id", f->chain_id, "the chain id")->required();
+  app.add_option("--chain-profile", f->chain_profile, "the chain's profile: trainshard | gonka-v0");
   app.add_option("--worker-binary", f->worker_binary, "the ts_worker executable")->required();
   app.add_option("--worker-threads", f->worker_threads, "worker threads")
       ->check(CLI::Range(1, 256));
@@ -127,6 +130,7 @@ absl::Status CheckFlags(const Flags& f) {
   TS_RETURN_IF_ERROR(CheckSocketPath("--socket", f.socket));
   TS_RETURN_IF_ERROR(CheckSocketPath("--host-socket", f.host_socket));
   if (f.chain_id.empty()) return absl::InvalidArgumentError("--chain-id: empty");
+  TS_RETURN_IF_ERROR(bridge::ParseChainProfile("--chain-profile", f.chain_profile).status());
   if (f.peer_tls && (f.tls_dir.empty() || f.tls_dir.front() != '/')) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--tls-dir: \"", f.tls_dir, "\" is not an absolute path (--peer-tls needs the identity)"));
@@ -270,9 +274,12 @@ int Main(int argc, char** argv) {
     return kExitFailure;
   }
 
-  std::unique_ptr<bridge::ChainClient> directory_chain = bridge::NewGrpcChainClient(f.chain);
+  // Checked by CheckFlags.
+  const bridge::ChainProfile profile =
+      *bridge::ParseChainProfile("--chain-profile", f.chain_profile);
+  std::unique_ptr<bridge::ChainClient> directory_chain = bridge::NewChainClient(profile, f.chain);
   ChainShardDirectory directory(directory_chain.get(), &common::SystemClock());
-  std::unique_ptr<bridge::ChainClient> run_chain = bridge::NewGrpcChainClient(f.chain);
+  std::unique_ptr<bridge::ChainClient> run_chain = bridge::NewChainClient(profile, f.chain);
   absl::Mutex run_chain_mu;
   HostLink link(f.host_socket);
   ShardRunHost run_host =
