@@ -8,11 +8,16 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "chain-bridge/module/gas.h"
 #include "common/amount.h"
+#include "common/crypto/bech32.h"
 #include "common/hex.h"
 #include "common/status.h"
 #include "inference/inference/trainshard.grpc.pb.h"
+#include "proto/cosmos_node_service.h"
+#include "proto/cosmos_tendermint_service.h"
 #include "proto/grpc_status.h"
+#include "proto/hand_service.h"
 
 namespace ts::bridge {
 namespace {
@@ -72,11 +77,28 @@ class GonkaV0ChainClient final : public ChainClient {
       : cosmos_(NewGrpcChainClient(target, options)), options_(options) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-    query_ = gv0::Query::NewStub(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    query_ = gv0::Query::NewStub(channel_);
   }
 
-  absl::StatusOr<ChainStatus> Status() override { return cosmos_->Status(); }
+  // What any Cosmos node answers: the chain id from its node info, the height and app hash from
+  // its latest block (none yet at height 0).
+  absl::StatusOr<ChainStatus> Status() override {
+    namespace tm = cosmos::base::tendermint::v1beta1;
+    ChainStatus out;
+    tm::GetNodeInfoResponse info;
+    TS_RETURN_IF_ERROR(Call(tm::kGetNodeInfoPath, tm::GetNodeInfoRequest(), &info));
+    out.chain_id = info.default_node_info().network();
+    tm::GetLatestBlockResponse latest;
+    absl::Status block = Call(tm::kGetLatestBlockPath, tm::GetLatestBlockRequest(), &latest);
+    if (block.ok()) {
+      out.latest_height = latest.block().header().height();
+      out.app_hash = latest.block().header().app_hash();
+    } else if (!absl::IsNotFound(block)) {
+      return block;
+    }
+    return out;
+  }
   absl::StatusOr<std::vector<tendermint::abci::Event>> EventsAt(int64_t height) override {
     return cosmos_->EventsAt(height);
   }
@@ -86,7 +108,21 @@ class GonkaV0ChainClient final : public ChainClient {
   absl::StatusOr<uint64_t> Balance(const std::string& address) override {
     return cosmos_->Balance(address);
   }
-  absl::StatusOr<pb::QueryParamsResponse> Params() override { return cosmos_->Params(); }
+  // What a tx needs from the chain's parameters: the node's minimum gas price (its Config, as
+  // any Cosmos node serves it) and the gov module's address (the SDK derives it from the name).
+  absl::StatusOr<pb::QueryParamsResponse> Params() override {
+    namespace node = cosmos::base::node::v1beta1;
+    node::ConfigResponse config;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    TS_RETURN_IF_ERROR(FromGrpcStatus(
+        node::CallConfig(channel_, &ctx, node::ConfigRequest(), &config), "node.Service/Config"));
+    pb::QueryParamsResponse out;
+    TS_ASSIGN_OR_RETURN(std::string price, GasPriceFromNodeConfig(config.minimum_gas_price()));
+    out.mutable_params()->set_min_gas_price(price);
+    out.set_gov_address(common::ModuleAddress("gov"));
+    return out;
+  }
   absl::StatusOr<pb::EpochWeights> Weights(uint64_t epoch, bool current) override {
     return cosmos_->Weights(epoch, current);
   }
@@ -160,8 +196,19 @@ class GonkaV0ChainClient final : public ChainClient {
     return std::chrono::system_clock::now() + std::chrono::milliseconds(options_.call_timeout_ms);
   }
 
+  // A unary call of a hand-written Cosmos service at `path`.
+  template <typename Request, typename Response>
+  absl::Status Call(const char* path, const Request& request, Response* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+    return FromGrpcStatus(ts::proto::UnaryCall(channel_.get(), method, &ctx, request, response),
+                          path);
+  }
+
   std::unique_ptr<ChainClient> cosmos_;
   ChainClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<gv0::Query::Stub> query_;
 };
 
@@ -254,6 +301,24 @@ absl::StatusOr<pb::Shard> ShardFromGonkaV0(const gv0::Trainshard& shard) {
   spec->set_min_nodes(1);
   spec->set_max_nodes(nodes);
   return out;
+}
+
+absl::StatusOr<std::string> GasPriceFromNodeConfig(std::string_view minimum_gas_price) {
+  // DecCoins: "<decimal><denom>" entries joined by commas; only ngonka pays fees here.
+  std::string_view rest = minimum_gas_price;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view coin = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (coin.size() <= common::kDenom.size() ||
+        coin.substr(coin.size() - common::kDenom.size()) != common::kDenom) {
+      continue;
+    }
+    const std::string_view amount = coin.substr(0, coin.size() - common::kDenom.size());
+    TS_RETURN_IF_ERROR(ParseGasPrice("minimum_gas_price", amount).status());
+    return std::string(amount);
+  }
+  return std::string();  // no ngonka price: the node takes txs without fees
 }
 
 std::string GonkaV0EndpointUrl(std::string_view endpoint, std::string_view tls_cert_sha256,

@@ -1,15 +1,18 @@
 // The gonka-v0 chain profile on the client side (docs/gonka-v0.md): a ChainClient for a host
 // sidecar pointed at a chain that runs Gonka's trainshards v0 instead of this project's module.
 //
-// It speaks the Cosmos services exactly as GrpcChainClient does (accounts, balances, txs,
-// simulation, events through block_results) and answers the shard queries from Gonka's
+// It reads what any Cosmos node serves: the chain id and height from the tendermint Service, the
+// minimum gas price from the node Service's Config, accounts, balances, txs, simulation and
+// events (through block_results, so ChainClientOptions::rpc_target must be set) as
+// GrpcChainClient does; it answers the shard queries from Gonka's
 // `inference.inference.Query`, translated into the module's vocabulary the sidecar works in:
 // a v0 trainshard is a RUNNING shard from its assembly on (v0 has no open or proposed phase),
 // its members are the hosts of its ACTIVE reserved nodes with their frozen PoC weight summed
 // per host, each member's endpoint and certificate pin come from the URL its host published
 // with its opt-in refresh (GonkaV0EndpointUrl), and the run spec is pinned by the proposal's
 // `base_image` digest (RunSpecBaseImage). What v0 does not have is answered as such: no
-// escrow (zero), no settlement record, no module proposals or weights.
+// escrow (zero), no settlement record, no module proposals. The PoC weights are still read
+// through the module's query (a host's own weight, for its status only).
 //
 // Thread-safety: the client is thread-safe; the functions are pure.
 #ifndef TS_CHAIN_BRIDGE_CLIENT_GONKA_V0_CLIENT_H_
@@ -63,6 +66,11 @@ struct GonkaV0Endpoint {
 // Reads a URL GonkaV0EndpointUrl wrote (or any http(s)://host:port[/path] without a pin).
 // INVALID_ARGUMENT naming the URL for another scheme, a missing port or a bad pin.
 absl::StatusOr<GonkaV0Endpoint> ParseGonkaV0EndpointUrl(std::string_view url);
+
+// The ngonka price in a node's Config minimum_gas_price ("0.002000000000000000ngonka", DecCoins
+// joined by commas): "0.002000000000000000"; "" when it names none. INVALID_ARGUMENT naming the
+// field for an amount ParseGasPrice refuses.
+absl::StatusOr<std::string> GasPriceFromNodeConfig(std::string_view minimum_gas_price);
 
 // A run spec pinned by a v0 proposal's base_image: "trainshard-run@sha256:<64 lowercase hex>".
 inline constexpr std::string_view kRunSpecImageRepository = "trainshard-run";

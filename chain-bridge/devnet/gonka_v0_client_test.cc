@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "chain-bridge/devnet/devnet_test_util.h"
+#include "chain-bridge/devnet/services.h"
 #include "common/hex.h"
 #include "cosmos/gov/v1/tx.pb.h"
 #include "gtest/gtest.h"
@@ -52,6 +53,8 @@ class GonkaV0ClientTest : public ::testing::Test {
     pb::Genesis genesis = TestGenesis(kFirstHost + kHosts);
     // Gonka's rules tie the opt-in TTL and the retention to the epoch.
     genesis.mutable_params()->set_epoch_length_blocks(10);
+    // Every tx below is priced from the node's Config, as on any Cosmos node.
+    genesis.mutable_params()->set_min_gas_price("0.001");
     pb::GonkaV0Genesis* gonka = genesis.mutable_gonka_v0();
     gv0::TrainingParams* p = gonka->mutable_params();
     p->set_training_enabled(true);
@@ -151,6 +154,27 @@ class GonkaV0ClientTest : public ::testing::Test {
   std::unique_ptr<ChainClient> client_;
   std::unique_ptr<gv0::Query::Stub> query_;
 };
+
+TEST_F(GonkaV0ClientTest, StatusAndPricesFromWhatAnyCosmosNodeServes) {
+  auto status = client_->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->chain_id, kChainId);
+  const int64_t before = status->latest_height;
+  auto params = client_->Params();
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(params->params().min_gas_price(), "0.001000000000000000");
+  EXPECT_EQ(params->gov_address(), common::ModuleAddress("gov"));
+  // A tx priced that way pays its fee and lands.
+  const uint64_t balance = client_->Balance(Addr(kVoter)).value();
+  auto sent = client_->SignAndBroadcast(Key(kVoter), {devnet_test::Send(kVoter, 0, 5)}, true);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  ASSERT_EQ(sent->code(), 0u) << sent->raw_log();
+  EXPECT_LT(client_->Balance(Addr(kVoter)).value(), balance - 5) << "a fee was paid";
+  status = client_->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_GT(status->latest_height, before);
+  EXPECT_EQ(status->app_hash.size(), 32u);
+}
 
 TEST_F(GonkaV0ClientTest, TrainshardSeenAsARunningShardThroughItsLife) {
   for (int i = 0; i < kHosts; ++i) OptIn(kFirstHost + i, /*publish=*/kFirstHost + i != 5);
@@ -253,6 +277,20 @@ TEST(GonkaV0Translation, EndpointUrlsRoundTripAndBadOnesAreNamed) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(result.status().message().find(bad), std::string::npos) << result.status();
   }
+}
+
+TEST(GonkaV0Translation, NodeConfigGasPrices) {
+  EXPECT_EQ(devnet::MinimumGasPriceText("0.002"), "0.002000000000000000ngonka");
+  EXPECT_EQ(devnet::MinimumGasPriceText("3"), "3.000000000000000000ngonka");
+  EXPECT_EQ(devnet::MinimumGasPriceText("0"), "");
+  EXPECT_EQ(devnet::MinimumGasPriceText(""), "");
+  EXPECT_EQ(GasPriceFromNodeConfig("0.002000000000000000ngonka").value(), "0.002000000000000000");
+  EXPECT_EQ(GasPriceFromNodeConfig("0.1uatom,0.25ngonka").value(), "0.25");
+  EXPECT_EQ(GasPriceFromNodeConfig("").value(), "");
+  EXPECT_EQ(GasPriceFromNodeConfig("0.1uatom").value(), "");
+  auto bad = GasPriceFromNodeConfig("-1ngonka");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("minimum_gas_price"), std::string::npos);
 }
 
 TEST(GonkaV0Translation, BaseImagePinsTheRunSpec) {

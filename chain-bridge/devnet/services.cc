@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "chain-bridge/devnet/rpc_json.h"
 #include "chain-bridge/devnet/store.h"
+#include "chain-bridge/module/gas.h"
 #include "chain-bridge/module/tx.h"
 #include "chain-bridge/module/tx_errors.h"
 #include "common/amount.h"
@@ -21,6 +22,7 @@
 #include "cosmos/crypto/secp256k1/keys.pb.h"
 #include "gonka/trainshard/v1/chain.grpc.pb.h"
 #include "inference/inference/trainshard.grpc.pb.h"
+#include "proto/cosmos_node_service.h"
 #include "proto/cosmos_tendermint_service.h"
 #include "proto/cosmos_tx_service.h"
 #include "proto/grpc_status.h"
@@ -635,6 +637,46 @@ class TendermintService final : public tm::TendermintServiceBase {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------
+// cosmos.base.node.v1beta1.Service
+
+namespace {
+
+namespace node = cosmos::base::node::v1beta1;
+
+// What Cosmos clients ask a node for before they price a tx: its minimum gas price, here the
+// genesis's (one price, in ngonka), printed as the SDK prints DecCoins.
+class NodeService final : public node::NodeServiceBase {
+ public:
+  explicit NodeService(Backend* backend) : backend_(backend) {}
+
+  grpc::Status Config(grpc::ServerContext*, const node::ConfigRequest*,
+                      node::ConfigResponse* response) override {
+    return Serve("Config", [&] {
+      return backend_->WithApp([&](const App& app) {
+        response->set_minimum_gas_price(
+            MinimumGasPriceText(app.genesis().params().min_gas_price()));
+      });
+    });
+  }
+
+ private:
+  Backend* backend_;
+};
+
+}  // namespace
+
+std::string MinimumGasPriceText(std::string_view min_gas_price) {
+  auto price = ParseGasPrice("min_gas_price", min_gas_price);
+  if (!price.ok() || price->zero()) return "";
+  // 18 fraction digits, as the SDK's LegacyDec prints.
+  size_t dot = min_gas_price.find('.');
+  std::string integer(min_gas_price.substr(0, dot));
+  std::string fraction(dot == std::string_view::npos ? "" : min_gas_price.substr(dot + 1));
+  fraction.resize(18, '0');
+  return integer + "." + fraction + std::string(common::kDenom);
+}
+
 std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend) {
   std::vector<std::unique_ptr<grpc::Service>> out;
   out.push_back(std::make_unique<TxService>(backend));
@@ -642,6 +684,7 @@ std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend) {
   out.push_back(std::make_unique<BankQuery>(backend));
   out.push_back(std::make_unique<ModuleQuery>(backend));
   out.push_back(std::make_unique<TendermintService>(backend));
+  out.push_back(std::make_unique<NodeService>(backend));
   out.push_back(std::make_unique<GonkaQuery>(backend));
   return out;
 }

@@ -1,9 +1,10 @@
 // The devnet's gRPC services (internal to ts_bridge_devnet): cosmos.tx.v1beta1.Service (Simulate
 // included), cosmos.auth.v1beta1.Query, cosmos.bank.v1beta1.Query, gonka.trainshard.v1.Query,
-// cosmos.base.tendermint.v1beta1.Service (node info, syncing, blocks, validator sets) and
-// inference.inference.Query (Gonka's trainshards v0, in the gonka-v0 profile), written
-// against the small Backend interface the node implements, so the RPC edge (request checks, caps,
-// status mapping) stays apart from block production.
+// cosmos.base.tendermint.v1beta1.Service (node info, syncing, blocks, validator sets),
+// cosmos.base.node.v1beta1.Service (the minimum gas price) and inference.inference.Query (Gonka's
+// trainshards v0, in the gonka-v0 profile), written against the small Backend interface the node
+// implements, so the RPC edge (request checks, caps, status mapping) stays apart from block
+// production.
 //
 // Thread-safety: the services are called on gRPC's threads; Backend implementations must be
 // thread-safe.
@@ -68,8 +69,13 @@ class Backend {
 cosmos::base::abci::v1beta1::TxResponse DeliveredTxResponse(const pb::StoredBlock& block,
                                                             uint32_t index);
 
-// The six services, ready for grpc::ServerBuilder::RegisterService. `backend` must outlive them.
+// The seven services, ready for grpc::ServerBuilder::RegisterService. `backend` must outlive
+// them.
 std::vector<std::unique_ptr<grpc::Service>> MakeServices(Backend* backend);
+
+// A genesis min_gas_price ("0.002") as the SDK's node Config prints it
+// ("0.002000000000000000ngonka"); "" for a price of zero or one that does not parse.
+std::string MinimumGasPriceText(std::string_view min_gas_price);
 
 }  // namespace ts::bridge::devnet
 

@@ -336,6 +336,12 @@ absl::Status ValidateHostConfig(const HostConfig& config) {
         "gonka_v0.node_ids: required under chain_profile \"gonka-v0\" (the ML node ids this "
         "host offers for training), not set");
   }
+  if (profile == bridge::ChainProfile::kGonkaV0 && config.chain_rpc_endpoint.empty()) {
+    // A Gonka node has no query of the module's for a height's events.
+    return absl::InvalidArgumentError(
+        "chain_rpc_endpoint: required under chain_profile \"gonka-v0\" (the node's CometBFT "
+        "JSON-RPC, for each height's events), not set");
+  }
   TS_RETURN_IF_ERROR(required("key_file", config.key_file));
   TS_RETURN_IF_ERROR(required("data_dir", config.data_dir));
   TS_RETURN_IF_ERROR(required("shard_endpoint", config.shard_endpoint));

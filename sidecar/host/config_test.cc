@@ -266,6 +266,7 @@ TEST(ConfigTest, ExampleConfigParsesAndValidates) {
 TEST(ConfigTest, GonkaV0Profile) {
   HostConfig c = MustParse(std::string(kMinimal) + R"(
 chain_profile = "gonka-v0"
+chain_rpc_endpoint = "127.0.0.1:26657"
 [gonka_v0]
 node_ids = ["node-1", "node-2"]
 refresh_every_blocks = 50
@@ -286,6 +287,11 @@ refresh_every_blocks = 50
   absl::Status valid = ValidateHostConfig(none);
   EXPECT_EQ(valid.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(valid.message().find("gonka_v0.node_ids"), absl::string_view::npos) << valid;
+  // And the node's JSON-RPC for the events.
+  c.chain_rpc_endpoint.clear();
+  valid = ValidateHostConfig(c);
+  EXPECT_EQ(valid.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(valid.message().find("chain_rpc_endpoint"), absl::string_view::npos) << valid;
 }
 
 }  // namespace

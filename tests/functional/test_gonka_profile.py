@@ -53,7 +53,8 @@ def gonka_genesis(net):
 
 class GonkaProfileTest(unittest.TestCase):
     def setUp(self):
-        self.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")))
+        # A chain that asks a fee: the hosts and the CLI price their txs from the node's Config.
+        self.net = harness.Network(keep=bool(os.environ.get("TS_KEEP")), min_gas_price="0.002")
         self.net.init(extra_accounts=("spare",))
         gonka_genesis(self.net)
         self.net.start_devnet()

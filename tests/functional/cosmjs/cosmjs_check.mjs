@@ -71,7 +71,8 @@ const kAllSteps = [
 ];
 // What a Cosmos tool expects a node's reflection to list, and the module's own query service.
 const kReflectedServices = [
-  'cosmos.auth.v1beta1.Query', 'cosmos.bank.v1beta1.Query', 'cosmos.base.tendermint.v1beta1.Service',
+  'cosmos.auth.v1beta1.Query', 'cosmos.bank.v1beta1.Query', 'cosmos.base.node.v1beta1.Service',
+  'cosmos.base.tendermint.v1beta1.Service',
   'cosmos.tx.v1beta1.Service', 'gonka.trainshard.v1.Query',
 ];
 const kSendAmount = 1000n;
