@@ -91,14 +91,14 @@ absl::Status HostCore::KeepOptedIn() {
   if (options_.gonka_node_ids.empty() || chain_id_.empty()) return absl::OkStatus();
   const ReservationPolicy& p = options_.policy;
   if (!p.auto_reserve) return absl::OkStatus();  // not offering: the opt-in lapses by itself
+  // Cheapest first: this runs on every poll, and is due once a period.
+  TS_ASSIGN_OR_RETURN(std::string due_text, store_->MetaString(kMetaGonkaOptInDue));
+  const int64_t due = due_text.empty() ? 0 : static_cast<int64_t>(state::DecodeU64Key(due_text));
+  if (chain_height_ < due) return absl::OkStatus();
   HeightContext none;
   uint32_t active = 0;
   TS_RETURN_IF_ERROR(CountActive(none, &active));
   if (active >= p.max_shards) return absl::OkStatus();
-
-  TS_ASSIGN_OR_RETURN(std::string due_text, store_->MetaString(kMetaGonkaOptInDue));
-  const int64_t due = due_text.empty() ? 0 : static_cast<int64_t>(state::DecodeU64Key(due_text));
-  if (chain_height_ < due) return absl::OkStatus();
   TS_ASSIGN_OR_RETURN(std::vector<pb::PendingTx> pending, store_->ListPendingTxs());
   for (const auto& tx : pending) {
     if (tx.purpose() == kPurposeGonkaOptIn) return absl::OkStatus();  // one in flight

@@ -15,7 +15,8 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
 fi
 build=build-asan
 targets=(fuzz_tx_decode fuzz_sign_bytes fuzz_address fuzz_manifest fuzz_chunk_wire
-  fuzz_chunk_stream fuzz_collective_frame fuzz_event_query fuzz_rpc_request fuzz_abci_wire)
+  fuzz_chunk_stream fuzz_collective_frame fuzz_event_query fuzz_rpc_request fuzz_abci_wire
+  fuzz_gonka_v0)
 
 # Longest input each target is given: a few times the largest real input, so time goes into
 # structure rather than into hashing long buffers.
@@ -31,6 +32,7 @@ max_len_of() {
     fuzz_event_query) echo 1024 ;;
     fuzz_rpc_request) echo 4096 ;;
     fuzz_abci_wire) echo 4096 ;;
+    fuzz_gonka_v0) echo 4096 ;;
   esac
 }
 
