@@ -4,8 +4,9 @@
 //   fetch     the settled shard's final checkpoint, from its members, by the proposal's creator
 //             or a reader the spec names (or a member): a signed ListArtifacts to every member,
 //             then a multi-source fetch of the checkpoint artifact of the last round, kept only
-//             if its root is the one the settlement on chain names (progress on stderr,
-//             progress.h);
+//             if its root is the one the settlement on chain names — on a chain that records
+//             none (gonka-v0), the one members holding more than 2/3 of the weight signed
+//             (member_settlement.h) — (progress on stderr, progress.h);
 //   export    a checkpoint as model.safetensors + config.json (+ tokenizer.model), the Hugging
 //             Face Llama layout (worker/hf_export.h);
 //   generate  text from a checkpoint: a worker process (ts_worker) started for the call, in a
@@ -35,6 +36,7 @@
 #include "sidecar/artifacts/store.h"
 #include "sidecar/artifacts/transfer.h"
 #include "sidecar/cli/commands.h"
+#include "sidecar/cli/member_settlement.h"
 #include "sidecar/cli/output.h"
 #include "sidecar/cli/progress.h"
 #include "sidecar/peer/shard_directory.h"
@@ -83,14 +85,29 @@ int RunFetch(Context& ctx, const FetchArgs& args) {
   auto shard = ctx.chain().Shard(args.shard);
   if (!shard.ok()) return ctx.ChainFailed(shard.status());
   auto settled = ctx.chain().Settlement(args.shard);
-  if (absl::IsNotFound(settled.status())) {
+  pb::Settlement settlement;
+  if (absl::IsUnimplemented(settled.status())) {
+    // A chain that records no settlement (gonka-v0): the members' own signatures stand in.
+    std::vector<SettlementMember> signers;
+    for (const pb::Reservation& r : shard->reservations()) {
+      signers.push_back(
+          {r.host(), r.endpoint(), args.peer_tls ? r.tls_cert_sha256() : "", r.frozen_weight()});
+    }
+    auto from_members =
+        SettlementFromMembers(signers, status->chain_id, args.shard, ctx.options().timeout_ms);
+    if (!from_members.ok()) return ctx.PeerFailed("members", from_members.status());
+    settlement = *std::move(from_members);
+  } else if (absl::IsNotFound(settled.status())) {
     return ctx.LocalFailed(absl::FailedPreconditionError(
         absl::StrCat("shard ", args.shard, " is ", pb::ShardStatus_Name(shard->status()),
                      " without a settlement: its final checkpoint is the one a settlement names")));
+  } else if (!settled.ok()) {
+    return ctx.ChainFailed(settled.status());
+  } else {
+    settlement = settled->settlement();
   }
-  if (!settled.ok()) return ctx.ChainFailed(settled.status());
-  const std::string& want_root = settled->settlement().final_checkpoint_root();
-  const uint64_t round = settled->settlement().rounds_completed();
+  const std::string& want_root = settlement.final_checkpoint_root();
+  const uint64_t round = settlement.rounds_completed();
   std::vector<FetchPeer> members;
   for (const pb::Reservation& r : shard->reservations()) {
     if (r.host() == self) continue;

@@ -362,12 +362,16 @@ int Main(int argc, char** argv) {
 
   TransferServiceOptions transfer_options;
   transfer_options.observer = &metrics;
+  // The settlement this host signed, beside the artifacts: on a chain that records none
+  // (gonka-v0), the payer takes the members' signatures from here (docs/gonka-v0.md).
+  SettlementQueryService shard_settlements(core->get());
   // Under peer_tls the listener and the chunk stream serve TLS.
-  auto shard_server = ShardServer::Start(
-      ShardListenAddress(config), &registry, &directory, address, &common::SystemClock(),
-      config.chunk_stream, transfer_options,
-      {static_cast<grpc::Service*>(static_cast<pb::ShardRound::Service*>(&runs))},
-      config.peer_tls ? &*tls : nullptr);
+  auto shard_server =
+      ShardServer::Start(ShardListenAddress(config), &registry, &directory, address,
+                         &common::SystemClock(), config.chunk_stream, transfer_options,
+                         {static_cast<grpc::Service*>(static_cast<pb::ShardRound::Service*>(&runs)),
+                          &shard_settlements},
+                         config.peer_tls ? &*tls : nullptr);
   if (!shard_server.ok()) {
     LogError("cannot serve the shard services", shard_server.status());
     return kExitFailure;

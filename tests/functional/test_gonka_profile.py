@@ -8,9 +8,12 @@ nodes (one stays free for the model) and freeze their PoC weight; the picked hos
 trainshard_node_reserved, their operators hand over the run spec, and they train to the end over
 TLS pinned by what the chain carries: one final root, the loss down, the settlement signed by
 every member and kept off chain. An outsider cannot settle the shard; the creator's
-MsgSettleTrainshard closes it, and every host records the close.
+MsgSettleTrainshard closes it, and every host records the close. The creator then fetches the
+checkpoint whose root members holding more than 2/3 of the weight signed; an outsider cannot.
 """
 
+import base64
+import hashlib
 import json
 import os
 import sys
@@ -147,6 +150,22 @@ class GonkaProfileTest(unittest.TestCase):
                              60, f"{h.name} to record the settle")
             harness.wait_for(lambda h=h: net.train_status(h, sid, check=False).get("state")
                              == "done", 60, f"{h.name}'s run done")
+
+        # The result in the payer's hands without a settlement on chain: the creator takes the
+        # root the members signed (more than 2/3 of the frozen weight) and fetches that
+        # checkpoint from them; an outsider is refused by every member.
+        root = statuses[0]["root"]
+        fetched = net.cli(*GONKA, "model", "fetch", "--shard", sid, "--out",
+                          os.path.join(net.root, "v0-model"), key="creator", timeout=120)
+        self.assertEqual(fetched["root"], base64.b64decode(root).hex())
+        with open(fetched["checkpoint"], "rb") as f:
+            self.assertEqual(hashlib.sha256(f.read()).hexdigest(), fetched["root"])
+        outsider = net.cli(*GONKA, "model", "fetch", "--shard", sid, "--out",
+                           os.path.join(net.root, "stolen"), key="outsider", check=False,
+                           timeout=120)
+        self.assertNotEqual(outsider.returncode, 0, outsider.stdout)
+        self.assertIn("neither a member nor a reader", outsider.stderr)
+        self.assertFalse(os.path.exists(os.path.join(net.root, "stolen")))
 
 
 if __name__ == "__main__":
