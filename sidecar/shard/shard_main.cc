@@ -285,6 +285,7 @@ int Main(int argc, char** argv) {
   ShardRunHost run_host =
       RunHostOf(f, &*key, &directory, &link, db->get(), run_chain.get(), &run_chain_mu);
   run_host.tls = tls;
+  run_host.settles_on_chain = profile != bridge::ChainProfile::kGonkaV0;
   ShardRunManager runs(run_host, RunOptionsOf(f));
   return Serve(f, run_host.address, runs, signals);
 }

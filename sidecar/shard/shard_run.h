@@ -76,7 +76,7 @@ struct ShardRunHost {
   std::function<absl::StatusOr<::gonka::trainshard::v1::SettlementSignature>(
       const ::gonka::trainshard::v1::Settlement&)>
       sign_settlement;
-  // Submits a signed settlement; returns the txhash.
+  // Submits a signed settlement; returns the txhash (empty when the chain records none).
   std::function<absl::StatusOr<std::string>(
       const ::gonka::trainshard::v1::Settlement&,
       const std::vector<::gonka::trainshard::v1::SettlementSignature>&)>
@@ -90,6 +90,9 @@ struct ShardRunHost {
   // The host's TLS identity for the collective's links (each member pinned to the certificate
   // its reservation names); null: the links run in the clear.
   std::shared_ptr<const common::TlsContext> tls;
+  // Whether the chain records settlements (false under gonka-v0, whose creator settles): only
+  // then do the members after the first wait before submitting, so that one tx lands.
+  bool settles_on_chain = true;
 };
 
 struct ShardRunOptions {
