@@ -1,7 +1,11 @@
 #include "sidecar/cli/member_settlement.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
+#include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -22,6 +26,9 @@ namespace pb = ::gonka::trainshard::v1;
 namespace {
 
 constexpr int kMaxAnswerBytes = 4 << 20;
+// Members asked at once: a slow or silent one costs its timeout once, not once per member
+// before it.
+constexpr size_t kMaxAsking = 16;
 
 // What `m` signed, checked: NOT a settlement it did not sign itself for this chain and shard.
 absl::StatusOr<pb::Settlement> AskMember(const SettlementMember& m, const std::string& chain_id,
@@ -69,10 +76,25 @@ absl::StatusOr<pb::Settlement> SettlementFromMembers(const std::vector<Settlemen
     pb::Settlement settlement;
     unsigned __int128 weight = 0;
   };
+  std::vector<absl::StatusOr<pb::Settlement>> asked(members.size(),
+                                                    absl::UnknownError("not asked"));
+  {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> askers;
+    for (size_t a = 0; a < std::min(members.size(), kMaxAsking); ++a) {
+      askers.emplace_back([&] {
+        for (size_t i = next++; i < members.size(); i = next++) {
+          asked[i] = AskMember(members[i], chain_id, shard_id, timeout_ms);
+        }
+      });
+    }
+    for (std::thread& t : askers) t.join();
+  }
   std::map<std::string, Tally> by_bytes;  // canonical bytes -> who signed them
   std::vector<std::string> answers;
-  for (const auto& m : members) {
-    auto s = AskMember(m, chain_id, shard_id, timeout_ms);
+  for (size_t i = 0; i < members.size(); ++i) {
+    const SettlementMember& m = members[i];
+    const absl::StatusOr<pb::Settlement>& s = asked[i];
     if (!s.ok()) {
       answers.push_back(absl::StrCat(m.address, ": ", s.status().ToString()));
       continue;
@@ -84,7 +106,7 @@ absl::StatusOr<pb::Settlement> SettlementFromMembers(const std::vector<Settlemen
                                    common::HexEncode(s->final_checkpoint_root()).substr(0, 16)));
   }
   for (const auto& [bytes, t] : by_bytes) {
-    if (3 * t.weight > 2 * total) return t.settlement;
+    if (protocol::IsQuorum(t.weight, total)) return t.settlement;
   }
   unsigned __int128 best = 0;
   for (const auto& [bytes, t] : by_bytes) best = std::max(best, t.weight);

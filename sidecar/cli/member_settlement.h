@@ -6,7 +6,8 @@
 // recovers to that member over that chain and shard, so a member (or anything at its endpoint)
 // cannot speak for another.
 //
-// Thread-safety: a free function; calls the members one after another.
+// Thread-safety: a free function; asks up to 16 members at once, each on a thread of its own
+// for the call, so a silent member costs one timeout, not one per member after it.
 #ifndef TS_SIDECAR_CLI_MEMBER_SETTLEMENT_H_
 #define TS_SIDECAR_CLI_MEMBER_SETTLEMENT_H_
 
