@@ -22,6 +22,10 @@
 #include "google/protobuf/any.pb.h"
 #include "tendermint/abci/types.pb.h"
 
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
 namespace ts::bridge {
 
 namespace pb = ::gonka::trainshard::v1;
@@ -117,6 +121,11 @@ uint64_t GasToAsk(int64_t gas_used);
 // Connects (lazily) to `target` ("host:port"). Never fails at construction.
 std::unique_ptr<ChainClient> NewGrpcChainClient(const std::string& target,
                                                 ChainClientOptions options = {});
+// The same over a channel the caller shares (one connection for its own queries and these).
+std::unique_ptr<ChainClient> NewGrpcChainClient(std::shared_ptr<grpc::Channel> channel,
+                                                ChainClientOptions options = {});
+// The channel both forms use to `target`: insecure, receiving messages of up to 16 MiB.
+std::shared_ptr<grpc::Channel> NewChainChannel(const std::string& target);
 
 }  // namespace ts::bridge
 

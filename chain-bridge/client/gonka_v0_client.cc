@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -29,7 +30,6 @@ constexpr std::string_view kDigestPrefix = "@sha256:";
 constexpr size_t kSha256Bytes = 32;
 // An ActiveTrainshards answer: Gonka caps active shards by governance (max_active_shards), so
 // one unpaginated answer of this size is plenty.
-constexpr int kMaxReceiveBytes = 16 << 20;
 
 absl::Status BadUrl(std::string_view url, std::string_view why) {
   return absl::InvalidArgumentError(
@@ -74,12 +74,10 @@ absl::Status NotInV0(std::string_view what) {
 class GonkaV0ChainClient final : public ChainClient {
  public:
   GonkaV0ChainClient(const std::string& target, ChainClientOptions options)
-      : cosmos_(NewGrpcChainClient(target, options)), options_(options) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-    channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-    query_ = gv0::Query::NewStub(channel_);
-  }
+      : channel_(NewChainChannel(target)),
+        cosmos_(NewGrpcChainClient(channel_, options)),
+        options_(options),
+        query_(gv0::Query::NewStub(channel_)) {}
 
   // What any Cosmos node answers: the chain id from its node info, the height and app hash from
   // its latest block (none yet at height 0).
@@ -113,10 +111,9 @@ class GonkaV0ChainClient final : public ChainClient {
   absl::StatusOr<pb::QueryParamsResponse> Params() override {
     namespace node = cosmos::base::node::v1beta1;
     node::ConfigResponse config;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline());
-    TS_RETURN_IF_ERROR(FromGrpcStatus(
-        node::CallConfig(channel_, &ctx, node::ConfigRequest(), &config), "node.Service/Config"));
+    TS_RETURN_IF_ERROR(Call("node.Service/Config", [&](grpc::ClientContext* ctx) {
+      return node::CallConfig(channel_, ctx, node::ConfigRequest(), &config);
+    }));
     pb::QueryParamsResponse out;
     TS_ASSIGN_OR_RETURN(std::string price, GasPriceFromNodeConfig(config.minimum_gas_price()));
     out.mutable_params()->set_min_gas_price(price);
@@ -148,10 +145,9 @@ class GonkaV0ChainClient final : public ChainClient {
     gv0::QueryGetTrainshardRequest req;
     req.set_trainshard_id(shard_id);
     gv0::QueryGetTrainshardResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline());
-    TS_RETURN_IF_ERROR(
-        FromGrpcStatus(query_->Trainshard(&ctx, req, &resp), "inference.Query/Trainshard"));
+    TS_RETURN_IF_ERROR(Call("inference.Query/Trainshard", [&](grpc::ClientContext* ctx) {
+      return query_->Trainshard(ctx, req, &resp);
+    }));
     // Unknown and pruned shards are found = false, not an error, in Gonka's query.
     if (!resp.found()) return absl::NotFoundError(absl::StrCat("shard ", shard_id, " not found"));
     return ShardFromGonkaV0(resp.trainshard());
@@ -162,11 +158,9 @@ class GonkaV0ChainClient final : public ChainClient {
     // Only active shards can be listed in v0; they are the module's RUNNING ones.
     if (status != pb::SHARD_STATUS_UNSPECIFIED && status != pb::SHARD_STATUS_RUNNING) return out;
     gv0::QueryActiveTrainshardsResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline());
-    TS_RETURN_IF_ERROR(
-        FromGrpcStatus(query_->ActiveTrainshards(&ctx, gv0::QueryActiveTrainshardsRequest(), &resp),
-                       "inference.Query/ActiveTrainshards"));
+    TS_RETURN_IF_ERROR(Call("inference.Query/ActiveTrainshards", [&](grpc::ClientContext* ctx) {
+      return query_->ActiveTrainshards(ctx, gv0::QueryActiveTrainshardsRequest(), &resp);
+    }));
     for (const gv0::Trainshard& shard : resp.trainshards()) {
       TS_ASSIGN_OR_RETURN(pb::Shard translated, ShardFromGonkaV0(shard));
       out.push_back(std::move(translated));
@@ -192,23 +186,28 @@ class GonkaV0ChainClient final : public ChainClient {
   }
 
  private:
-  std::chrono::system_clock::time_point Deadline() const {
-    return std::chrono::system_clock::now() + std::chrono::milliseconds(options_.call_timeout_ms);
+  // One call: `rpc` given a context with the client's deadline; its status named `what`.
+  template <typename Rpc>
+  absl::Status Call(const char* what, Rpc rpc) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(options_.call_timeout_ms));
+    return FromGrpcStatus(rpc(&ctx), what);
   }
 
   // A unary call of a hand-written Cosmos service at `path`.
   template <typename Request, typename Response>
   absl::Status Call(const char* path, const Request& request, Response* response) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline());
-    const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::NORMAL_RPC, channel_);
-    return FromGrpcStatus(ts::proto::UnaryCall(channel_.get(), method, &ctx, request, response),
-                          path);
+    return Call(path, [&](grpc::ClientContext* ctx) {
+      const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+      return ts::proto::UnaryCall(channel_.get(), method, ctx, request, response);
+    });
   }
 
+  // One connection to the node for the Cosmos services and Gonka's queries.
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ChainClient> cosmos_;
   ChainClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<gv0::Query::Stub> query_;
 };
 
@@ -270,11 +269,11 @@ absl::StatusOr<pb::Shard> ShardFromGonkaV0(const gv0::Trainshard& shard) {
   // Members in the order their first node was reserved; a node serving several models is
   // listed once per model with the same weight, so it is counted once.
   std::map<std::string, int> index;  // participant -> reservation
-  std::map<std::string, bool> counted;
+  std::set<std::string> counted;     // participant/node_id
   uint32_t nodes = 0;
   for (const gv0::TrainshardReservedNode& node : shard.nodes()) {
     const std::string node_key = absl::StrCat(node.participant(), "/", node.node_id());
-    if (!counted.emplace(node_key, true).second) continue;
+    if (!counted.insert(node_key).second) continue;
     ++nodes;
     if (node.status() != gv0::TRAINSHARD_NODE_STATUS_ACTIVE &&
         !(shard.status() != gv0::TRAINSHARD_STATUS_ACTIVE &&

@@ -79,10 +79,8 @@ TxResponse SimulationRefused(const absl::Status& status) {
 
 class GrpcChainClient final : public ChainClient {
  public:
-  GrpcChainClient(const std::string& target, ChainClientOptions options) : options_(options) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-    channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  GrpcChainClient(std::shared_ptr<grpc::Channel> channel, ChainClientOptions options)
+      : options_(options), channel_(std::move(channel)) {
     tx_ = std::make_unique<cosmos::tx::v1beta1::TxServiceStub>(channel_);
     auth_ = cosmos::auth::v1beta1::Query::NewStub(channel_);
     bank_ = cosmos::bank::v1beta1::Query::NewStub(channel_);
@@ -428,9 +426,20 @@ class GrpcChainClient final : public ChainClient {
 
 }  // namespace
 
+std::shared_ptr<grpc::Channel> NewChainChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
 std::unique_ptr<ChainClient> NewGrpcChainClient(const std::string& target,
                                                 ChainClientOptions options) {
-  return std::make_unique<GrpcChainClient>(target, options);
+  return NewGrpcChainClient(NewChainChannel(target), options);
+}
+
+std::unique_ptr<ChainClient> NewGrpcChainClient(std::shared_ptr<grpc::Channel> channel,
+                                                ChainClientOptions options) {
+  return std::make_unique<GrpcChainClient>(std::move(channel), options);
 }
 
 }  // namespace ts::bridge
