@@ -13,6 +13,7 @@
 
 #include "chain-bridge/devnet/devnet_test_util.h"
 #include "chain-bridge/devnet/services.h"
+#include "chain-bridge/module/tx.h"
 #include "common/hex.h"
 #include "cosmos/gov/v1/tx.pb.h"
 #include "gtest/gtest.h"
@@ -121,14 +122,8 @@ class GonkaV0ClientTest : public ::testing::Test {
     create.set_max_nodes(3);
     create.set_max_duration_blocks(2000);
     create.set_base_image(RunSpecBaseImage(RunSpecHash()));
-    cosmos::gov::v1::MsgSubmitProposal submit;
-    submit.set_proposer(Addr(kCreator));
-    submit.set_title("train");
-    auto* coin = submit.add_initial_deposit();
-    coin->set_denom("ngonka");
-    coin->set_amount("1000");
-    *submit.add_messages() = PackMsg(create);
-    auto submitted = Send(kCreator, {PackMsg(submit)});
+    auto submitted =
+        Send(kCreator, {GovProposalMsg(Addr(kCreator), "train", "", "1000", {PackMsg(create)})});
     const std::string gov_id = FieldOf(submitted, "gov.proposal_submitted", "proposal_id");
     EXPECT_FALSE(gov_id.empty());
     cosmos::gov::v1::MsgVote vote;

@@ -279,23 +279,15 @@ class ChainTest : public ::testing::Test {
   google::protobuf::Any ProposalMsg(const common::PrivateKey& proposer,
                                     const std::vector<pb::ShardSpec>& specs,
                                     const std::string& deposit = "1000") {
-    cosmos::gov::v1::MsgSubmitProposal msg;
-    msg.set_proposer(Addr(proposer));
-    msg.set_title("train a small model");
-    msg.set_summary("a shard");
-    if (!deposit.empty()) {
-      auto* coin = msg.add_initial_deposit();
-      coin->set_denom("ngonka");
-      coin->set_amount(deposit);
-    }
+    std::vector<google::protobuf::Any> creates;
     for (const auto& spec : specs) {
       pb::MsgCreateTrainshardProposal create;
       create.set_authority(app_->GovAddress());
       create.set_creator(Addr(proposer));
       *create.mutable_spec() = spec;
-      *msg.add_messages() = PackMsg(create);
+      creates.push_back(PackMsg(create));
     }
-    return PackMsg(msg);
+    return GovProposalMsg(Addr(proposer), "train a small model", "a shard", deposit, creates);
   }
 
   google::protobuf::Any VoteMsg(const common::PrivateKey& voter, uint64_t proposal_id,

@@ -55,14 +55,7 @@ class GonkaProfileTest : public ChainTest {
   }
 
   google::protobuf::Any GovProposal(const google::protobuf::Any& create) {
-    cosmos::gov::v1::MsgSubmitProposal msg;
-    msg.set_proposer(Addr(creator_));
-    msg.set_title("train on gonka");
-    auto* coin = msg.add_initial_deposit();
-    coin->set_denom("ngonka");
-    coin->set_amount("1000");
-    *msg.add_messages() = create;
-    return PackMsg(msg);
+    return GovProposalMsg(Addr(creator_), "train on gonka", "", "1000", {create});
   }
 
   // Submits, votes yes with hosts 1..3 and runs to the end of voting; the proposal's status.

@@ -12,6 +12,7 @@
 #include "common/hex.h"
 #include "common/status.h"
 #include "cosmos/crypto/secp256k1/keys.pb.h"
+#include "cosmos/gov/v1/tx.pb.h"
 #include "cosmos/tx/signing/v1beta1/signing.pb.h"
 
 namespace ts::bridge {
@@ -156,6 +157,22 @@ google::protobuf::Any PackMsg(const google::protobuf::Message& msg) {
   any.set_type_url(Cat("/", msg.GetDescriptor()->full_name()));
   any.set_value(DeterministicBytes(msg));
   return any;
+}
+
+google::protobuf::Any GovProposalMsg(std::string_view proposer, std::string_view title,
+                                     std::string_view summary, std::string_view deposit,
+                                     const std::vector<google::protobuf::Any>& messages) {
+  cosmos::gov::v1::MsgSubmitProposal msg;
+  msg.set_proposer(std::string(proposer));
+  msg.set_title(std::string(title));
+  msg.set_summary(std::string(summary));
+  if (!deposit.empty()) {
+    cosmos::base::v1beta1::Coin* coin = msg.add_initial_deposit();
+    coin->set_denom(std::string(common::kDenom));
+    coin->set_amount(std::string(deposit));
+  }
+  for (const google::protobuf::Any& m : messages) *msg.add_messages() = m;
+  return PackMsg(msg);
 }
 
 namespace {

@@ -64,6 +64,12 @@ std::string TxHash(std::string_view tx_bytes);
 // Packs a message as google.protobuf.Any with type URL "/<full message name>".
 google::protobuf::Any PackMsg(const google::protobuf::Message& msg);
 
+// A gov v1 MsgSubmitProposal by `proposer` that executes `messages` if it passes, with an
+// initial deposit of `deposit` ngonka (none when empty), packed as PackMsg does.
+google::protobuf::Any GovProposalMsg(std::string_view proposer, std::string_view title,
+                                     std::string_view summary, std::string_view deposit,
+                                     const std::vector<google::protobuf::Any>& messages);
+
 // The bytes whose SHA-256 the signer signed, for its sign mode (DirectSignBytes, or
 // AminoJsonSignBytes: INVALID_ARGUMENT for a message without an amino JSON form).
 absl::StatusOr<std::string> SignBytes(const DecodedTx& tx, std::string_view chain_id,

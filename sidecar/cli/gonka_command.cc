@@ -17,7 +17,6 @@
 #include "common/amount.h"
 #include "common/crypto/bech32.h"
 #include "common/hex.h"
-#include "cosmos/gov/v1/tx.pb.h"
 #include "inference/inference/trainshard.grpc.pb.h"
 #include "inference/inference/trainshard.pb.h"
 #include "sidecar/cli/commands.h"
@@ -162,20 +161,16 @@ int RunPropose(Context& ctx, const ProposeArgs& args) {
   create.set_base_image(*base_image);
   create.set_run_key(args.run_key);
 
-  cosmos::gov::v1::MsgSubmitProposal msg;
-  *msg.add_messages() = bridge::PackMsg(create);
-  auto* coin = msg.add_initial_deposit();
-  coin->set_denom(std::string(common::kDenom));
-  coin->set_amount(common::FormatAmount(*deposit));
-  msg.set_proposer(signer->address);
-  msg.set_title(args.title.empty()
-                    ? absl::StrCat("Gonka trainshard (", args.gpu_profile, ", up to ",
-                                   args.max_nodes, " nodes, ", args.duration_blocks, " blocks)")
-                    : args.title);
-  msg.set_summary(args.summary);
+  const google::protobuf::Any msg = bridge::GovProposalMsg(
+      signer->address,
+      args.title.empty()
+          ? absl::StrCat("Gonka trainshard (", args.gpu_profile, ", up to ", args.max_nodes,
+                         " nodes, ", args.duration_blocks, " blocks)")
+          : args.title,
+      args.summary, common::FormatAmount(*deposit), {bridge::PackMsg(create)});
   // The gov proposal's id: the trainshard proposal that assemble takes gets its own id only
   // when the passed proposal executes (event trainshard_proposal_created).
-  return Broadcast(ctx, *signer, bridge::PackMsg(msg), args.wait, {{"", "proposal_id"}},
+  return Broadcast(ctx, *signer, msg, args.wait, {{"", "proposal_id"}},
                    {{"base_image", *base_image}});
 }
 

@@ -91,19 +91,14 @@ int RunSubmit(Context& ctx, const SubmitArgs& args) {
   create.set_creator(address);
   *create.mutable_spec() = *spec;
 
-  cosmos::gov::v1::MsgSubmitProposal msg;
-  *msg.add_messages() = bridge::PackMsg(create);
-  auto* coin = msg.add_initial_deposit();
-  coin->set_denom(std::string(common::kDenom));
-  coin->set_amount(common::FormatAmount(*deposit));
-  msg.set_proposer(address);
-  msg.set_title(args.title.empty()
-                    ? absl::StrCat("Open a trainshard shard (", spec->hardware_profile(), ", ",
-                                   spec->min_nodes(), "-", spec->max_nodes(), " nodes)")
-                    : args.title);
-  msg.set_summary(args.summary);
+  const google::protobuf::Any msg = bridge::GovProposalMsg(
+      address,
+      args.title.empty() ? absl::StrCat("Open a trainshard shard (", spec->hardware_profile(), ", ",
+                                        spec->min_nodes(), "-", spec->max_nodes(), " nodes)")
+                         : args.title,
+      args.summary, common::FormatAmount(*deposit), {bridge::PackMsg(create)});
 
-  auto response = ctx.chain().SignAndBroadcast(*key, {bridge::PackMsg(msg)}, args.wait);
+  auto response = ctx.chain().SignAndBroadcast(*key, {msg}, args.wait);
   if (!response.ok()) return ctx.ChainFailed(response.status());
   if (!args.wait || response->code() != 0) return ctx.ReportTx(*response);
 

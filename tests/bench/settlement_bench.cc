@@ -35,6 +35,7 @@ namespace {
 namespace pb = ::gonka::trainshard::v1;
 using ts::bridge::App;
 using ts::bridge::BuildSignedTx;
+using ts::bridge::GovProposalMsg;
 using ts::bridge::PackMsg;
 using ts::common::PrivateKey;
 
@@ -122,14 +123,8 @@ class Setup {
     create.set_authority(app_->GovAddress());
     create.set_creator(Addr(creator_));
     *create.mutable_spec() = spec;
-    cosmos::gov::v1::MsgSubmitProposal proposal;
-    proposal.set_proposer(Addr(creator_));
-    proposal.set_title("bench shard");
-    *proposal.add_messages() = PackMsg(create);
-    auto* deposit = proposal.add_initial_deposit();
-    deposit->set_denom("ngonka");
-    deposit->set_amount("1");
-    Block({Sign(creator_, {PackMsg(proposal)})});
+    Block({Sign(creator_,
+                {GovProposalMsg(Addr(creator_), "bench shard", "", "1", {PackMsg(create)})})});
     const uint64_t shard_id = 1;
 
     // Votes by 70% of the hosts: quorum and majority. The proposal passes at the end of the next
