@@ -12,6 +12,7 @@
 #include "inference/inference/trainshard.pb.h"
 #include "sidecar/host/fake_chain_client.h"
 #include "sidecar/host/host_core.h"
+#include "sidecar/host/host_core_fixture.h"
 
 namespace ts::sidecar {
 namespace {
@@ -25,38 +26,21 @@ using testing::MakeEvent;
 constexpr char kChainId[] = "gonka-chain-1";
 constexpr char kUrl[] = "https://127.0.0.1:7001/tls-sha256/00";
 
-class HostCoreGonkaTest : public ::testing::Test {
+class HostCoreGonkaTest : public testing::HostCoreFixture {
  protected:
+  HostCoreGonkaTest() : HostCoreFixture(kChainId) {}
   void SetUp() override {
-    char dir_template[] = "/tmp/ts-hostcore-gonka-XXXXXX";
-    ASSERT_NE(mkdtemp(dir_template), nullptr);
-    dir_ = dir_template;
-    address_ = common::AddressFromPublicKey(key_.public_key());
-    other_ = common::AddressFromPublicKey(KeyOf(0x22).public_key());
-    chain_.SetAccount(address_, 7, 0);
-    options_.shard_endpoint = "127.0.0.1:7001";
+    HostCoreFixture::SetUp();
     options_.chain_profile = bridge::ChainProfile::kGonkaV0;
     options_.gonka_node_ids = {"n1", "n2"};
     options_.gonka_endpoint_url = kUrl;
     options_.gonka_refresh_every_blocks = 20;
   }
-  void TearDown() override {
-    core_.reset();
-    std::system(("rm -rf " + dir_).c_str());
-  }
 
-  void Open() {
-    auto core = HostCore::Open(dir_ + "/state", key_, options_, &chain_, &clock_);
-    ASSERT_TRUE(core.ok()) << core.status();
-    core_ = *std::move(core);
-  }
   void StepAt(int64_t height) {
     chain_.SetLatestHeight(height);
-    absl::Status s = core_->Step();
-    ASSERT_TRUE(s.ok()) << s;
+    Step();
   }
-  std::vector<pb::PendingTx> Pending() { return *core_->store().ListPendingTxs(); }
-  pb::HostShardRecord Shard(uint64_t id) { return *core_->store().GetShard(id); }
   std::string ActionAt(int64_t height, uint32_t index) {
     const std::vector<pb::FollowedEvent> events = *core_->store().ListEvents(0, 1000);
     for (const auto& e : events) {
@@ -109,15 +93,6 @@ class HostCoreGonkaTest : public ::testing::Test {
         height, MakeEvent("trainshard_node_reserved",
                           {{"trainshard_id", sid}, {"participant", other_}, {"node_id", "n1"}}));
   }
-
-  std::string dir_;
-  common::PrivateKey key_ = KeyOf(0x11);
-  std::string address_;
-  std::string other_;
-  FakeChainClient chain_{kChainId};
-  FakeClock clock_;
-  HostCoreOptions options_;
-  std::unique_ptr<HostCore> core_;
 };
 
 TEST_F(HostCoreGonkaTest, KeepsItsNodesOptedInOncePerPeriod) {

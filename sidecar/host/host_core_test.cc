@@ -19,6 +19,7 @@
 #include "common/crypto/signing.h"
 #include "common/status.h"
 #include "sidecar/host/fake_chain_client.h"
+#include "sidecar/host/host_core_fixture.h"
 
 namespace ts::sidecar {
 namespace {
@@ -96,43 +97,14 @@ uint64_t GasLimitOf(const std::string& tx_bytes) {
   return decoded->auth_info.fee().gas_limit();
 }
 
-class HostCoreTest : public ::testing::Test {
+class HostCoreTest : public testing::HostCoreFixture {
  protected:
+  HostCoreTest() : HostCoreFixture(kChainId) {}
   void SetUp() override {
-    char dir_template[] = "/tmp/ts-hostcore-XXXXXX";
-    ASSERT_NE(mkdtemp(dir_template), nullptr);
-    dir_ = dir_template;
-    address_ = common::AddressFromPublicKey(key_.public_key());
-    other_ = common::AddressFromPublicKey(KeyOf(0x22).public_key());
-    chain_.SetAccount(address_, 7, 0);
+    HostCoreFixture::SetUp();
     chain_.SetWeight(address_, 100);
-    options_.shard_endpoint = "127.0.0.1:7001";
-  }
-  void TearDown() override {
-    core_.reset();
-    std::system(("rm -rf " + dir_).c_str());
   }
 
-  void Open() {
-    auto core = HostCore::Open(dir_ + "/state", key_, options_, &chain_, &clock_);
-    ASSERT_TRUE(core.ok()) << core.status();
-    core_ = *std::move(core);
-  }
-  // A restart: the records are closed and opened again from the same directory.
-  void Reopen() {
-    core_.reset();
-    Open();
-  }
-  void Step() {
-    absl::Status s = core_->Step();
-    ASSERT_TRUE(s.ok()) << s;
-  }
-
-  std::vector<pb::FollowedEvent> Events() {
-    auto events = core_->store().ListEvents(0, 100000);
-    TS_CHECK(events.ok());
-    return *events;
-  }
   std::vector<std::string> Actions() {
     std::vector<std::string> out;
     for (const auto& e : Events()) out.push_back(e.action());
@@ -142,16 +114,6 @@ class HostCoreTest : public ::testing::Test {
     int n = 0;
     for (const auto& a : Actions()) n += a == action;
     return n;
-  }
-  pb::HostShardRecord Shard(uint64_t id) {
-    auto rec = core_->store().GetShard(id);
-    TS_CHECK(rec.ok());
-    return *rec;
-  }
-  std::vector<pb::PendingTx> Pending() {
-    auto p = core_->store().ListPendingTxs();
-    TS_CHECK(p.ok());
-    return *p;
   }
   int64_t Cursor() { return *core_->store().CursorHeight(); }
 
@@ -182,15 +144,6 @@ class HostCoreTest : public ::testing::Test {
     d.set_rounds_planned(10);
     return d;
   }
-
-  std::string dir_;
-  common::PrivateKey key_ = KeyOf(0x11);
-  std::string address_;
-  std::string other_;
-  FakeChainClient chain_{kChainId};
-  FakeClock clock_;
-  HostCoreOptions options_;
-  std::unique_ptr<HostCore> core_;
 };
 
 TEST_F(HostCoreTest, ReservesOnceWhenAShardOpens) {
