@@ -318,7 +318,10 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
   while (!chain_.empty() && std::isspace(static_cast<unsigned char>(chain_.back()))) {
     chain_.pop_back();
   }
-  EXPECT_THAT(ReadAll(root_ + "/devnet.log"), HasSubstr(chain_));
+  // The node writes node.addr as it binds; its log line follows once it has started.
+  EXPECT_TRUE(WaitFor(
+      [&] { return ReadAll(root_ + "/devnet.log").find(chain_) != std::string::npos; }, 10000))
+      << ReadAll(root_ + "/devnet.log");
 
   Json status = JsonTool(OnChain({"chain", "status"}));
   EXPECT_EQ(status["chain_id"], "cli-e2e-1");
