@@ -40,7 +40,8 @@
 //
 //   diloco_bench [--steps T] [--quick] [--lr X] [--diloco-lr X] [--threads N] [--workers K]
 //                [--batch B] [--files F] [--warmup W] [--outer-lr X] [--outer-momentum X]
-//                [--outer-lr-start X] [--outer-ramp R]
+//                [--outer-lr-start X] [--outer-ramp R] [--lr-warmup W] [--cosine]
+//                [--min-lr-ratio X]
 //                [--only diloco_h20,diloco_h50_int8,diloco_h20_int8-zstd,dp_param_avg,...]
 //                (dp always runs, unless --dp-loss X --dp-bytes Y give an earlier run's)
 //                [--parallel] [--progress STEPS]
@@ -96,6 +97,11 @@ struct Flags {
   float outer_lr_start = 0.7f;
   float outer_momentum = 0.7f;
   uint32_t outer_ramp = 0;
+  // The inner rate's schedule, the same for every method, keyed to the global step: a linear
+  // warm-up over lr_warmup steps, then (cosine) a decay to min_lr_ratio of the peak at T.
+  uint32_t lr_warmup = 0;
+  bool cosine = false;
+  float min_lr_ratio = 0.1f;
   std::string only;  // comma-separated method names to run besides dp; empty: all DiLoCo ones
   bool parallel = false;
   uint32_t progress = 0;  // a line every this many steps per method; 0: none
@@ -150,6 +156,12 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->outer_momentum = static_cast<float>(v);
     } else if (flag == "--outer-ramp" && value(&v) && v >= 0 && v <= 1e6) {
       f->outer_ramp = static_cast<uint32_t>(v);
+    } else if (flag == "--lr-warmup" && value(&v) && v >= 0 && v <= 1e6) {
+      f->lr_warmup = static_cast<uint32_t>(v);
+    } else if (flag == "--cosine") {
+      f->cosine = true;
+    } else if (flag == "--min-lr-ratio" && value(&v) && v >= 0 && v <= 1) {
+      f->min_lr_ratio = static_cast<float>(v);
     } else if (flag == "--only" && i + 1 < argc) {
       f->only = argv[++i];
     } else if (flag == "--preset" && i + 1 < argc) {
@@ -223,6 +235,16 @@ OuterOptions DilocoOuter(const Flags& flags, uint64_t r) {
   return {.lr = lr, .momentum = flags.outer_momentum, .nesterov = true};
 }
 
+// The inner steps' options from global step `first`: the schedule every method shares.
+InnerOptions At(const Flags& flags, uint64_t first) {
+  InnerOptions at;
+  at.first_step = first;
+  at.schedule = {.warmup_steps = flags.lr_warmup,
+                 .total_steps = flags.cosine ? flags.steps : 0,
+                 .min_lr_ratio = flags.min_lr_ratio};
+  return at;
+}
+
 void PrintProgress(const Method& m, uint32_t steps) {
   std::printf("  %s: %u steps, train loss %.4f, %.0f s\n", m.name.c_str(), steps, m.train_loss_end,
               bench::SecondsSince(m.start));
@@ -257,9 +279,7 @@ absl::Status RunDataParallel(const Flags& flags, const Setup& setup, bench::Benc
     m.exchange_s += bench::SecondsSince(te);
     bytes += sent;
     VectorReader mean(grads[0]);
-    InnerOptions at;
-    at.first_step = step;
-    TS_RETURN_IF_ERROR(trainer->ApplyGradient(mean, at));
+    TS_RETURN_IF_ERROR(trainer->ApplyGradient(mean, At(flags, step)));
     m.train_loss_end = loss / flags.workers;
     ++m.exchanges;
     if (flags.progress != 0 && (step + 1) % flags.progress == 0) PrintProgress(m, step + 1);
@@ -299,7 +319,7 @@ absl::Status RunRounds(const Flags& flags, const Setup& setup, bench::BenchMesh&
       TS_ASSIGN_OR_RETURN(
           std::vector<TokenBatch> batches,
           bench::RoundBatches(setup.corpus, setup.config, round, k, h, flags.batch));
-      TS_ASSIGN_OR_RETURN(InnerResult r, trainers[k]->InnerSteps(global, batches));
+      TS_ASSIGN_OR_RETURN(InnerResult r, trainers[k]->InnerSteps(global, batches, At(flags, done)));
       deltas[k] = std::move(r.pseudo_gradient);
       last_loss += r.losses.back();
     }
@@ -387,6 +407,11 @@ absl::Status Run(const Flags& flags) {
       "(ramped from %g over %u rounds)\n",
       flags.warmup, flags.outer_momentum, flags.outer_lr, flags.outer_lr_start, flags.outer_ramp);
   std::printf(
+      "inner rate schedule (every method): warm-up %u steps, then %s\n", flags.lr_warmup,
+      flags.cosine
+          ? absl::StrCat("cosine decay to ", flags.min_lr_ratio, " of the peak at T").c_str()
+          : "constant");
+  std::printf(
       "baseline: synchronous DP, every step the workers' gradients averaged through the same "
       "collective (fp32) and one AdamW step of the mean, one optimizer state\n");
 
@@ -457,9 +482,10 @@ absl::Status Run(const Flags& flags) {
       ",\"threads\":", flags.threads, ",\"warmup\":", flags.warmup,
       ",\"outer_lr\":", flags.outer_lr, ",\"outer_lr_start\":", flags.outer_lr_start,
       ",\"outer_ramp\":", flags.outer_ramp, ",\"outer_momentum\":", flags.outer_momentum,
-      ",\"eval_init\":", eval_init, ",\"dp\":{\"exchanges\":", dp.exchanges,
-      ",\"eval_loss\":", dp.eval_loss, ",\"bytes\":", dp.bytes_per_worker,
-      ",\"wall_s\":", dp.wall_s, "},\"diloco\":[");
+      ",\"lr_warmup\":", flags.lr_warmup, ",\"cosine\":", flags.cosine ? "true" : "false",
+      ",\"min_lr_ratio\":", flags.min_lr_ratio, ",\"eval_init\":", eval_init,
+      ",\"dp\":{\"exchanges\":", dp.exchanges, ",\"eval_loss\":", dp.eval_loss,
+      ",\"bytes\":", dp.bytes_per_worker, ",\"wall_s\":", dp.wall_s, "},\"diloco\":[");
   bool first = true;
   for (size_t i = 1; i < methods.size(); ++i) {
     const Method& m = methods[i];
