@@ -1,4 +1,4 @@
-// Helpers of the TCP transport's tests (tcp_transport_test.cc, tcp_transport_tls_test.cc):
+// Helpers of the TCP transport's tests (tcp_transport_*test.cc):
 // options for loopback meshes, starting transports, connecting every member at once, and
 // payloads that differ for every sender, receiver and frame.
 #ifndef TS_SIDECAR_COLLECTIVE_TRANSPORT_TEST_UTIL_H_
