@@ -243,12 +243,6 @@ struct FetchContext {
   std::function<bool()> cancelled;
 };
 
-// Fetches an artifact as described in the file comment. On success returns the final progress
-// (done = true, artifact_id, chunks_present / chunks_fetched / bytes_fetched, bytes_by_peer and
-// peer_faults — also faults of peers dropped along the way). Errors: INVALID_ARGUMENT (request),
-// NOT_FOUND (no peer has the manifest), the manifest checks of VerifyManifest, PERMISSION_DENIED
-// (publisher not a member), RESOURCE_EXHAUSTED (quota), UNAVAILABLE (every peer dropped, the
-// message naming each with its reason), CANCELLED.
 // One member's answer to a signed ListArtifacts: its complete artifacts, or why not.
 struct PeerArtifacts {
   std::string address;
@@ -264,6 +258,12 @@ std::vector<PeerArtifacts> ListPeerArtifacts(const FetchContext& context, uint64
                                              int64_t deadline_ms);
 inline constexpr size_t kMaxListedArtifacts = 10000;
 
+// Fetches an artifact as described in the file comment. On success returns the final progress
+// (done = true, artifact_id, chunks_present / chunks_fetched / bytes_fetched, bytes_by_peer and
+// peer_faults — also faults of peers dropped along the way). Errors: INVALID_ARGUMENT (request),
+// NOT_FOUND (no peer has the manifest), the manifest checks of VerifyManifest, PERMISSION_DENIED
+// (publisher not a member), RESOURCE_EXHAUSTED (quota), UNAVAILABLE (every peer dropped, the
+// message naming each with its reason), CANCELLED.
 absl::StatusOr<pb::ArtifactProgress> FetchArtifact(const FetchContext& context,
                                                    const FetchRequest& request,
                                                    const FetcherOptions& options = {});
