@@ -28,8 +28,6 @@ namespace gv0 = ::inference::inference;
 constexpr std::string_view kPinPath = "/tls-sha256/";
 constexpr std::string_view kDigestPrefix = "@sha256:";
 constexpr size_t kSha256Bytes = 32;
-// An ActiveTrainshards answer: Gonka caps active shards by governance (max_active_shards), so
-// one unpaginated answer of this size is plenty.
 
 absl::Status BadUrl(std::string_view url, std::string_view why) {
   return absl::InvalidArgumentError(
@@ -157,6 +155,8 @@ class GonkaV0ChainClient final : public ChainClient {
     std::vector<pb::Shard> out;
     // Only active shards can be listed in v0; they are the module's RUNNING ones.
     if (status != pb::SHARD_STATUS_UNSPECIFIED && status != pb::SHARD_STATUS_RUNNING) return out;
+    // Gonka caps active shards by governance (max_active_shards), so one unpaginated answer
+    // fits the channel's 16 MiB cap (NewChainChannel).
     gv0::QueryActiveTrainshardsResponse resp;
     TS_RETURN_IF_ERROR(Call("inference.Query/ActiveTrainshards", [&](grpc::ClientContext* ctx) {
       return query_->ActiveTrainshards(ctx, gv0::QueryActiveTrainshardsRequest(), &resp);
