@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/crypto/secp256k1.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "sidecar/collective/tcp_transport.h"
 #include "sidecar/collective/tcp_transport_test_util.h"
@@ -21,34 +22,36 @@
 namespace ts::sidecar {
 namespace {
 
+// Sends `frames` copies of `payload` on `link`, chunk numbers 0, 1, ...; the first failure.
+absl::Status SendNumbered(Link* link, int frames, const std::string& payload) {
+  FrameHeader h;
+  for (int i = 0; i < frames; ++i) {
+    h.chunk = static_cast<uint32_t>(i);
+    TS_RETURN_IF_ERROR(link->Send(h, payload, Now() + 10000));
+  }
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Closed, vanished and stalled peers
 
 TEST(TcpTransportTest, ClosedMeshDrainsThenFailsThatLinkOnly) {
-  std::vector<common::PrivateKey> keys;
-  std::vector<std::unique_ptr<TcpTransport>> owned;
-  GroupSpec g;
-  for (int i = 0; i < 3; ++i) {
-    keys.push_back(common::PrivateKey::Generate());
-    owned.push_back(StartOrDie(keys.back()));
-    g.members.push_back({owned.back()->address(), owned.back()->endpoint()});
-  }
-  auto meshes = ConnectAll({owned[0].get(), owned[1].get(), owned[2].get()}, g, Now() + 5000);
-  for (auto& m : meshes) ASSERT_TRUE(m.ok()) << m.status();
+  ConnectedGroup g(3);
+  ASSERT_TRUE(g.status().ok()) << g.status();
   FrameHeader h;
-  ASSERT_TRUE(meshes[2].value()->link(0)->Send(h, "last words 1", Now() + 1000).ok());
-  ASSERT_TRUE(meshes[2].value()->link(0)->Send(h, "last words 2", Now() + 1000).ok());
+  ASSERT_TRUE(g.link(2, 0)->Send(h, "last words 1", Now() + 1000).ok());
+  ASSERT_TRUE(g.link(2, 0)->Send(h, "last words 2", Now() + 1000).ok());
   // Member 0 waits on member 2 while member 2 finishes and closes (kClose).
   auto recv = std::async(std::launch::async, [&] {
-    Link* link = meshes[0].value()->link(2);
+    Link* link = g.link(0, 2);
     std::vector<absl::StatusOr<Frame>> got;
     for (int i = 0; i < 3; ++i) got.push_back(link->Recv(Now() + 5000));
     return got;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const int64_t closed_at = Now();
-  meshes[2].value().reset();
-  owned[2].reset();
+  g.meshes[2].value().reset();
+  g.transports[2].reset();
   auto got = recv.get();
   const int64_t took = Now() - closed_at;
   ASSERT_TRUE(got[0].ok()) << got[0].status();
@@ -57,20 +60,19 @@ TEST(TcpTransportTest, ClosedMeshDrainsThenFailsThatLinkOnly) {
   EXPECT_EQ(got[1]->payload, "last words 2");
   ASSERT_FALSE(got[2].ok());
   EXPECT_EQ(got[2].status().code(), absl::StatusCode::kUnavailable) << got[2].status();
-  EXPECT_EQ(FailedPeerOf(got[2].status()), g.members[2].address) << got[2].status();
+  EXPECT_EQ(FailedPeerOf(got[2].status()), g.address(2)) << got[2].status();
   EXPECT_TRUE(Contains(got[2].status(), "closed the link")) << got[2].status();
   EXPECT_LT(took, 1000);
   // The mesh has not failed: the others go on; sending to the closed member is refused.
-  EXPECT_TRUE(meshes[0].value()->failure().ok());
-  EXPECT_EQ(FailedPeerOf(meshes[0].value()->link(2)->Send(h, "x", Now() + 500)),
-            g.members[2].address);
+  EXPECT_TRUE(g.mesh(0)->failure().ok());
+  EXPECT_EQ(FailedPeerOf(g.link(0, 2)->Send(h, "x", Now() + 500)), g.address(2));
   std::this_thread::sleep_for(std::chrono::milliseconds(3 * kHeartbeatMs));
-  ASSERT_TRUE(meshes[1].value()->link(0)->Send(h, "still here", Now() + 1000).ok());
-  auto f = meshes[0].value()->link(1)->Recv(Now() + 1000);
+  ASSERT_TRUE(g.link(1, 0)->Send(h, "still here", Now() + 1000).ok());
+  auto f = g.link(0, 1)->Recv(Now() + 1000);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->payload, "still here");
-  EXPECT_TRUE(meshes[0].value()->failure().ok()) << meshes[0].value()->failure();
-  EXPECT_TRUE(meshes[1].value()->failure().ok()) << meshes[1].value()->failure();
+  EXPECT_TRUE(g.mesh(0)->failure().ok()) << g.mesh(0)->failure();
+  EXPECT_TRUE(g.mesh(1)->failure().ok()) << g.mesh(1)->failure();
 }
 
 TEST(TcpTransportTest, ClosingWaitsForQueuedDataToArrive) {
@@ -80,28 +82,17 @@ TEST(TcpTransportTest, ClosingWaitsForQueuedDataToArrive) {
   TcpTransportOptions o = TestOptions();
   o.socket_buffer_bytes = 256 << 10;
   o.max_queued_bytes = 128 << 10;
-  std::vector<common::PrivateKey> keys = {common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate()};
-  auto t0 = StartOrDie(keys[0], o);
-  auto t1 = StartOrDie(keys[1], o);
-  GroupSpec g;
-  g.members = {{t0->address(), t0->endpoint()}, {t1->address(), t1->endpoint()}};
-  auto meshes = ConnectAll({t0.get(), t1.get()}, g, Now() + 5000);
-  ASSERT_TRUE(meshes[0].ok() && meshes[1].ok());
+  ConnectedGroup g(2, o);
+  ASSERT_TRUE(g.status().ok()) << g.status();
   constexpr int kFrames = 20;
   const std::string chunk(64 << 10, 'c');
   auto sender = std::async(std::launch::async, [&] {
-    FrameHeader h;
-    for (int i = 0; i < kFrames; ++i) {
-      h.chunk = static_cast<uint32_t>(i);
-      absl::Status s = meshes[0].value()->link(1)->Send(h, chunk, Now() + 10000);
-      if (!s.ok()) return s;
-    }
-    meshes[0].value().reset();  // lingers until the bytes are acknowledged
-    t0.reset();
+    TS_RETURN_IF_ERROR(SendNumbered(g.link(0, 1), kFrames, chunk));
+    g.meshes[0].value().reset();  // lingers until the bytes are acknowledged
+    g.transports[0].reset();
     return absl::OkStatus();
   });
-  Link* link = meshes[1].value()->link(0);
+  Link* link = g.link(1, 0);
   for (int i = 0; i < kFrames; ++i) {
     auto f = link->Recv(Now() + 5000);
     ASSERT_TRUE(f.ok()) << i << ": " << f.status();
@@ -113,7 +104,7 @@ TEST(TcpTransportTest, ClosingWaitsForQueuedDataToArrive) {
   const absl::Status end = link->Recv(Now() + 2000).status();
   EXPECT_TRUE(Contains(end, "closed the link")) << end;
   EXPECT_TRUE(sender.get().ok());
-  EXPECT_TRUE(meshes[1].value()->failure().ok()) << meshes[1].value()->failure();
+  EXPECT_TRUE(g.mesh(1)->failure().ok()) << g.mesh(1)->failure();
 }
 
 TEST(TcpTransportTest, ReceivedAbortIsPassedOn) {
@@ -121,46 +112,26 @@ TEST(TcpTransportTest, ReceivedAbortIsPassedOn) {
   TcpTransportOptions o = TestOptions();
   o.heartbeat_interval_ms = 5000;  // raw member 0 sends no heartbeats
   o.dead_after_ms = 0;
-  std::vector<common::PrivateKey> keys = {common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate()};
-  auto t1 = StartOrDie(keys[1], o);
-  auto t2 = StartOrDie(keys[2], o);
-  GroupSpec g;
-  g.members = {{AddressOf(keys[0]), "127.0.0.1:1"},
-               {AddressOf(keys[1]), t1->endpoint()},
-               {AddressOf(keys[2]), t2->endpoint()}};
-  auto m1 = std::async(std::launch::async, [&] { return t1->Connect(g, 1, Now() + 5000); });
-  auto m2 = std::async(std::launch::async, [&] { return t2->Connect(g, 2, Now() + 5000); });
-  std::vector<RawConn> raw;
-  for (size_t j : {1, 2}) {
-    raw.push_back(RawConn::Dial(g.members[j].endpoint));
-    HelloOptions h;
-    h.audience = g.members[j].address;
-    ASSERT_TRUE(raw.back().Write(HelloFrame(keys[0], g, h)));
-    auto ack = raw.back().ReadFrame();
-    ASSERT_TRUE(ack.ok()) << ack.status();
-  }
-  auto mesh1 = m1.get();
-  auto mesh2 = m2.get();
-  ASSERT_TRUE(mesh1.ok()) << mesh1.status();
-  ASSERT_TRUE(mesh2.ok()) << mesh2.status();
+  RawFirstOfThree f(o);
+  ASSERT_TRUE(f.mesh1.ok()) << f.mesh1.status();
+  ASSERT_TRUE(f.mesh2.ok()) << f.mesh2.status();
+  const GroupSpec& g = f.group;
   auto blocked = std::async(std::launch::async,
-                            [&] { return (*mesh2)->link(1)->Recv(Now() + 5000).status(); });
+                            [&] { return (*f.mesh2)->link(1)->Recv(Now() + 5000).status(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const int64_t at = Now();
-  ASSERT_TRUE(
-      raw[0].Write(FrameOf(FrameType::kAbort, EncodeAbort(g.members[0].address, "NaN in input"))));
+  ASSERT_TRUE(f.raw[0].Write(
+      FrameOf(FrameType::kAbort, EncodeAbort(g.members[0].address, "NaN in input"))));
   const absl::Status s = blocked.get();
   EXPECT_LT(Now() - at, 500);
   EXPECT_EQ(FailedPeerOf(s), g.members[0].address) << s;
   EXPECT_TRUE(Contains(s, absl::StrCat("aborted by ", g.members[1].address))) << s;
   EXPECT_TRUE(Contains(s, "NaN in input")) << s;
   // Destroying the failed mesh tells the raw member why, instead of closing with a bare EOF.
-  mesh1->reset();
+  f.mesh1->reset();
   std::string reason;
   for (int i = 0; i < 10 && reason.empty(); ++i) {
-    auto frame = raw[0].ReadFrame(1000);
+    auto frame = f.raw[0].ReadFrame(1000);
     if (!frame.ok()) break;
     if (frame->header.type != FrameType::kAbort) continue;
     auto abort = DecodeAbort(frame->payload);
@@ -173,44 +144,23 @@ TEST(TcpTransportTest, ReceivedAbortIsPassedOn) {
 TEST(TcpTransportTest, VanishedPeerFailsTheMeshAtOnce) {
   // Member 0 is raw and dials members 1 and 2 (real transports), then its sockets close
   // without kClose, as a killed process's would.
-  std::vector<common::PrivateKey> keys = {common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate()};
-  auto t1 = StartOrDie(keys[1]);
-  auto t2 = StartOrDie(keys[2]);
-  GroupSpec g;
-  g.members = {{AddressOf(keys[0]), "127.0.0.1:1"},
-               {AddressOf(keys[1]), t1->endpoint()},
-               {AddressOf(keys[2]), t2->endpoint()}};
-  auto m1 = std::async(std::launch::async, [&] { return t1->Connect(g, 1, Now() + 5000); });
-  auto m2 = std::async(std::launch::async, [&] { return t2->Connect(g, 2, Now() + 5000); });
-  std::vector<RawConn> raw;
-  for (size_t j : {1, 2}) {
-    raw.push_back(RawConn::Dial(g.members[j].endpoint));
-    HelloOptions o;
-    o.audience = g.members[j].address;
-    ASSERT_TRUE(raw.back().Write(HelloFrame(keys[0], g, o)));
-    auto ack = raw.back().ReadFrame();
-    ASSERT_TRUE(ack.ok()) << ack.status();
-    ASSERT_EQ(ack->header.type, FrameType::kHelloAck);
-  }
-  auto mesh1 = m1.get();
-  auto mesh2 = m2.get();
-  ASSERT_TRUE(mesh1.ok()) << mesh1.status();
-  ASSERT_TRUE(mesh2.ok()) << mesh2.status();
+  RawFirstOfThree f;
+  ASSERT_TRUE(f.mesh1.ok()) << f.mesh1.status();
+  ASSERT_TRUE(f.mesh2.ok()) << f.mesh2.status();
+  const GroupSpec& g = f.group;
   // Member 1 is blocked on member 2 (which sends nothing) when member 0 vanishes.
   auto blocked = std::async(std::launch::async,
-                            [&] { return (*mesh1)->link(2)->Recv(Now() + 10000).status(); });
+                            [&] { return (*f.mesh1)->link(2)->Recv(Now() + 10000).status(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   const int64_t gone_at = Now();
-  raw.clear();
+  f.raw.clear();
   const absl::Status s = blocked.get();
   const int64_t took = Now() - gone_at;
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(FailedPeerOf(s), g.members[0].address) << s;
   EXPECT_LT(took, 500) << s;
   std::cout << "vanished peer: blocked Recv returned after " << took << " ms: " << s << "\n";
-  for (Mesh* m : {mesh1->get(), mesh2->get()}) {
+  for (Mesh* m : {f.mesh1->get(), f.mesh2->get()}) {
     const int64_t until = Now() + 1000;
     while (m->failure().ok() && Now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -264,61 +214,42 @@ TEST(TcpTransportTest, StalledPeerIsDetectedWithinTwoHeartbeatIntervals) {
 }
 
 TEST(TcpTransportTest, HeartbeatsKeepAnIdleMeshAlive) {
-  std::vector<common::PrivateKey> keys = {common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate()};
-  auto t0 = StartOrDie(keys[0]);
-  auto t1 = StartOrDie(keys[1]);
-  GroupSpec g;
-  g.members = {{t0->address(), t0->endpoint()}, {t1->address(), t1->endpoint()}};
-  auto meshes = ConnectAll({t0.get(), t1.get()}, g, Now() + 5000);
-  ASSERT_TRUE(meshes[0].ok() && meshes[1].ok());
+  ConnectedGroup g(2);
+  ASSERT_TRUE(g.status().ok()) << g.status();
   // Recv with a deadline: DEADLINE_EXCEEDED naming the peer, on time; the mesh stays up.
   const int64_t start = Now();
   const int64_t wait_ms = 5 * kHeartbeatMs;  // longer than dead_after_ms
-  const absl::Status s = meshes[0].value()->link(1)->Recv(start + wait_ms).status();
+  const absl::Status s = g.link(0, 1)->Recv(start + wait_ms).status();
   const int64_t took = Now() - start;
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_EQ(FailedPeerOf(s), g.members[1].address);
+  EXPECT_EQ(FailedPeerOf(s), g.address(1));
   EXPECT_GE(took, wait_ms);
   EXPECT_LT(took, wait_ms + 100);
-  EXPECT_TRUE(meshes[0].value()->failure().ok()) << meshes[0].value()->failure();
-  EXPECT_TRUE(meshes[1].value()->failure().ok()) << meshes[1].value()->failure();
-  EXPECT_GE(meshes[0].value()->link(1)->bytes_received(), 4 * kFrameHeaderSize);
+  EXPECT_TRUE(g.mesh(0)->failure().ok()) << g.mesh(0)->failure();
+  EXPECT_TRUE(g.mesh(1)->failure().ok()) << g.mesh(1)->failure();
+  EXPECT_GE(g.link(0, 1)->bytes_received(), 4 * kFrameHeaderSize);
 }
 
 TEST(TcpTransportTest, FullQueuePausesWithoutCountingAsSilence) {
   TcpTransportOptions o = TestOptions();
   o.max_queued_bytes = 256 << 10;
   o.socket_buffer_bytes = 64 << 10;
-  std::vector<common::PrivateKey> keys = {common::PrivateKey::Generate(),
-                                          common::PrivateKey::Generate()};
-  auto t0 = StartOrDie(keys[0], o);
-  auto t1 = StartOrDie(keys[1], o);
-  GroupSpec g;
-  g.members = {{t0->address(), t0->endpoint()}, {t1->address(), t1->endpoint()}};
-  auto meshes = ConnectAll({t0.get(), t1.get()}, g, Now() + 5000);
-  ASSERT_TRUE(meshes[0].ok() && meshes[1].ok());
+  ConnectedGroup g(2, o);
+  ASSERT_TRUE(g.status().ok()) << g.status();
   // 8 MiB towards a receiver that does not read for longer than dead_after_ms.
   constexpr int kFrames = 64;
   const std::string chunk(128 << 10, 'q');
-  auto sender = std::async(std::launch::async, [&] {
-    FrameHeader h;
-    for (int i = 0; i < kFrames; ++i) {
-      h.chunk = static_cast<uint32_t>(i);
-      absl::Status s = meshes[0].value()->link(1)->Send(h, chunk, Now() + 10000);
-      if (!s.ok()) return s;
-    }
-    return absl::OkStatus();
-  });
+  auto sender =
+      std::async(std::launch::async, [&] { return SendNumbered(g.link(0, 1), kFrames, chunk); });
   std::this_thread::sleep_for(std::chrono::milliseconds(5 * kHeartbeatMs));
-  EXPECT_TRUE(meshes[0].value()->failure().ok()) << meshes[0].value()->failure();
-  EXPECT_TRUE(meshes[1].value()->failure().ok()) << meshes[1].value()->failure();
+  EXPECT_TRUE(g.mesh(0)->failure().ok()) << g.mesh(0)->failure();
+  EXPECT_TRUE(g.mesh(1)->failure().ok()) << g.mesh(1)->failure();
   for (int i = 0; i < kFrames; ++i) {
-    auto f = meshes[1].value()->link(0)->Recv(Now() + 5000);
+    auto f = g.link(1, 0)->Recv(Now() + 5000);
     ASSERT_TRUE(f.ok()) << i << ": " << f.status();
     EXPECT_EQ(f->header.chunk, static_cast<uint32_t>(i));
     EXPECT_EQ(f->payload.size(), chunk.size());
-    meshes[1].value()->link(0)->Recycle(std::move(f->payload));
+    g.link(1, 0)->Recycle(std::move(f->payload));
   }
   EXPECT_TRUE(sender.get().ok());
 }
@@ -360,35 +291,28 @@ TEST(TcpTransportTest, SendDeadlineWhenThePeerDoesNotRead) {
 }
 
 TEST(TcpTransportTest, AbortReachesEveryMemberNamingTheBlamedOne) {
-  std::vector<std::unique_ptr<TcpTransport>> owned;
-  GroupSpec g;
-  for (int i = 0; i < 3; ++i) {
-    owned.push_back(StartOrDie(common::PrivateKey::Generate()));
-    g.members.push_back({owned.back()->address(), owned.back()->endpoint()});
-  }
-  auto meshes = ConnectAll({owned[0].get(), owned[1].get(), owned[2].get()}, g, Now() + 5000);
-  for (auto& m : meshes) ASSERT_TRUE(m.ok()) << m.status();
-  auto blocked = std::async(
-      std::launch::async, [&] { return meshes[1].value()->link(0)->Recv(Now() + 10000).status(); });
+  ConnectedGroup g(3);
+  ASSERT_TRUE(g.status().ok()) << g.status();
+  auto blocked =
+      std::async(std::launch::async, [&] { return g.link(1, 0)->Recv(Now() + 10000).status(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const int64_t at = Now();
-  meshes[0].value()->Abort(
-      PeerFailure(absl::StatusCode::kDataLoss, g.members[2].address, "commitment mismatch"));
+  g.mesh(0)->Abort(PeerFailure(absl::StatusCode::kDataLoss, g.address(2), "commitment mismatch"));
   const absl::Status s = blocked.get();
   EXPECT_LT(Now() - at, 200);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_EQ(FailedPeerOf(s), g.members[2].address) << s;
-  EXPECT_TRUE(Contains(s, absl::StrCat("aborted by ", g.members[0].address))) << s;
+  EXPECT_EQ(FailedPeerOf(s), g.address(2)) << s;
+  EXPECT_TRUE(Contains(s, absl::StrCat("aborted by ", g.address(0)))) << s;
   EXPECT_TRUE(Contains(s, "commitment mismatch")) << s;
-  EXPECT_EQ(meshes[0].value()->failure().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(g.mesh(0)->failure().code(), absl::StatusCode::kDataLoss);
   const int64_t until = Now() + 1000;
-  while (meshes[2].value()->failure().ok() && Now() < until) {
+  while (g.mesh(2)->failure().ok() && Now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_EQ(FailedPeerOf(meshes[2].value()->failure()), g.members[2].address);
+  EXPECT_EQ(FailedPeerOf(g.mesh(2)->failure()), g.address(2));
   // First failure wins.
-  meshes[0].value()->Abort(absl::InternalError("later"));
-  EXPECT_EQ(meshes[0].value()->failure().code(), absl::StatusCode::kDataLoss);
+  g.mesh(0)->Abort(absl::InternalError("later"));
+  EXPECT_EQ(g.mesh(0)->failure().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

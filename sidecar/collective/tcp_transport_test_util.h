@@ -1,5 +1,6 @@
 // The TCP transport tests' shared helpers (tcp_transport_failures_test.cc,
-// tcp_transport_refusals_test.cc): a hand-rolled peer on raw sockets; for tests only.
+// tcp_transport_refusals_test.cc): a hand-rolled peer on raw sockets, a transport with raw
+// members around it, and a raw first member among real ones; for tests only.
 #ifndef TS_SIDECAR_COLLECTIVE_TCP_TRANSPORT_TEST_UTIL_H_
 #define TS_SIDECAR_COLLECTIVE_TCP_TRANSPORT_TEST_UTIL_H_
 
@@ -201,6 +202,43 @@ struct RawFixture {
       }
     }
     return c;
+  }
+};
+
+// Three members: real transports for members 1 and 2, and a raw member 0 that dials both and
+// completes each handshake (the first member of the order dials every other). raw[0] is its
+// connection to member 1, raw[1] to member 2.
+struct RawFirstOfThree {
+  std::vector<common::PrivateKey> keys;
+  std::unique_ptr<TcpTransport> t1;
+  std::unique_ptr<TcpTransport> t2;
+  GroupSpec group;
+  absl::StatusOr<std::unique_ptr<Mesh>> mesh1 = absl::UnknownError("not connected");
+  absl::StatusOr<std::unique_ptr<Mesh>> mesh2 = absl::UnknownError("not connected");
+  std::vector<RawConn> raw;
+
+  explicit RawFirstOfThree(const TcpTransportOptions& options = TestOptions()) {
+    for (int i = 0; i < 3; ++i) keys.push_back(common::PrivateKey::Generate());
+    t1 = StartOrDie(keys[1], options);
+    t2 = StartOrDie(keys[2], options);
+    group.members = {{AddressOf(keys[0]), "127.0.0.1:1"},
+                     {AddressOf(keys[1]), t1->endpoint()},
+                     {AddressOf(keys[2]), t2->endpoint()}};
+    auto m1 = std::async(std::launch::async, [&] { return t1->Connect(group, 1, Now() + 5000); });
+    auto m2 = std::async(std::launch::async, [&] { return t2->Connect(group, 2, Now() + 5000); });
+    for (size_t j : {1, 2}) {
+      raw.push_back(RawConn::Dial(group.members[j].endpoint));
+      HelloOptions o;
+      o.audience = group.members[j].address;
+      EXPECT_TRUE(raw.back().Write(HelloFrame(keys[0], group, o)));
+      absl::StatusOr<RawConn::RawFrame> ack = raw.back().ReadFrame();
+      EXPECT_TRUE(ack.ok()) << ack.status();
+      if (ack.ok()) {
+        EXPECT_EQ(ack->header.type, FrameType::kHelloAck);
+      }
+    }
+    mesh1 = m1.get();
+    mesh2 = m2.get();
   }
 };
 

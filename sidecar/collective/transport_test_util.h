@@ -1,6 +1,7 @@
 // Helpers of the TCP transport's tests (tcp_transport_*test.cc):
-// options for loopback meshes, starting transports, connecting every member at once, and
-// payloads that differ for every sender, receiver and frame.
+// options for loopback meshes, starting transports, connecting every member at once (a whole
+// connected group of real transports), and payloads that differ for every sender, receiver and
+// frame.
 #ifndef TS_SIDECAR_COLLECTIVE_TRANSPORT_TEST_UTIL_H_
 #define TS_SIDECAR_COLLECTIVE_TRANSPORT_TEST_UTIL_H_
 
@@ -13,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "common/clock.h"
 #include "common/crypto/bech32.h"
@@ -86,6 +89,37 @@ inline std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> ConnectAll(
   for (auto& t : threads) t.join();
   return out;
 }
+
+// n real transports on loopback (member i is transports[i]), connected at once into one mesh
+// per member.
+struct ConnectedGroup {
+  std::vector<common::PrivateKey> keys;
+  std::vector<std::unique_ptr<TcpTransport>> transports;
+  GroupSpec group;
+  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> meshes;
+
+  explicit ConnectedGroup(size_t n, const TcpTransportOptions& options = TestOptions()) {
+    std::vector<TcpTransport*> members;
+    for (size_t i = 0; i < n; ++i) {
+      keys.push_back(common::PrivateKey::Generate());
+      transports.push_back(StartOrDie(keys.back(), options));
+      members.push_back(transports.back().get());
+      group.members.push_back({transports.back()->address(), transports.back()->endpoint()});
+    }
+    meshes = ConnectAll(members, group, Now() + 5000);
+  }
+
+  // OK when every member connected; else the first member's failure.
+  absl::Status status() const {
+    for (const auto& m : meshes) {
+      if (!m.ok()) return m.status();
+    }
+    return absl::OkStatus();
+  }
+  Mesh* mesh(size_t i) { return meshes[i].value().get(); }
+  Link* link(size_t from, size_t to) { return mesh(from)->link(to); }
+  const std::string& address(size_t i) const { return group.members[i].address; }
+};
 
 // Waits until `t` has recorded `count` refusals; returns the latest.
 inline absl::Status LatestRefusal(TcpTransport* t, size_t count, int64_t timeout_ms = 3000) {
