@@ -44,7 +44,7 @@
 //                [--min-lr-ratio X]
 //                [--only diloco_h20,diloco_h50_int8,diloco_h20_int8-zstd,dp_param_avg,...]
 //                (dp always runs, unless --dp-loss X --dp-bytes Y give an earlier run's)
-//                [--parallel] [--progress STEPS]
+//                [--parallel] [--progress STEPS] [--eval-every STEPS]
 //                [--preset 20m --dataset DIR [--context 128]] [--h 10,20,50]
 #include <algorithm>
 #include <chrono>
@@ -53,8 +53,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -105,6 +107,9 @@ struct Flags {
   std::string only;  // comma-separated method names to run besides dp; empty: all DiLoCo ones
   bool parallel = false;
   uint32_t progress = 0;  // a line every this many steps per method; 0: none
+  // Every this many steps, each method's eval loss (DiLoCo's where a round ends there), so one
+  // run shows how the ratio moves with the tokens trained; 0: only at the end.
+  uint32_t eval_every = 0;
   // DP's figures from an earlier run with the same flags (its JSON's dp.eval_loss and dp.bytes):
   // DP is deterministic, so a sweep of DiLoCo's rates need not train it again. 0: run DP.
   double dp_loss = 0;
@@ -132,6 +137,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->dp_bytes = v;
     } else if (flag == "--progress" && value(&v) && v >= 0 && v <= 1e6) {
       f->progress = static_cast<uint32_t>(v);
+    } else if (flag == "--eval-every" && value(&v) && v >= 1 && v <= 1e6) {
+      f->eval_every = static_cast<uint32_t>(v);
     } else if (flag == "--steps" && value(&v) && v >= 1 && v <= 1e6) {
       f->steps = static_cast<uint32_t>(v);
     } else if (flag == "--lr" && value(&v) && v > 0 && v < 1) {
@@ -213,6 +220,7 @@ struct Method {
   double bytes_per_worker = 0;
   double eval_loss = 0;
   double train_loss_end = 0;  // mean over workers of the last inner step's loss
+  std::vector<std::pair<uint32_t, double>> curve = {};  // (steps done, eval loss), --eval-every
   double wall_s = 0;
   double exchange_s = 0;
   std::chrono::steady_clock::time_point start = {};
@@ -251,6 +259,25 @@ void PrintProgress(const Method& m, uint32_t steps) {
   std::fflush(stdout);
 }
 
+const EvalOptions kEval = {.batch_size = 32, .windows_max = 256};
+
+// After `done` steps: the eval loss of `params`, at the end (m.eval_loss) and every
+// --eval-every steps (m.curve).
+absl::Status EvaluateAt(const Flags& flags, const Setup& setup, Trainer& trainer,
+                        std::span<const float> params, uint32_t done, Method& m) {
+  const bool end = done == flags.steps;
+  if (!end && (flags.eval_every == 0 || done % flags.eval_every != 0)) return absl::OkStatus();
+  TS_ASSIGN_OR_RETURN(double loss, trainer.Evaluate(params, setup.corpus.dataset.eval, kEval));
+  if (flags.eval_every != 0) {
+    m.curve.emplace_back(done, loss);
+    std::printf("  %s: %u steps, eval loss %.4f, %.0f s\n", m.name.c_str(), done, loss,
+                bench::SecondsSince(m.start));
+    std::fflush(stdout);
+  }
+  if (end) m.eval_loss = loss;
+  return absl::OkStatus();
+}
+
 // Data parallel: per step, every worker's gradient at the shared parameters, their mean through
 // the collective, one AdamW step of it.
 absl::Status RunDataParallel(const Flags& flags, const Setup& setup, bench::BenchMesh& exchange,
@@ -283,11 +310,12 @@ absl::Status RunDataParallel(const Flags& flags, const Setup& setup, bench::Benc
     m.train_loss_end = loss / flags.workers;
     ++m.exchanges;
     if (flags.progress != 0 && (step + 1) % flags.progress == 0) PrintProgress(m, step + 1);
+    if (step + 1 == flags.steps || (flags.eval_every != 0 && (step + 1) % flags.eval_every == 0)) {
+      const std::vector<float> params = trainer->Params();
+      TS_RETURN_IF_ERROR(EvaluateAt(flags, setup, *trainer, params, step + 1, m));
+    }
   }
   m.bytes_per_worker = static_cast<double>(bytes) / flags.workers;
-  const std::vector<float> params = trainer->Params();
-  TS_ASSIGN_OR_RETURN(m.eval_loss, trainer->Evaluate(params, setup.corpus.dataset.eval,
-                                                     {.batch_size = 32, .windows_max = 256}));
   return absl::OkStatus();
 }
 
@@ -342,10 +370,9 @@ absl::Status RunRounds(const Flags& flags, const Setup& setup, bench::BenchMesh&
       PrintProgress(m, done + h);
     }
     done += h;
+    TS_RETURN_IF_ERROR(EvaluateAt(flags, setup, *trainers[0], global, done, m));
   }
   m.bytes_per_worker = static_cast<double>(bytes) / flags.workers;
-  TS_ASSIGN_OR_RETURN(m.eval_loss, trainers[0]->Evaluate(global, setup.corpus.dataset.eval,
-                                                         {.batch_size = 32, .windows_max = 256}));
   return absl::OkStatus();
 }
 
@@ -371,6 +398,31 @@ void PrintMethod(const Method& m) {
 }
 
 const char* Met(bool ok) { return ok ? "met" : "NOT met"; }
+
+// The eval losses along the run as JSON: [[steps, loss], ...].
+std::string CurveJson(const Method& m) {
+  std::string out = "[";
+  for (const auto& [done, loss] : m.curve) {
+    absl::StrAppend(&out, out.size() > 1 ? "," : "", "[", done, ",", loss, "]");
+  }
+  return out + "]";
+}
+
+// With --eval-every: each DiLoCo method's eval loss over DP's at the steps where both have one.
+void PrintCurves(const std::vector<Method>& methods) {
+  const Method& dp = methods[0];
+  if (dp.curve.empty()) return;
+  for (size_t i = 1; i < methods.size(); ++i) {
+    const Method& m = methods[i];
+    std::printf("%s / dp along the run (steps: ratio):", m.name.c_str());
+    for (const auto& [done, loss] : m.curve) {
+      for (const auto& [dp_done, dp_loss] : dp.curve) {
+        if (dp_done == done) std::printf(" %u: %.4f", done, loss / dp_loss);
+      }
+    }
+    std::printf("\n");
+  }
+}
 
 absl::Status Run(const Flags& flags) {
   const auto t_all = std::chrono::steady_clock::now();
@@ -485,7 +537,8 @@ absl::Status Run(const Flags& flags) {
       ",\"lr_warmup\":", flags.lr_warmup, ",\"cosine\":", flags.cosine ? "true" : "false",
       ",\"min_lr_ratio\":", flags.min_lr_ratio, ",\"eval_init\":", eval_init,
       ",\"dp\":{\"exchanges\":", dp.exchanges, ",\"eval_loss\":", dp.eval_loss,
-      ",\"bytes\":", dp.bytes_per_worker, ",\"wall_s\":", dp.wall_s, "},\"diloco\":[");
+      ",\"bytes\":", dp.bytes_per_worker, ",\"wall_s\":", dp.wall_s, ",\"curve\":", CurveJson(dp),
+      "},\"diloco\":[");
   bool first = true;
   for (size_t i = 1; i < methods.size(); ++i) {
     const Method& m = methods[i];
@@ -516,9 +569,10 @@ absl::Status Run(const Flags& flags) {
                     "\",\"exchanges\":", m.exchanges, ",\"eval_loss\":", m.eval_loss,
                     ",\"loss_ratio\":", loss_ratio, ",\"bytes\":", m.bytes_per_worker,
                     ",\"bytes_ratio\":", bytes_ratio, ",\"bytes_target\":", bytes_target,
-                    ",\"wall_s\":", m.wall_s, "}");
+                    ",\"wall_s\":", m.wall_s, ",\"curve\":", CurveJson(m), "}");
     first = false;
   }
+  PrintCurves(methods);
   const double total_s = bench::SecondsSince(t_all);
   std::printf("wall time: %.1f s in all\n", total_s);
   absl::StrAppend(&json, "],\"loss_target_met\":", loss_ok ? "true" : "false",
