@@ -33,6 +33,7 @@
 #include "sidecar/peer/peer_auth.h"
 #include "sidecar/peer/shard_directory.h"
 #include "state/db.h"
+#include "tests/util/loopback_server.h"
 
 namespace ts::sidecar {
 namespace {
@@ -118,49 +119,32 @@ class TestHost {
     slow_ = std::make_unique<SlowTransfer>(transfer_.get());
     operator_ = std::make_unique<ArtifactOperatorService>(registry_.get(), directory, key_, Clock(),
                                                           operator_options);
-    {
-      grpc::ServerBuilder builder;
-      int port = 0;
-      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-      builder.SetMaxReceiveMessageSize(kMaxTransferRequestBytes);
-      builder.RegisterService(slow_.get());
-      transfer_server_ = builder.BuildAndStart();
-      TS_CHECK(transfer_server_ != nullptr && port != 0);
-      endpoint_ = "127.0.0.1:" + std::to_string(port);
-    }
-    {
-      grpc::ServerBuilder builder;
-      int port = 0;
-      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-      builder.RegisterService(operator_.get());
-      operator_server_ = builder.BuildAndStart();
-      TS_CHECK(operator_server_ != nullptr && port != 0);
-      stub_ = pb::ArtifactOperator::NewStub(grpc::CreateChannel(
-          "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
-    }
+    transfer_server_ = test_util::StartLoopbackServer({slow_.get()}, kMaxTransferRequestBytes);
+    operator_server_ = test_util::StartLoopbackServer({operator_.get()});
+    stub_ = pb::ArtifactOperator::NewStub(
+        grpc::CreateChannel(operator_server_.endpoint, grpc::InsecureChannelCredentials()));
   }
   ~TestHost() {
-    operator_server_->Shutdown(std::chrono::system_clock::now());
-    transfer_server_->Shutdown(std::chrono::system_clock::now());
+    operator_server_.server->Shutdown(std::chrono::system_clock::now());
+    transfer_server_.server->Shutdown(std::chrono::system_clock::now());
   }
 
   const std::string& address() const { return address_; }
-  const std::string& endpoint() const { return endpoint_; }
+  const std::string& endpoint() const { return transfer_server_.endpoint; }
   pb::ArtifactOperator::Stub& stub() { return *stub_; }
   SlowTransfer& transfer() { return *slow_; }
 
  private:
   common::PrivateKey key_;
   std::string address_;
-  std::string endpoint_;
   std::unique_ptr<state::Db> db_;
   std::unique_ptr<ShardStoreRegistry> registry_;
   std::unique_ptr<PeerRequestVerifier> verifier_;
   std::unique_ptr<ArtifactTransferService> transfer_;
   std::unique_ptr<SlowTransfer> slow_;
   std::unique_ptr<ArtifactOperatorService> operator_;
-  std::unique_ptr<grpc::Server> transfer_server_;
-  std::unique_ptr<grpc::Server> operator_server_;
+  test_util::LoopbackServer transfer_server_;
+  test_util::LoopbackServer operator_server_;
   std::unique_ptr<pb::ArtifactOperator::Stub> stub_;
 };
 

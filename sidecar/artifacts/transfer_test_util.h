@@ -31,6 +31,7 @@
 #include "sidecar/artifacts/chunk_stream.h"
 #include "sidecar/artifacts/transfer.h"
 #include "state/db.h"
+#include "tests/util/loopback_server.h"
 #include "tests/util/temp_dir.h"
 
 namespace ts::sidecar::transfer_testing {
@@ -109,22 +110,11 @@ class OneStore final : public StoreRegistry {
   ArtifactStore* store_;
 };
 
-struct Server {
-  std::unique_ptr<grpc::Server> server;
-  std::string endpoint;
-};
+using Server = test_util::LoopbackServer;
 
+// `service` on a loopback port, taking requests up to the transfer service's cap.
 inline Server StartServer(grpc::Service* service) {
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(kMaxTransferRequestBytes);
-  builder.RegisterService(service);
-  Server s;
-  s.server = builder.BuildAndStart();
-  TS_CHECK(s.server != nullptr && port > 0);
-  s.endpoint = absl::StrCat("127.0.0.1:", port);
-  return s;
+  return test_util::StartLoopbackServer({service}, kMaxTransferRequestBytes);
 }
 
 // A shard host: its key, RocksDB, artifact store, and (when serving) the real transfer

@@ -34,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/deterministic.h"
+#include "tests/util/loopback_server.h"
 
 #ifndef TS_TRAINSHARD_BINARY
 #error "TS_TRAINSHARD_BINARY must name the trainshard executable"
@@ -144,15 +145,11 @@ class MemberSidecar final : public pb::HostOperator::Service {
   // A `tampering` one signs a draft other than the one it was asked to sign.
   MemberSidecar(common::PrivateKey key, const std::string& chain, bool tampering = false)
       : key_(std::move(key)), chain_(bridge::NewGrpcChainClient(chain)), tampering_(tampering) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-    TS_CHECK(server_ != nullptr);
+    server_ = test_util::StartLoopbackServer({this});
   }
-  ~MemberSidecar() override { server_->Shutdown(); }
+  ~MemberSidecar() override { server_.server->Shutdown(); }
 
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return server_.endpoint; }
   std::string account() const { return common::AddressFromPublicKey(key_.public_key()); }
 
   grpc::Status Reserve(grpc::ServerContext*, const pb::ReserveRequest* request,
@@ -162,7 +159,7 @@ class MemberSidecar final : public pb::HostOperator::Service {
     pb::Reservation r;
     r.set_shard_id(request->shard_id());
     r.set_host(account());
-    r.set_endpoint("127.0.0.1:7" + std::to_string(port_ % 1000));
+    r.set_endpoint("127.0.0.1:7" + std::to_string(server_.port % 1000));
     r.set_tls_cert_sha256(common::Sha256("certificate of " + account()));
     r.set_valid_until_height(status->latest_height + 100);
     auto signature = common::SignStatement(key_, "reservation", status->chain_id, r.shard_id(),
@@ -208,8 +205,7 @@ class MemberSidecar final : public pb::HostOperator::Service {
   common::PrivateKey key_;
   std::unique_ptr<bridge::ChainClient> chain_;
   bool tampering_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LoopbackServer server_;
 };
 
 class DevnetProcess {
@@ -561,15 +557,9 @@ TEST_F(CliEndToEndTest, WholeShardThroughTheCli) {
 // first message, updates, and the final one (done = true).
 class ProgressSidecar final : public pb::ArtifactOperator::Service {
  public:
-  ProgressSidecar() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-    TS_CHECK(server_ != nullptr);
-  }
-  ~ProgressSidecar() override { server_->Shutdown(); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  ProgressSidecar() { server_ = test_util::StartLoopbackServer({this}); }
+  ~ProgressSidecar() override { server_.server->Shutdown(); }
+  std::string address() const { return server_.endpoint; }
 
   grpc::Status Publish(grpc::ServerContext*, const pb::PublishArtifactRequest*,
                        grpc::ServerWriter<pb::ArtifactProgress>* writer) override {
@@ -607,8 +597,7 @@ class ProgressSidecar final : public pb::ArtifactOperator::Service {
     return grpc::Status::OK;
   }
 
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LoopbackServer server_;
 };
 
 // Progress goes to stderr (JSON lines with --json, plain lines when stderr is a pipe), and stdout

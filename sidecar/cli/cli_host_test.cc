@@ -23,6 +23,7 @@
 #include "nlohmann/json.hpp"
 #include "sidecar/cli/cli_test_util.h"
 #include "sidecar/cli/context.h"
+#include "tests/util/loopback_server.h"
 
 namespace ts::sidecar {
 namespace {
@@ -56,16 +57,12 @@ class FakeSidecar final : public pb::HostOperator::Service, public pb::Settlemen
         events_.push_back(e);
       }
     }
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(static_cast<pb::HostOperator::Service*>(this));
-    builder.RegisterService(static_cast<pb::SettlementQuery::Service*>(this));
-    server_ = builder.BuildAndStart();
-    TS_CHECK(server_ != nullptr);
+    server_ = test_util::StartLoopbackServer({static_cast<pb::HostOperator::Service*>(this),
+                                              static_cast<pb::SettlementQuery::Service*>(this)});
   }
-  ~FakeSidecar() override { server_->Shutdown(); }
+  ~FakeSidecar() override { server_.server->Shutdown(); }
 
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return server_.endpoint; }
   int list_calls() {
     absl::MutexLock lock(&mu_);
     return list_calls_;
@@ -117,8 +114,7 @@ class FakeSidecar final : public pb::HostOperator::Service, public pb::Settlemen
  private:
   std::vector<pb::FollowedEvent> events_;
   uint32_t page_cap_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LoopbackServer server_;
   absl::Mutex mu_;
   int list_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -217,16 +213,10 @@ class FakeArtifactHost final : public pb::ArtifactOperator::Service {
   static constexpr char kIdByte = '\xab';
   static constexpr char kFailingIdByte = '\xee';
 
-  FakeArtifactHost() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-    TS_CHECK(server_ != nullptr);
-  }
-  ~FakeArtifactHost() override { server_->Shutdown(); }
+  FakeArtifactHost() { server_ = test_util::StartLoopbackServer({this}); }
+  ~FakeArtifactHost() override { server_.server->Shutdown(); }
 
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return server_.endpoint; }
   pb::PublishArtifactRequest last_publish() {
     absl::MutexLock lock(&mu_);
     return publish_;
@@ -349,8 +339,7 @@ class FakeArtifactHost final : public pb::ArtifactOperator::Service {
   }
 
  private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LoopbackServer server_;
   absl::Mutex mu_;
   pb::PublishArtifactRequest publish_ ABSL_GUARDED_BY(mu_);
   pb::FetchArtifactRequest fetch_ ABSL_GUARDED_BY(mu_);

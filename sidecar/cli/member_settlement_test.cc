@@ -19,6 +19,7 @@
 #include "gonka/trainshard/v1/host.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "proto/deterministic.h"
+#include "tests/util/loopback_server.h"
 
 namespace ts::sidecar {
 namespace {
@@ -88,20 +89,16 @@ class MemberSettlementTest : public ::testing::Test {
   SettlementMember Listen(int who, uint64_t weight,
                           std::unique_ptr<pb::SettlementQuery::Service> service) {
     services_.push_back(std::move(service));
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(services_.back().get());
-    servers_.push_back(builder.BuildAndStart());
-    return {Addr(who), "127.0.0.1:" + std::to_string(port), "", weight};
+    servers_.push_back(test_util::StartLoopbackServer({services_.back().get()}));
+    return {Addr(who), servers_.back().endpoint, "", weight};
   }
 
   ~MemberSettlementTest() override {
-    for (auto& s : servers_) s->Shutdown();
+    for (auto& s : servers_) s.server->Shutdown();
   }
 
   std::vector<std::unique_ptr<pb::SettlementQuery::Service>> services_;
-  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::vector<test_util::LoopbackServer> servers_;
 };
 
 TEST_F(MemberSettlementTest, TakesWhatMoreThanTwoThirdsOfTheWeightSigned) {

@@ -14,6 +14,7 @@
 #include "gonka/trainshard/v1/training.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "sidecar/cli/cli.h"
+#include "tests/util/loopback_server.h"
 
 namespace ts::sidecar {
 namespace {
@@ -267,15 +268,11 @@ TEST(ShardReportTest, ExitCodeSaysWhetherSomeWereUnreachableOrRefused) {
 class FakeRunHost final : public pb::HostOperator::Service, public pb::ShardRunOperator::Service {
  public:
   FakeRunHost() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(static_cast<pb::HostOperator::Service*>(this));
-    builder.RegisterService(static_cast<pb::ShardRunOperator::Service*>(this));
-    server_ = builder.BuildAndStart();
-    TS_CHECK(server_ != nullptr);
+    server_ = test_util::StartLoopbackServer({static_cast<pb::HostOperator::Service*>(this),
+                                              static_cast<pb::ShardRunOperator::Service*>(this)});
   }
-  ~FakeRunHost() override { server_->Shutdown(); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  ~FakeRunHost() override { server_.server->Shutdown(); }
+  std::string address() const { return server_.endpoint; }
 
   grpc::Status Status(grpc::ServerContext*, const pb::HostStatusRequest*,
                       pb::HostStatusResponse* response) override {
@@ -290,8 +287,7 @@ class FakeRunHost final : public pb::HostOperator::Service, public pb::ShardRunO
   }
 
  private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  test_util::LoopbackServer server_;
 };
 
 TEST(ShardReportTest, CommandReportsEveryHostAndExitsThreeWhenOneIsUnreachable) {
