@@ -44,7 +44,7 @@
 //                [--min-lr-ratio X]
 //                [--only diloco_h20,diloco_h50_int8,diloco_h20_int8-zstd,dp_param_avg,...]
 //                (dp always runs, unless --dp-loss X --dp-bytes Y give an earlier run's)
-//                [--parallel] [--progress STEPS] [--eval-every STEPS]
+//                [--parallel] [--progress STEPS] [--eval-every STEPS] [--device cpu|cuda|auto]
 //                [--preset 20m --dataset DIR [--context 128]] [--h 10,20,50]
 #include <algorithm>
 #include <chrono>
@@ -69,6 +69,7 @@
 #include "tests/bench/bench_training.h"
 #include "worker/corpus.h"
 #include "worker/data_shard.h"
+#include "worker/device.h"
 #include "worker/model_config.h"
 #include "worker/outer_step.h"
 #include "worker/trainer.h"
@@ -91,6 +92,7 @@ struct Flags {
   float lr = 2e-3f;         // AdamW learning rate of the DP baseline
   float diloco_lr = 1e-3f;  // and of DiLoCo's inner steps (each tuned: docs/benchmarks.md)
   int threads = 1;          // intra-op threads; at this model size more cost more than they give
+  Device device = Device::kCpu;  // where every worker trains (--device cpu|cuda|auto)
   uint32_t workers = 4;
   uint32_t batch = 8;
   uint32_t files = 6;
@@ -145,6 +147,13 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->lr = static_cast<float>(v);
     } else if (flag == "--diloco-lr" && value(&v) && v > 0 && v < 1) {
       f->diloco_lr = static_cast<float>(v);
+    } else if (flag == "--device" && i + 1 < argc) {
+      absl::StatusOr<Device> device = ParseDevice("--device", argv[++i]);
+      if (!device.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(device.status().message()).c_str());
+        return false;
+      }
+      f->device = *device;
     } else if (flag == "--threads" && value(&v) && v >= 1 && v <= 256) {
       f->threads = static_cast<int>(v);
     } else if (flag == "--workers" && value(&v) && v >= 2 && v <= 16) {
@@ -282,7 +291,7 @@ absl::Status EvaluateAt(const Flags& flags, const Setup& setup, Trainer& trainer
 // the collective, one AdamW step of it.
 absl::Status RunDataParallel(const Flags& flags, const Setup& setup, bench::BenchMesh& exchange,
                              Method& m) {
-  const RuntimeOptions runtime{.num_threads = flags.threads};
+  const RuntimeOptions runtime{.num_threads = flags.threads, .device = flags.device};
   // One model and one optimizer state stand for all: every worker holds the same parameters
   // and, stepping with the same mean gradient, the same moments.
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
@@ -324,7 +333,7 @@ absl::Status RunDataParallel(const Flags& flags, const Setup& setup, bench::Benc
 absl::Status RunRounds(const Flags& flags, const Setup& setup, bench::BenchMesh& exchange,
                        Method& m) {
   const bool averaging = m.kind == Kind::kParamAverage;
-  const RuntimeOptions runtime{.num_threads = flags.threads};
+  const RuntimeOptions runtime{.num_threads = flags.threads, .device = flags.device};
   std::vector<std::unique_ptr<Trainer>> trainers;
   for (uint32_t k = 0; k < flags.workers; ++k) {
     TS_ASSIGN_OR_RETURN(
@@ -440,9 +449,9 @@ absl::Status Run(const Flags& flags) {
   const uint64_t params = setup.init.size();
   double eval_init = 0;
   {
-    TS_ASSIGN_OR_RETURN(
-        std::unique_ptr<Trainer> t,
-        Trainer::Create(setup.config, {.lr = flags.lr}, {.num_threads = flags.threads}));
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t,
+                        Trainer::Create(setup.config, {.lr = flags.lr},
+                                        {.num_threads = flags.threads, .device = flags.device}));
     TS_ASSIGN_OR_RETURN(eval_init, t->Evaluate(setup.init, setup.corpus.dataset.eval,
                                                {.batch_size = 32, .windows_max = 256}));
   }
@@ -451,9 +460,10 @@ absl::Status Run(const Flags& flags) {
               setup.corpus.dataset.train.size(), setup.corpus.dataset.eval.tokens.size());
   std::printf(
       "model: %s, %llu params; K=%u workers, batch %u, T=%u inner steps per worker, "
-      "inner AdamW lr %g (DP) and %g (DiLoCo), %d threads; eval at init %.4f\n",
+      "inner AdamW lr %g (DP) and %g (DiLoCo), %d threads, device %s; eval at init %.4f\n",
       ModelConfigString(setup.config).c_str(), static_cast<unsigned long long>(params),
-      flags.workers, flags.batch, flags.steps, flags.lr, flags.diloco_lr, flags.threads, eval_init);
+      flags.workers, flags.batch, flags.steps, flags.lr, flags.diloco_lr, flags.threads,
+      std::string(DeviceName(flags.device)).c_str(), eval_init);
   std::printf(
       "DiLoCo: %u synchronous warm-up steps, outer SGD-Nesterov momentum %g, lr %g "
       "(ramped from %g over %u rounds)\n",
@@ -531,14 +541,14 @@ absl::Status Run(const Flags& flags) {
   std::string json = absl::StrCat(
       "{\"params\":", params, ",\"workers\":", flags.workers, ",\"batch\":", flags.batch,
       ",\"steps\":", flags.steps, ",\"lr\":", flags.lr, ",\"diloco_lr\":", flags.diloco_lr,
-      ",\"threads\":", flags.threads, ",\"warmup\":", flags.warmup,
-      ",\"outer_lr\":", flags.outer_lr, ",\"outer_lr_start\":", flags.outer_lr_start,
-      ",\"outer_ramp\":", flags.outer_ramp, ",\"outer_momentum\":", flags.outer_momentum,
-      ",\"lr_warmup\":", flags.lr_warmup, ",\"cosine\":", flags.cosine ? "true" : "false",
-      ",\"min_lr_ratio\":", flags.min_lr_ratio, ",\"eval_init\":", eval_init,
-      ",\"dp\":{\"exchanges\":", dp.exchanges, ",\"eval_loss\":", dp.eval_loss,
-      ",\"bytes\":", dp.bytes_per_worker, ",\"wall_s\":", dp.wall_s, ",\"curve\":", CurveJson(dp),
-      "},\"diloco\":[");
+      ",\"threads\":", flags.threads, ",\"device\":\"", std::string(DeviceName(flags.device)),
+      "\",\"warmup\":", flags.warmup, ",\"outer_lr\":", flags.outer_lr,
+      ",\"outer_lr_start\":", flags.outer_lr_start, ",\"outer_ramp\":", flags.outer_ramp,
+      ",\"outer_momentum\":", flags.outer_momentum, ",\"lr_warmup\":", flags.lr_warmup,
+      ",\"cosine\":", flags.cosine ? "true" : "false", ",\"min_lr_ratio\":", flags.min_lr_ratio,
+      ",\"eval_init\":", eval_init, ",\"dp\":{\"exchanges\":", dp.exchanges,
+      ",\"eval_loss\":", dp.eval_loss, ",\"bytes\":", dp.bytes_per_worker,
+      ",\"wall_s\":", dp.wall_s, ",\"curve\":", CurveJson(dp), "},\"diloco\":[");
   bool first = true;
   for (size_t i = 1; i < methods.size(); ++i) {
     const Method& m = methods[i];
